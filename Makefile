@@ -1,0 +1,55 @@
+# strata — make run: chat on the default model; make test: the test suite. Both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+NATIVE_BUILD := build/native
+CMAKE_ARGS ?=
+PYTEST_ARGS ?=
+MATRIX_OUT ?= matrix-out
+
+.PHONY: all run test test-asan native gpu-test bench matrix lint clean
+
+all: native
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+# Incremental build of libstrata.so into strata/lib (the loader looks there first).
+native: $(STAMP)
+	cmake -S native -B $(NATIVE_BUILD) -DCMAKE_BUILD_TYPE=Release -DSTRATA_OUTPUT_DIR=$(CURDIR)/strata/lib $(CMAKE_ARGS) >/dev/null
+	cmake --build $(NATIVE_BUILD) -j
+
+run: native
+	$(BIN)/strata chat
+
+test: native
+	$(BIN)/python -m pytest -m "not gpu and not bench" $(PYTEST_ARGS)
+
+# The engine tests against a build with AddressSanitizer and UBSan.
+test-asan: $(STAMP)
+	cmake -S native -B build/asan -DCMAKE_BUILD_TYPE=Debug -DSTRATA_SANITIZE=ON -DSTRATA_CUDA=OFF >/dev/null
+	cmake --build build/asan -j
+	STRATA_LIB=$(CURDIR)/build/asan/libstrata.so \
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	$(BIN)/python -m pytest -m "asan" -p no:cacheprovider $(PYTEST_ARGS)
+
+# GPU tests and GPU benchmarks in one command (one device call); prints a short table last.
+gpu-test: native
+	$(BIN)/python -m pytest -m gpu -v $(PYTEST_ARGS)
+
+bench: native
+	$(BIN)/python -m pytest tests/bench --benchmark-only -m "bench" $(PYTEST_ARGS)
+
+matrix: native
+	$(BIN)/repro_matrix run builtin --out $(MATRIX_OUT)
+
+lint: $(STAMP)
+	$(BIN)/ruff check strata strata_tui strata_bench repro_matrix tests
+
+clean:
+	rm -rf build strata/lib/libstrata.so

@@ -1,0 +1,61 @@
+"""strata: run Mixture-of-Experts models that are bigger than the GPU.
+
+``strata.Engine`` is the owning wrapper around libstrata (loaded with ctypes on first use, so that
+importing strata never loads the native library: the server keeps it in worker processes).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._config import EngineConfig, add_engine_args, config_from_args, parse_size
+from ._exceptions import (
+    BudgetError,
+    CancelledError,
+    ContextError,
+    DeviceError,
+    EngineStateError,
+    InternalError,
+    InvalidArgumentError,
+    LendError,
+    LibraryNotFoundError,
+    ModelFileError,
+    OutOfMemoryError,
+    StrataError,
+    UnsupportedModelError,
+)
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetError",
+    "CancelledError",
+    "ContextError",
+    "DeviceError",
+    "Engine",
+    "EngineConfig",
+    "EngineStateError",
+    "InternalError",
+    "InvalidArgumentError",
+    "LendError",
+    "LibraryNotFoundError",
+    "ModelFileError",
+    "OutOfMemoryError",
+    "StrataError",
+    "UnsupportedModelError",
+    "__version__",
+    "add_engine_args",
+    "config_from_args",
+    "parse_size",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Engine":
+        from ._engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'strata' has no attribute {name!r}")
