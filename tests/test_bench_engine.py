@@ -28,6 +28,10 @@ def tiny() -> Path:
     return Path(ensure_model(preset="tiny", seed=0))
 
 
+def bench(cmd: str) -> int:
+    return main(cmd.split())
+
+
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -40,26 +44,8 @@ def test_grid_rows_and_columns(tiny, tmp_path, capsys) -> None:
     k_used = int(r.get_field("qwen3moe.expert_used_count").contents())
 
     out = tmp_path / "grid.jsonl"
-    rc = main(
-        [
-            "run",
-            "--model",
-            str(tiny),
-            "-p",
-            "16,32",
-            "-n",
-            "8",
-            "-r",
-            "5",
-            "--threads",
-            "1",
-            "--expert-cache",
-            "32,96",
-            "--output",
-            str(out),
-            "--format",
-            "md",
-        ]
+    rc = bench(
+        f"run --model {tiny} -p 16,32 -n 8 -r 5 --threads 1 --expert-cache 32,96 --output {out} --format md"
     )
     assert rc == 0
     rows = _rows(out)
@@ -109,32 +95,8 @@ def test_strata_and_llama_cpp_with_ratio(tiny, tmp_path, monkeypatch, capsys) ->
     (d / "llama-bench").chmod(0o755)
     monkeypatch.setenv("PATH", f"{d}{os.pathsep}{os.environ['PATH']}")
     out = tmp_path / "both.jsonl"
-    assert (
-        main(
-            [
-                "run",
-                "--target",
-                "strata",
-                "--target",
-                "llama.cpp",
-                "--model",
-                str(tiny),
-                "-p",
-                "32",
-                "-n",
-                "8",
-                "-r",
-                "5",
-                "--threads",
-                "1",
-                "--output",
-                str(out),
-                "--format",
-                "md",
-            ]
-        )
-        == 0
-    )
+    cmd = f"run --target strata --target llama.cpp --model {tiny} -p 32 -n 8 -r 5 --threads 1 --output {out} --format md"
+    assert bench(cmd) == 0
     rows = _rows(out)
     by = {(r["target"], r["test"]): r["mean"] for r in rows}
     assert set(by) == {("strata", "pp32"), ("strata", "tg8"), ("llama.cpp", "pp32"), ("llama.cpp", "tg8")}
