@@ -36,23 +36,9 @@ def fake_bin(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory) -> Path:
-    try:
-        from strata.model import ensure_model
-    except ImportError:  # TEMPORARY until the model maker lands: a minimal real GGUF header
-        import gguf
-        import numpy as np
+def model_file() -> Path:
+    from strata.model import ensure_model
 
-        path = tmp_path_factory.mktemp("m") / "mini.gguf"
-        w = gguf.GGUFWriter(str(path), "qwen3moe")
-        w.add_block_count(1)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_tensor("token_embd.weight", np.zeros((8, 8), np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return path
     return Path(ensure_model(preset="tiny", seed=0))
 
 
