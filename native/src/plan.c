@@ -16,24 +16,33 @@
  * layout(T) = chunk buffers (chunk_buffers_alloc against a measuring arena, so the sizes cannot drift
  * from the allocation) + a ring of staging slots whose depth depends on T:
  *
- *   - T >  PLAN_SMALL_CHUNK (3072): a large chunk does enough math per streamed expert (T*K/E tokens:
- *     192 at T = 3072 for Qwen3-30B-A3B) to hide a copy behind it, so its ring is a byte budget:
- *     PLAN_RING_BYTES (128 MiB) of slots, at least PLAN_RING_MIN (4), at most one layer (E) of experts.
- *   - T <= PLAN_SMALL_CHUNK: too little math per expert to hide a copy; the ring holds the whole next
- *     layer while this one computes (PLAN_DEEP_RING_LAYERS = 2 layers of experts) and at least
+ *   - a large chunk does enough math per streamed expert (T*K/E tokens each) to hide a copy behind it,
+ *     so its ring is a byte budget: PLAN_RING_BYTES (128 MiB) of slots, at least PLAN_RING_MIN (4), at
+ *     most one layer (E) of experts;
+ *   - a small chunk has too little math per expert to hide a copy: its ring holds the whole next layer
+ *     while this one computes (PLAN_DEEP_RING_LAYERS = 2 layers of experts) and at least
  *     PLAN_DEEP_RING_BYTES (32 MiB) of copies in flight, which copy engines need to reach full bandwidth
- *     on small experts. It is capped at three quarters of max_lend so that a small cache still has room
- *     for a small chunk's buffers, and it is never shallower than the large-chunk ring.
+ *     on small experts; capped at three quarters of max_lend so that a small cache keeps room for a
+ *     small chunk's buffers, and never shallower than the large-chunk ring.
+ *   - "small" is the scan's small pick: the largest candidate whose buffers fit the loan limit together
+ *     with the deep ring (plan.small_chunk). Chunks at or below it get the deep ring, larger ones the
+ *     byte-budget ring; the auto chunk is the largest candidate that fits with its own ring.
  *
- * So slots_needed(T) is not monotonic in T: the deep ring can outweigh the buffers that a larger chunk
- * adds. Worked figures:
- *   Qwen3-30B-A3B at Q4_K (experts ~2.65 MB, D 2048, 32 heads of 128, K 8 of E 128, F 768): about
- *   214 KiB of buffers per token, big ring 51 slots, deep ring 256 slots. Chunk 4096 needs ~382 slots,
- *   chunk 3072 ~505 and chunk 2048 ~420: under --lend-policy legacy, caches of roughly 640 to 1000 slots
- *   (lend_pct 0.5) pick an auto chunk above 3072 whose loan is smaller than a 2048/3072 chunk's layout.
- *   tiny preset (D 128, 4 layers, K 4 of E 32, F 128, Q8_0 experts ~51 KiB): about 10 KiB per token,
- *   big ring 32 (one layer), deep ring 643 (the 32 MiB floor); the same happens for caches of roughly
- *   1400 to 2400 slots with chunks of 2048 and 3072 against an auto chunk of 4096 and more.
+ * So slots_needed(T) is not monotonic in T: it drops where T passes the small pick. Under the current
+ * policy that is harmless (a request's chunk t <= auto chunk fits with its own ring: t <= small pick fits
+ * by the pick's definition, larger t needs fewer buffers than the auto chunk with the same ring; halving
+ * remains as the guard). Under --lend-policy legacy the loan is sized for the auto chunk only, and a
+ * request at or below the small pick asks for more than that whenever the deep ring outweighs the
+ * buffers the auto chunk adds. Worked figures (2 threads, lend_pct 0.5, floor 128):
+ *   tiny preset (D 128, 4 layers, K 4 of E 32, F 64, Q8_0 experts 25.5 KiB, context 4096): ~8.3 KiB of
+ *   buffers per token, big ring 32, deep ring 1286 (the 32 MiB floor). Chunk 4096 needs ~1338 slots,
+ *   3072 with the deep ring ~2260, 2048 ~1935. Legacy fails for 2048/3072-token chunks (auto chunk
+ *   4096) with --expert-cache 3880..5183; below, the small pick is under 2048 (the short chunks get the
+ *   byte ring), above it the small pick reaches 4096 (the auto chunk gets the deep ring too).
+ *   Qwen3-30B-A3B at Q4_K (experts ~2.65 MB, D 2048, 32 heads of 128, K 8 of E 128, F 768): ~214 KiB per
+ *   token, big ring 50 slots (128 MiB), deep ring 256 (two layers). Legacy fails only in narrow bands of
+ *   cache sizes between 850 and 1029 slots (20 sizes), where the small pick's deep-ring layout lies
+ *   between the auto chunk's loan and the loan limit: "only with some cache sizes".
  *
  * The request's chunk: a prompt of n tokens asks for t = min(auto chunk, n rounded up to
  * PLAN_GRANULARITY = 256 tokens). Scan candidates are multiples of 256 up to the largest allowed
@@ -157,7 +166,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->kv_type = prm->kv_type;
     pp->n_experts_total = in->n_layer * in->n_expert;
     pp->slot_bytes = slot_round(in->expert_bytes);
-    pp->small_chunk = PLAN_SMALL_CHUNK;
+    pp->small_chunk = 0;
 
     /* ---- parameters ---- */
     if (prm->kv_type != STRATA_KV_F16 && prm->kv_type != STRATA_KV_INT8)
@@ -229,6 +238,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
         /* CPU without a budget: every expert plus the largest candidate's loan (lend_pct applied), so
          * the default engine never displaces an expert and reads prompts at the largest chunk. */
         p->deep_ring = deep_raw;
+        pp->small_chunk = INT32_MAX; /* size for the deep ring: the default plan's auto chunk is its small pick */
         strata_layout l;
         int64_t most = 0;
         for (int32_t T = first; T >= 1; T = next_candidate(T, p->granularity)) {
@@ -240,6 +250,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
         int64_t n = pp->n_experts_total + most;
         n = STRATA_MAX(n, (int64_t)ceil((double)most / pct));
         n = STRATA_MAX(n, most + PLAN_DEFAULT_FLOOR);
+        pp->small_chunk = 0;
         if (p->no_cache) n = 0;
         if (prm->expert_cache > 0) n = prm->expert_cache;
         int64_t own = 0;
@@ -322,6 +333,18 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
 
     int64_t host_room = pp->host_avail_bytes; /* experts may be mapped instead of pinned */
     strata_layout lay;
+    /* the small pick: the largest candidate that fits the loan limit with the deep ring */
+    pp->small_chunk = 0;
+    if (!p->no_cache) {
+        for (int32_t T = first; T >= 1; T = next_candidate(T, p->granularity)) {
+            if (plan_layout(p, T, &lay, NULL) != STRATA_OK) break;
+            int64_t need = lay.slots_needed - lay.ring_slots + p->deep_ring;
+            if (need <= pp->max_lend_slots && lay.host_bytes <= host_room) {
+                pp->small_chunk = T;
+                break;
+            }
+        }
+    }
     int32_t chosen = 0;
     int32_t T = first;
     for (; T >= 1; T = p->fixed_chunk ? T / 2 : next_candidate(T, p->granularity)) {

@@ -68,7 +68,6 @@ typedef struct plan {
 /* Constants (their reasons are in plan.c's header comment). */
 #define PLAN_GRANULARITY 256            /* tokens: request chunks and scan candidates are multiples */
 #define PLAN_DEFAULT_MAX_CHUNK 8192     /* tokens: the largest chunk --prefill auto considers */
-#define PLAN_SMALL_CHUNK 3072           /* tokens: chunks at or below get the deep ring */
 #define PLAN_RING_BYTES (128LL << 20)   /* byte budget of the ring of a large chunk */
 #define PLAN_RING_MIN 4                 /* slots: the shallowest ring */
 #define PLAN_DEEP_RING_BYTES (32LL << 20) /* a small chunk keeps at least this many bytes of copies queued */
