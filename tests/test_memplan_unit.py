@@ -40,4 +40,4 @@ def test_memplan_unit_checks(tmp_path: pathlib.Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checks passed" in r.stdout
     # the legacy bug exists on both the tiny preset's and the real model's dimensions
-    assert "tiny: legacy fails" in r.stdout and "qwen3-30b-a3b: legacy fails" in r.stdout
+    assert "tiny (context 4096): legacy fails" in r.stdout and "qwen3-30b-a3b (context 32768): legacy fails" in r.stdout

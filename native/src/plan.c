@@ -259,7 +259,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
             own = l.buffer_bytes;
         }
         B = p->fixed_bytes + n * pp->slot_bytes + own;
-        budget_src = "default (every expert)";
+        budget_src = prm->expert_cache >= 0 ? "default: the fixed part and the cache" : "default: every expert and the largest loan";
     }
     pp->budget_bytes = B;
     int64_t left = B;
