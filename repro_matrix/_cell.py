@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -101,6 +102,11 @@ def make_prompts(vocab: Sequence[int], lengths: Sequence[int], seed: int) -> lis
 
 
 def _strata_cmd() -> list[str]:
+    """How to run `strata`: this Python's strata, or REPRO_MATRIX_STRATA (another install's `strata`
+    command, e.g. an older release's virtual environment, to run the same matrix against it)."""
+    other = os.environ.get("REPRO_MATRIX_STRATA")
+    if other:
+        return shlex.split(other)
     return [sys.executable, "-c", "import sys; from strata.cli import main; sys.exit(main())"]
 
 
