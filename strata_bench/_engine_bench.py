@@ -46,10 +46,11 @@ class BenchTest:
 
 
 def plan_tests(n_prompt: Sequence[int], n_gen: Sequence[int], n_depth: Sequence[int]) -> list[BenchTest]:
-    """llama-bench's order: prompt tests, then generation tests, each at every depth."""
-    depths = list(n_depth) or [0]
-    tests = [BenchTest(p, 0, d) for p in n_prompt if p > 0 for d in depths]
-    tests += [BenchTest(0, g, d) for g in n_gen if g > 0 for d in depths]
+    """llama-bench's order: for each depth, the prompt tests and then the generation tests."""
+    tests: list[BenchTest] = []
+    for d in list(n_depth) or [0]:
+        tests += [BenchTest(p, 0, d) for p in n_prompt if p > 0]
+        tests += [BenchTest(0, g, d) for g in n_gen if g > 0]
     return tests
 
 

@@ -19,6 +19,10 @@ from strata_bench.cli import main
 FAKE = Path(__file__).parent / "bench_support" / "fake_llama_bench.py"
 
 
+def bench(cmd: str) -> int:
+    return main(cmd.split())
+
+
 @pytest.fixture
 def fake_bin(tmp_path, monkeypatch) -> Path:
     """A folder on PATH holding an executable `llama-bench` that is the stand-in."""
@@ -32,23 +36,9 @@ def fake_bin(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory) -> Path:
-    try:
-        from strata.model import ensure_model
-    except ImportError:  # TEMPORARY until the model maker lands: a minimal real GGUF header
-        import gguf
-        import numpy as np
+def model_file() -> Path:
+    from strata.model import ensure_model
 
-        path = tmp_path_factory.mktemp("m") / "mini.gguf"
-        w = gguf.GGUFWriter(str(path), "qwen3moe")
-        w.add_block_count(1)
-        w.add_file_type(gguf.LlamaFileType.ALL_F32)
-        w.add_tensor("token_embd.weight", np.zeros((8, 8), np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return path
     return Path(ensure_model(preset="tiny", seed=0))
 
 
@@ -58,38 +48,19 @@ def _rows(path: Path) -> list[dict]:
 
 def test_rows_from_llama_bench_jsonl(fake_bin, model_file, tmp_path, capsys) -> None:
     out = tmp_path / "r.jsonl"
-    rc = main(
-        [
-            "run",
-            "--target",
-            "llama.cpp",
-            "--model",
-            str(model_file),
-            "-p",
-            "64,128",
-            "-n",
-            "16",
-            "-d",
-            "0,256",
-            "-r",
-            "5",
-            "--threads",
-            "2",
-            "--output",
-            str(out),
-            "--format",
-            "md",
-        ]
+    rc = bench(
+        f"run --target llama.cpp --model {model_file} -p 64,128 -n 16 -d 0,256 -r 5 --threads 2 "
+        f"--output {out} --format md"
     )
     assert rc == 0
     rows = _rows(out)
-    # llama-bench's order: prompt tests at each depth, then generation tests at each depth
+    # llama-bench's order: for each depth, the prompt tests and then the generation tests
     assert [r["test"] for r in rows] == [
         "pp64",
-        "pp64 @ d256",
         "pp128",
-        "pp128 @ d256",
         "tg16",
+        "pp64 @ d256",
+        "pp128 @ d256",
         "tg16 @ d256",
     ]
     for r in rows:
@@ -102,9 +73,8 @@ def test_rows_from_llama_bench_jsonl(fake_bin, model_file, tmp_path, capsys) -> 
         assert r["model"] == model_file.name and r["quant"]
     # the stand-in's speeds: 900 t/s for prompts and 40 for generation, divided by 1 + depth/4096
     by = {r["test"]: r["mean"] for r in rows}
-    assert by["pp64"] == pytest.approx(900, rel=0.02) and by["tg16 @ d256"] == pytest.approx(
-        40 / (1 + 256 / 4096), rel=0.02
-    )
+    assert by["pp64"] == pytest.approx(900, rel=0.02)
+    assert by["tg16 @ d256"] == pytest.approx(40 / (1 + 256 / 4096), rel=0.02)
     md = capsys.readouterr().out
     assert "| llama.cpp" in md and "pp128 @ d256" in md
 
@@ -112,81 +82,27 @@ def test_rows_from_llama_bench_jsonl(fake_bin, model_file, tmp_path, capsys) -> 
 def test_one_llama_bench_run_per_shared_knob_set(fake_bin, model_file, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
     # --expert-cache means nothing to llama.cpp: two strata configs, one llama-bench run; --threads 1,2: two runs
-    assert (
-        main(
-            [
-                "run",
-                "--target",
-                "llama.cpp",
-                "--model",
-                str(model_file),
-                "-p",
-                "32",
-                "-n",
-                "0",
-                "-r",
-                "5",
-                "--expert-cache",
-                "4,8",
-                "--threads",
-                "1,2",
-                "--output",
-                str(out),
-                "--format",
-                "csv",
-            ]
-        )
-        == 0
+    rc = bench(
+        f"run --target llama.cpp --model {model_file} -p 32 -n 0 -r 5 --expert-cache 4,8 --threads 1,2 "
+        f"--output {out} --format csv"
     )
+    assert rc == 0
     assert sorted(r["knobs"]["threads"] for r in _rows(out)) == [1, 2]
 
 
 def test_missing_llama_bench_is_a_clear_error(model_file, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    rc = main(
-        ["run", "--target", "llama.cpp", "--model", str(model_file), "--output", str(tmp_path / "r.jsonl")]
-    )
-    assert rc == 1
+    assert bench(f"run --target llama.cpp --model {model_file} --output {tmp_path / 'r.jsonl'}") == 1
     err = capsys.readouterr().err
     assert "none is on PATH" in err and "--llama-bench PATH" in err
-    assert (
-        main(
-            [
-                "run",
-                "--target",
-                "llama.cpp",
-                "--llama-bench",
-                str(tmp_path / "nope"),
-                "--model",
-                str(model_file),
-            ]
-        )
-        == 1
-    )
+    assert bench(f"run --target llama.cpp --llama-bench {tmp_path / 'nope'} --model {model_file}") == 1
     assert "not an executable" in capsys.readouterr().err
 
 
 def test_failing_llama_bench_keeps_finished_rows(fake_bin, model_file, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("FAKE_LLAMA_BENCH_FAIL", "2")
     out = tmp_path / "r.jsonl"
-    rc = main(
-        [
-            "run",
-            "--target",
-            "llama.cpp",
-            "--model",
-            str(model_file),
-            "-p",
-            "16,32,64",
-            "-n",
-            "8",
-            "-r",
-            "5",
-            "--output",
-            str(out),
-        ]
-    )
-    assert rc == 1
+    assert bench(f"run --target llama.cpp --model {model_file} -p 16,32,64 -n 8 -r 5 --output {out}") == 1
     err = capsys.readouterr().err
     assert "exited with status 1" in err and "failed to create context" in err
     assert [r["test"] for r in _rows(out)] == ["pp16", "pp32"]
@@ -195,31 +111,11 @@ def test_failing_llama_bench_keeps_finished_rows(fake_bin, model_file, tmp_path,
 def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
     env = {**os.environ, "FAKE_LLAMA_BENCH_DELAY": "0.4"}
+    cmd = f"run --target llama.cpp --model {model_file} -p 16,32,64,128,256 -n 8,16,32 -r 5 --output {out}"
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "strata_bench.cli",
-            "run",
-            "--target",
-            "llama.cpp",
-            "--model",
-            str(model_file),
-            "-p",
-            "16,32,64,128,256",
-            "-n",
-            "8,16,32",
-            "-r",
-            "5",
-            "--output",
-            str(out),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+        [sys.executable, "-m", "strata_bench.cli", *cmd.split()],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -244,28 +140,7 @@ def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
 def test_real_llama_bench(model_file, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
     assert (
-        main(
-            [
-                "run",
-                "--target",
-                "llama.cpp",
-                "--model",
-                str(model_file),
-                "-p",
-                "32",
-                "-n",
-                "8",
-                "-r",
-                "5",
-                "--threads",
-                "2",
-                "--output",
-                str(out),
-                "--format",
-                "csv",
-            ]
-        )
-        == 0
+        bench(f"run --target llama.cpp --model {model_file} -p 32 -n 8 -r 5 --threads 2 --output {out}") == 0
     )
     rows = _rows(out)
     assert [r["test"] for r in rows] == ["pp32", "tg8"]

@@ -97,6 +97,10 @@ class MessageView(Vertical, can_focus=True):
             await self._stream.stop()
             self._stream = None
 
+    @property
+    def footer_text(self) -> str:
+        return self._footer_text
+
     def set_footer(self, text: str) -> None:
         self._footer_text = text
         f = self.query_one(".footer", Static)

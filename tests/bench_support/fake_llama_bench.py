@@ -1,7 +1,7 @@
 """A stand-in for llama.cpp's ``llama-bench`` that prints rows in its real ``-o jsonl`` format.
 
 It takes the flags strata-bench passes (-m -p -n -d -r -t -ngl -o -ctk -ctv), runs the tests in
-llama-bench's order (prompt tests then generation tests, each at every depth) and prints one JSON
+llama-bench's order (for each depth, prompt tests then generation tests) and prints one JSON
 object per test with llama-bench's field names. The speeds are made up but deterministic: they
 depend only on the test, so a test can check that each row is the right row. Environment:
 
@@ -49,8 +49,11 @@ def main() -> int:
         return 1
     delay = float(os.environ.get("FAKE_LLAMA_BENCH_DELAY", "0"))
     fail_after = int(os.environ.get("FAKE_LLAMA_BENCH_FAIL", "-1"))
-    tests = [(pp, 0, d) for pp in a.n_prompt if pp > 0 for d in a.n_depth]
-    tests += [(0, tg, d) for tg in a.n_gen if tg > 0 for d in a.n_depth]
+    # llama-bench's order: for each depth, the prompt tests and then the generation tests
+    tests = []
+    for d in a.n_depth:
+        tests += [(pp, 0, d) for pp in a.n_prompt if pp > 0]
+        tests += [(0, tg, d) for tg in a.n_gen if tg > 0]
     for i, (n_prompt, n_gen, n_depth) in enumerate(tests):
         if i == fail_after:
             print("main: error: failed to create context with model", file=sys.stderr)
