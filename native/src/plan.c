@@ -328,7 +328,10 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     if (pp->lend_floor > pp->n_slots) pp->lend_floor = pp->n_slots;
     int64_t by_pct = (int64_t)floor((double)pct * (double)pp->n_slots + 1e-9);
     pp->max_lend_slots = (int32_t)STRATA_MAX(0, STRATA_MIN(by_pct, (int64_t)pp->n_slots - pp->lend_floor));
-    int32_t cap34 = (int32_t)((int64_t)pp->max_lend_slots * 3 / 4);
+    /* no ring may take more than three quarters of what the cache lends (a small cache still needs room
+     * for the buffers), and a ring has at least one slot */
+    int32_t cap34 = (int32_t)STRATA_MAX(1, (int64_t)pp->max_lend_slots * 3 / 4);
+    p->big_ring = STRATA_MIN(p->big_ring, cap34);
     p->deep_ring = STRATA_MAX(p->big_ring, STRATA_MIN(deep_raw, cap34));
 
     int64_t host_room = pp->host_avail_bytes; /* experts may be mapped instead of pinned */
