@@ -381,8 +381,10 @@ def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
     record["budget"] = (plan_src or {}).get("budget")
     auto = (record["plan"] or {}).get("auto_chunk")
     if record["plan"]:
-        chunks = [min(c or n, auto or c or n) for n, c in made.get("spec", [])]
-        record["layouts"] = _layouts(model, cell, [*chunks, *([auto] if auto else [])], env)
+        # the declared chunks (capped by the auto chunk) and the chunks the engine reported using
+        chunks = {min(c or n, auto or c or n) for n, c in made.get("spec", [])}
+        chunks |= {int(r["chunk"]) for st in starts for r in st.get("requests", []) if r.get("chunk")}
+        record["layouts"] = _layouts(model, cell, [*sorted(chunks), *([auto] if auto else [])], env)
     else:
         record["layouts"] = {"error": "no engine start succeeded"}
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
