@@ -15,6 +15,7 @@ back to.
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import numpy as np
 
 __all__ = [
@@ -220,7 +221,6 @@ def _nearest_value(t: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def _iq4_nl(b: np.ndarray) -> np.ndarray:
-    nb = b.shape[0]
     kv = _iq4_values()
     d = _f16(_signed_absmax(b) / kv[0])
     q = _nearest_value(b * _inv(d.astype(np.float32))[:, None], kv)
@@ -431,8 +431,14 @@ def _role(name: str) -> str:
 Mix = Callable[..., str]
 
 
-def _mix(base: str, *, more: str | None = None, output: str | None = None, embd: str | None = None,
-         v_more_always: str | None = None) -> Mix:
+def _mix(
+    base: str,
+    *,
+    more: str | None = None,
+    output: str | None = None,
+    embd: str | None = None,
+    v_more_always: str | None = None,
+) -> Mix:
     """A mix: `base` everywhere, `output` for output.weight, `embd` for token_embd, and `more` for
     attn_v and ffn_down in the more_bits layers. Norms and the router stay F32. Models with 8 experts
     (Mixtral-like) get Q8_0 attn_k/attn_v, as llama.cpp does for them."""
