@@ -14,6 +14,7 @@ back to.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -245,23 +246,30 @@ def _iq4_xs(b: np.ndarray) -> np.ndarray:
     return _u8(d, scales_h, scales_l, qs)
 
 
-def _grid(cls_name: str) -> np.ndarray:
+@functools.cache
+def _grid_table(cls_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """gguf-py's grid of an i-quant [entries, dim], its per-coordinate levels, and for every tuple of
+    levels (as a base-len(levels) code) the index of the nearest grid entry (squared distance)."""
     from gguf import quants as gq
 
     cls = getattr(gq, cls_name)
     cls.init_grid()
-    return np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
+    grid = np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
+    levels = np.unique(grid)
+    dim = grid.shape[1]
+    codes = np.indices((len(levels),) * dim).reshape(dim, -1).T  # [L^dim, dim], coordinate 0 first
+    tuples = levels[codes]
+    dist = (tuples * tuples).sum(1)[:, None] - 2 * tuples @ grid.T + (grid * grid).sum(1)[None, :]
+    return grid, levels, dist.argmin(axis=1)
 
 
-def _nearest_grid(t: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """Index of the nearest grid row (squared distance) for every row of t [N, dim]."""
-    g2 = (grid * grid).sum(axis=1)
-    out = np.empty(t.shape[0], np.int64)
-    step = 1 << 15
-    for i in range(0, t.shape[0], step):
-        c = t[i : i + step]
-        out[i : i + step] = (g2[None, :] - 2 * (c @ grid.T)).argmin(axis=1)
-    return out
+def _nearest_grid(t: np.ndarray, cls_name: str) -> np.ndarray:
+    """Grid index for every row of t [N, dim] (values in grid units): each coordinate is rounded to
+    the nearest level, and the tuple goes to the grid entry nearest to it."""
+    grid, levels, table = _grid_table(cls_name)
+    idx = _nearest_value(t, levels).astype(np.int64)  # [N, dim]
+    weights = len(levels) ** np.arange(grid.shape[1] - 1, -1, -1)
+    return table[idx @ weights]
 
 
 def _even_signs(x: np.ndarray) -> np.ndarray:
@@ -292,12 +300,12 @@ def _odd_scales(t: np.ndarray, gmax: float, denom: float) -> tuple[np.ndarray, n
 
 def _iq3_xxs(b: np.ndarray) -> np.ndarray:
     nb = b.shape[0]
-    grid = _grid("IQ3_XXS")  # [256, 4]
+    grid = _grid_table("IQ3_XXS")[0]  # [256, 4]
     x = b.reshape(nb, 8, 32)
     d, s, eff = _odd_scales(np.abs(x).max(axis=-1) / grid.max(), float(grid.max()), 4.0)
     neg = _even_signs(x.reshape(nb, 8, 4, 8))
     mag = np.abs(x) * _inv(eff)[..., None]  # in grid units
-    idx = _nearest_grid(mag.reshape(-1, 4), grid).reshape(nb, 64).astype(np.uint8)
+    idx = _nearest_grid(mag.reshape(-1, 4), "IQ3_XXS").reshape(nb, 64).astype(np.uint8)
     sidx = (_bits(neg) & 127).astype(np.uint32)  # [nb, 8, 4]
     sas = s.astype(np.uint32) << 28
     for lidx in range(4):
@@ -307,11 +315,11 @@ def _iq3_xxs(b: np.ndarray) -> np.ndarray:
 
 def _iq3_s(b: np.ndarray) -> np.ndarray:
     nb = b.shape[0]
-    grid = _grid("IQ3_S")  # [512, 4]
+    grid = _grid_table("IQ3_S")[0]  # [512, 4]
     x = b.reshape(nb, 8, 32)
     d, s, eff = _odd_scales(np.abs(x).max(axis=-1) / grid.max(), float(grid.max()), 1.0)
     mag = np.abs(x) * _inv(eff)[..., None]
-    idx = _nearest_grid(mag.reshape(-1, 4), grid).reshape(nb, 64)
+    idx = _nearest_grid(mag.reshape(-1, 4), "IQ3_S").reshape(nb, 64)
     qs = (idx & 0xFF).astype(np.uint8)
     qh = _bits((idx >> 8).astype(bool).reshape(nb, 8, 8))
     signs = _bits((x < 0).reshape(nb, 32, 8))
@@ -322,12 +330,12 @@ def _iq3_s(b: np.ndarray) -> np.ndarray:
 
 def _iq2_xs(b: np.ndarray) -> np.ndarray:
     nb = b.shape[0]
-    grid = _grid("IQ2_XS")  # [512, 8]
+    grid = _grid_table("IQ2_XS")[0]  # [512, 8]
     x = b.reshape(nb, 16, 16)
     d, s, eff = _odd_scales(np.abs(x).max(axis=-1) / grid.max(), float(grid.max()), 8.0)
     neg = _even_signs(x.reshape(nb, 32, 8))
     mag = np.abs(x) * _inv(eff)[..., None]
-    idx = _nearest_grid(mag.reshape(-1, 8), grid).reshape(nb, 32).astype(np.uint16)
+    idx = _nearest_grid(mag.reshape(-1, 8), "IQ2_XS").reshape(nb, 32).astype(np.uint16)
     qs = idx | ((_bits(neg) & 127).astype(np.uint16) << 9)
     sc = s.astype(np.uint8)
     scales = _nibbles(sc[:, 0::2], sc[:, 1::2])
@@ -367,6 +375,8 @@ def quantize(x: np.ndarray, qtype: str | int) -> np.ndarray:
         raise ValueError("quantize needs rows: an array of at least one dimension")
     cols = a.shape[-1]
     rb = row_bytes(name, cols)
+    if name not in ("F32", "F16", "BF16") and not np.isfinite(a).all():
+        raise ValueError(f"quantize to {name}: the input has NaN or infinite values")
     if name in _GGUF_PY:
         from gguf import GGMLQuantizationType
         from gguf import quants as gq
@@ -377,8 +387,6 @@ def quantize(x: np.ndarray, qtype: str | int) -> np.ndarray:
         raise NotImplementedError(
             f"strata cannot quantize to {name}; types it can quantize: {', '.join(QUANTIZABLE)}"
         )
-    if not np.isfinite(a).all():
-        raise ValueError(f"quantize to {name}: the input has NaN or infinite values")
     bs, fn = _OWN[name]
     blocks = a.reshape(-1, bs)
     parts = [fn(blocks[i : i + _CHUNK_BLOCKS]) for i in range(0, blocks.shape[0], _CHUNK_BLOCKS)]
