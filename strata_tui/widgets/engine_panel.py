@@ -98,7 +98,7 @@ class EnginePanel(Vertical):
             return
         label, style = _STATES.get(self.state, (self.state, ""))
         st = Text.assemble(("● ", _rich_style(style)), (label, "bold"))
-        self.query_one("#engine-state", Static).update(st)
+        self.query_one("#engine-state", Static).update(st, layout=False)
 
         s = self.status
         prompt = s.get("prompt") if self.state == "reading" else None
@@ -109,7 +109,7 @@ class EnginePanel(Vertical):
             tps = float(prompt.get("tokens_per_second") or 0.0)
             bar.update(total=total, progress=done)
             left = f" · {_eta((total - done) / tps)} left" if tps > 0 else ""
-            plabel.update(f"prompt {done:,} / {total:,} tokens\n{tps:,.0f} tok/s{left}")
+            plabel.update(f"prompt {done:,} / {total:,} tokens\n{tps:,.0f} tok/s{left}", layout=False)
             bar.display = plabel.display = True
         else:
             bar.display = plabel.display = False
@@ -169,7 +169,8 @@ class EnginePanel(Vertical):
             if k:
                 text.append(f"{k:<9}", style="dim")
             text.append(v)
-        self.query_one("#engine-lines", Static).update(text)
+        # fixed height in the stylesheet: a new figure repaints the panel without a layout of the screen
+        self.query_one("#engine-lines", Static).update(text, layout=False)
 
 
 def _rich_style(kind: str) -> str:

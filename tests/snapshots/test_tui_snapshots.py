@@ -65,7 +65,7 @@ def test_engine_panel_reading_prompt(snap_compare, tmp_path: Path) -> None:
         await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None)
         await pilot.press(*"Summarise this long document", "enter")
         await wait_for(pilot, lambda: app.chat is not None and app.chat.reply is not None
-                       and "reading the prompt" in app.chat.reply.view._footer_text)
+                       and "reading the prompt" in app.chat.reply.view.footer_text)
 
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=run_before)

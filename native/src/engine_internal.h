@@ -1,0 +1,159 @@
+/*
+ * engine_internal.h — the engine's state, grouped by lifetime, and the forward-pass entry points.
+ *
+ * Legend used in every file of the forward pass:
+ *   T  tokens in a chunk (1 for a decode step)     D  model dimension (n_embd)
+ *   E  routed experts per layer                    K  experts used per token
+ *   F  hidden dimension of one expert              V  vocabulary
+ *   QD n_head * head_dim                           KD n_head_kv * head_dim
+ *
+ * Lifetimes, built in this order at open and freed in reverse at close:
+ *   1. model description: hparams (read from metadata)
+ *   2. weights: views into the mapped file (own nothing but the layer array)
+ *   3. plan: fixed at open (threads, kernels, context, chunk)
+ *   4. run state: KV cache, chunk buffers, logits, counters (owned)
+ */
+#ifndef STRATA_ENGINE_INTERNAL_H
+#define STRATA_ENGINE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "arena.h"
+#include "cache.h"
+#include "error.h"
+#include "gguf.h"
+#include "kv.h"
+#include "model.h"
+#include "plan.h"
+#include "quant.h"
+#include "strata.h"
+#include "threads.h"
+#include "trace.h"
+
+struct mm_seg;
+
+/* The weights of one routed expert as the forward pass sees them. */
+typedef struct expert_view {
+    wview gate;  /* [F, D] */
+    wview up;    /* [F, D] */
+    wview down;  /* [D, F] */
+} expert_view;
+
+/* Buffers of one prompt chunk of up to cap tokens (a decode step uses the first row of each).
+ * Laid out only by chunk_buffers_alloc, inside an arena: the decode scratch (T = 1), the slots lent
+ * to a prompt, or a measuring arena (layout(T)). */
+typedef struct chunk_buffers {
+    int32_t cap;          /* T the buffers hold */
+    size_t act_stride;    /* bytes of one quantized activation row (the largest any weight needs) */
+    float *x;             /* [T, D] residual stream */
+    float *xn;            /* [T, D] normed input of the current block */
+    uint8_t *act;         /* [T, act_stride] activations quantized for the next product */
+    float *q;             /* [T, QD] */
+    float *k;             /* [T, KD] */
+    float *v;             /* [T, KD] */
+    float *att;           /* [T, QD] attention output, before the output projection */
+    float *o;             /* [T, D] output of a block, before it is added to x */
+    float *scores;        /* [n_threads, n_ctx] attention scores, one row per thread */
+    float *rope;          /* [head_dim] cos then sin of one position's rotation */
+    float *router;        /* [T, E] router logits, then probabilities */
+    int32_t *sel;         /* [T, K] selected experts, best first */
+    float *wsel;          /* [T, K] their renormalized weights */
+    int32_t *grp_off;     /* [E + 1] start of each expert's group in grp_tok / grp_slot */
+    int32_t *grp_tok;     /* [T * K] token of each (token, k) pair, grouped by expert */
+    int32_t *grp_slot;    /* [T * K] t * K + k of each pair, grouped by expert */
+    float *g;             /* [T * K, F] gate products, rows in group order */
+    float *u;             /* [T * K, F] up products, rows in group order */
+    uint8_t *hact;        /* [T * K, act_stride] silu(g) * u, quantized for down */
+    float *ye;            /* [T * K, D] expert outputs, row t * K + k */
+    struct mm_seg *segs;  /* [2 * E] product segments of the expert jobs */
+    expert_view *views;   /* [E] views of the active experts */
+} chunk_buffers;
+
+struct strata_engine {
+    /* ---- 1. model description ---- */
+    hparams hp;
+
+    /* ---- 2. weights: views into the mapping ---- */
+    gguf_file file;
+    model_weights w;
+
+    /* ---- 3. plan: fixed at open ---- */
+    strata_params params;
+    strata_plan plan;
+    const quant_traits *qt;   /* kernel table of the level in use */
+    int32_t n_ctx;            /* KV positions */
+    int32_t chunk;            /* prompt chunk in tokens */
+    plan mp;                  /* the memory plan (plan.c); plan above is its public part */
+    uint8_t *dev_mem;         /* CPU backend: the host block standing in for device memory [dev_len] */
+    size_t dev_len;
+    arena dev;                /* the device budget over dev_mem */
+    arena scratch;            /* decode scratch inside dev: the layout of one token */
+    uint8_t *own_chunk;       /* --expert-cache 0: the prompt path's own buffers inside dev */
+    expert_cache cache;       /* slots inside dev, residency, counters */
+
+    /* ---- 4. run state: owned ---- */
+    pool *pool;
+    kv_cache kv;
+    chunk_buffers cb;
+    uint8_t *ring;            /* while a prompt is read: ring_slots staging slots inside the loan */
+    int32_t ring_slots;
+    int64_t ring_next;        /* next ring slot to fill (mod ring_slots) */
+    int32_t moe_batch;        /* experts fetched together by moe_block (ring depth while reading a prompt) */
+    float *logits;            /* [V] of the last processed token */
+    int32_t has_logits;
+    int32_t n_past;           /* tokens in the KV cache */
+    strata_stats stats;
+
+    /* ---- diagnostics ---- */
+    errbuf err;
+    trace_sink trace;
+};
+
+typedef enum moe_phase {
+    MOE_PHASE_PREFILL = 0, /* a prompt chunk */
+    MOE_PHASE_DECODE = 1,  /* one generated token */
+} moe_phase;
+
+/* Lay the chunk buffers of T tokens out in arena a (the one place they are laid out). BUDGET without a
+ * message when a buffer does not fit: the arena records which and by how much. */
+strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T);
+/* Point the chunk buffers back at the decode scratch (after a prompt gave its loan back). */
+strata_status chunk_buffers_use_scratch(strata_engine *e);
+void chunk_buffers_free(strata_engine *e);
+/* Bytes chunk_buffers_alloc takes for T tokens (it, run against a measuring arena). */
+int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T);
+
+/* RMSNorm of n rows of D values: out[i] = x[i] / rms(x) * w[i]. Sum of squares in double, in order. */
+void rmsnorm_rows(float *out, const float *x, const float *w, int32_t n, int32_t D, float eps);
+
+/* attention.c: x += attention(rmsnorm(x)) for T tokens at positions pos0..pos0+T-1 (appends to KV). */
+strata_status attention_block(strata_engine *e, int32_t layer, int32_t T, int32_t pos0);
+/* moe.c: x += moe(rmsnorm(x)) for T tokens. */
+strata_status moe_block(strata_engine *e, int32_t layer, int32_t T, moe_phase phase);
+/* moe.c: the ONE way to reach a routed expert's weights (gate, up, down and their types) during a
+ * phase. The memory plan points it at a cache slot, a ring slot or the mapped file. */
+strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_phase phase, expert_view *out);
+/* moe.c: copy an expert's gate, up and down from the mapped file into dst (a slot); returns the bytes.
+ * ctx is the engine (the expert cache's copy function). */
+int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst);
+/* engine.c: embed T tokens, run every layer, compute the logits of the last token when want_logits. */
+strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits);
+
+/* engine.c */
+strata_status engine_open(const char *path, const strata_params *p, strata_engine **out, errbuf *err);
+void engine_close(strata_engine *e);
+strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
+                             void *user);
+strata_status engine_decode(strata_engine *e, int32_t token);
+/* prefill.c: the memory plan, device arena and expert cache at open (after the model and the thread
+ * pool), and their end at close. */
+strata_status mem_open(strata_engine *e, errbuf *err);
+void mem_close(strata_engine *e);
+/* prefill.c: counters of the cache copied into e->stats. */
+void mem_sync_stats(strata_engine *e);
+/* prefill.c: zero the cache's counters (strata_stats_reset). */
+void mem_reset_stats(strata_engine *e);
+double engine_now_ms(void);
+
+#endif
