@@ -63,6 +63,10 @@ class ServerProcess:
 
         Blocking: call it from a worker thread. Returns the server's URL.
         """
+        if self._proc is not None and self._proc.poll() is None:
+            raise ServerStartError("strata serve is already running")
+        self.url = None
+        self._ready.clear()
         model = self.model
         if model is None:
             if on_line:

@@ -76,6 +76,7 @@ class EnginePanel(Vertical):
 
     def set_unreachable(self) -> None:
         self.state = "unreachable"
+        self.detail = ""
         self.refresh_view()
 
     def set_status(self, status: dict[str, Any]) -> None:
