@@ -116,6 +116,8 @@ def test_send_streams_the_servers_reply(server: ServerProcess, tmp_path: Path) -
             assert reply.content.strip() == expected.strip()
             assert "tokens" in reply.footer_text
             assert views(app, "user")[0].content == "Tell me about experts."
+            await pilot.press("f5")  # copy the reply (OSC 52 in a terminal; kept by the app here)
+            assert app.clipboard == reply.content
     asyncio.run(run())
 
 
