@@ -316,7 +316,8 @@ class ChatScreen(Screen[None]):
             await log.mount_all(views)
         log.scroll_end(animate=False)
         self._show_conv_title()
-        self.engine.set_live(context_used=_context_used(msg.messages))
+        last = next((m for m in reversed(msg.messages) if m.role == "assistant"), None)
+        self.engine.set_live(context_used=_context_used(msg.messages), ttft_s=_ttft(last.meta) if last else None)
 
     def _show_conv_title(self) -> None:
         if self.conv is None:
@@ -883,10 +884,7 @@ def _footer_for(m: StoredMessage, fin: Finished | None = None) -> str:
 
 
 def _ttft(meta: dict[str, Any]) -> float | None:
-    """Time to the first token: the server's own prompt time when it reports one, else what the client saw."""
-    t = meta.get("timings") or {}
-    if t.get("prompt_ms") is not None:
-        return float(t["prompt_ms"]) / 1000.0
+    """Time to the first token as the user saw it: from sending the request to the first text."""
     v = meta.get("ttft_s")
     return None if v is None else float(v)
 
