@@ -85,6 +85,45 @@ static float q4k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     return sum;
 }
 
+/* Q4_K against several activation rows: each block's weights are unpacked once and dotted with every
+ * row; each row's sum runs over the blocks in order with vec_dot's expression, so out[k] is bit for
+ * bit vec_dot(n, w, act[k]). */
+static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    const block_q4_K *x = w;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    for (int32_t k0 = 0; k0 < n_act; k0 += QUANT_DOT_N_MAX) {
+        const int32_t kn = n_act - k0 < QUANT_DOT_N_MAX ? n_act - k0 : QUANT_DOT_N_MAX;
+        float sum[QUANT_DOT_N_MAX] = {0};
+        for (int64_t i = 0; i < n / QK_K; i++) {
+            uint8_t sc[8], m[8];
+            k_scale_words(x[i].scales, sc, m);
+            const float d = quant_f16_lut[x[i].d], dmin = quant_f16_lut[x[i].dmin];
+            __m512i lo[2], hi[2], s_lo[2], s_hi[2];
+            for (int p = 0; p < 2; p++) {
+                const __m512i bits = _mm512_loadu_si512((const void *)(x[i].qs + 64 * p));
+                lo[p] = _mm512_and_si512(bits, m4);
+                hi[p] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+                s_lo[p] = scale_pair(sc[4 * p], sc[4 * p + 2]);
+                s_hi[p] = scale_pair(sc[4 * p + 1], sc[4 * p + 3]);
+            }
+            for (int32_t k = 0; k < kn; k++) {
+                const block_q8_K *y = (const block_q8_K *)act[k0 + k] + i;
+                const int8_t *q8 = y->qs;
+                __m512i acc = _mm512_setzero_si512();
+                for (int p = 0; p < 2; p++) {
+                    const __m512i a_lo = load2x256(q8 + 128 * p, q8 + 128 * p + 64);
+                    const __m512i a_hi = load2x256(q8 + 128 * p + 32, q8 + 128 * p + 96);
+                    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(lo[p], a_lo), s_lo[p]);
+                    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(hi[p], a_hi), s_hi[p]);
+                }
+                const int32_t A = _mm512_reduce_add_epi32(acc), B = k_min_sum(m, y->bsums);
+                sum[k] += (d * y->d) * (float)A - (dmin * y->d) * (float)B;
+            }
+        }
+        for (int32_t k = 0; k < kn; k++) out[k0 + k] = sum[k];
+    }
+}
+
 static float q5k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     const block_q5_K *x = w;
     const block_q8_K *y = act;
@@ -159,8 +198,59 @@ static float q6k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     return sum;
 }
 
+/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512). */
+static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    const block_q6_K *x = w;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+    const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi64(0), _mm256_set1_epi64x(2), 1);
+    const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi64(4), _mm256_set1_epi64x(6), 1);
+    for (int32_t k0 = 0; k0 < n_act; k0 += QUANT_DOT_N_MAX) {
+        const int32_t kn = n_act - k0 < QUANT_DOT_N_MAX ? n_act - k0 : QUANT_DOT_N_MAX;
+        float sum[QUANT_DOT_N_MAX] = {0};
+        for (int64_t i = 0; i < n / QK_K; i++) {
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+            const __m512i scv = _mm512_castsi256_si512(sc16);
+            const float d = quant_f16_lut[x[i].d];
+            __m512i q01[2], q23[2], sc01[2], sc23[2];
+            for (int g = 0; g < 2; g++) {
+                const __m512i l = _mm512_loadu_si512((const void *)(x[i].ql + 64 * g));
+                const __m512i h = _mm512_broadcast_i64x4(load256(x[i].qh + 32 * g));
+                q01[g] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
+                q23[g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
+                sc01[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
+                sc23[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
+            }
+            for (int32_t k = 0; k < kn; k++) {
+                const block_q8_K *y = (const block_q8_K *)act[k0 + k] + i;
+                const int8_t *q8 = y->qs;
+                const __m256i c = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums));
+                __m512i acc = _mm512_setzero_si512();
+                for (int g = 0; g < 2; g++) {
+                    acc = _mm512_dpwssd_epi32(
+                        acc, _mm512_maddubs_epi16(q01[g], _mm512_loadu_si512((const void *)(q8 + 128 * g))), sc01[g]);
+                    acc = _mm512_dpwssd_epi32(
+                        acc, _mm512_maddubs_epi16(q23[g], _mm512_loadu_si512((const void *)(q8 + 128 * g + 64))),
+                        sc23[g]);
+                }
+                __m128i cs = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+                cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(1, 0, 3, 2)));
+                cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(2, 3, 0, 1)));
+                const int32_t A = _mm512_reduce_add_epi32(acc) - 32 * _mm_cvtsi128_si32(cs);
+                sum[k] += (d * y->d) * (float)A;
+            }
+        }
+        for (int32_t k = 0; k < kn; k++) out[k0 + k] = sum[k];
+    }
+}
+
 void quant_k_avx512(quant_traits t[]) {
     t[STRATA_TYPE_Q4_K].vec_dot = q4k_vec_dot_avx512;
     t[STRATA_TYPE_Q5_K].vec_dot = q5k_vec_dot_avx512;
     t[STRATA_TYPE_Q6_K].vec_dot = q6k_vec_dot_avx512;
+    quant_set_xn(t, STRATA_TYPE_Q4_K, q4k_vec_dot_n_avx512);
+    quant_set_xn(t, STRATA_TYPE_Q6_K, q6k_vec_dot_n_avx512);
 }
