@@ -85,42 +85,99 @@ static float q4k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     return sum;
 }
 
+/* Four int32 accumulators -> their four lane sums (exact integer adds, any order). */
+static inline __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+    /* 512 -> 256: [v0 | v1] halves added, [v2 | v3] halves added */
+    const __m512i a = _mm512_add_epi32(_mm512_shuffle_i64x2(v0, v1, 0x44), _mm512_shuffle_i64x2(v0, v1, 0xEE));
+    const __m512i b = _mm512_add_epi32(_mm512_shuffle_i64x2(v2, v3, 0x44), _mm512_shuffle_i64x2(v2, v3, 0xEE));
+    /* 256 -> 128: lanes [v0 v1 v2 v3] */
+    const __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x88), _mm512_shuffle_i64x2(a, b, 0xDD));
+    /* each 128-bit lane holds one accumulator: sum its four ints */
+    const __m512i d = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_BADC));
+    const __m512i e = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_CDAB));
+    /* lane k of the result = element 0 of 128-bit lane k */
+    return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), e));
+}
+
+/* Four 8-lane int32 vectors -> their four sums. */
+static inline __m128i reduce4_256(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* m_j in int16 lanes 2j and 2j + 1: madd with the 16 bsums gives m_j * (bsums[2j] + bsums[2j+1]). */
+static inline __m256i mins_pairs(const uint8_t m[8]) {
+    /* int32 lane j = m_j, i.e. its two int16 halves are m_j and 0; the caller copies m_j up */
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+}
+
+/* Unpacked Q4_K block: nibbles of its two 128-value halves and the scale vectors of its sub-blocks. */
+typedef struct {
+    __m512i lo[2], hi[2], s_lo[2], s_hi[2];
+    __m256i mpair; /* int16 lanes 2j, 2j + 1 = m_j */
+    float d, dmin;
+} q4k_unpacked;
+
+static inline void q4k_unpack(const block_q4_K *b, q4k_unpacked *u) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    uint8_t sc[8], m[8];
+    k_scale_words(b->scales, sc, m);
+    for (int p = 0; p < 2; p++) {
+        const __m512i bits = _mm512_loadu_si512((const void *)(b->qs + 64 * p));
+        u->lo[p] = _mm512_and_si512(bits, m4);
+        u->hi[p] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+        u->s_lo[p] = scale_pair(sc[4 * p], sc[4 * p + 2]);
+        u->s_hi[p] = scale_pair(sc[4 * p + 1], sc[4 * p + 3]);
+    }
+    const __m256i mm = mins_pairs(m);
+    u->mpair = _mm256_or_si256(mm, _mm256_slli_epi32(mm, 16));
+    u->d = quant_f16_lut[b->d];
+    u->dmin = quant_f16_lut[b->dmin];
+}
+
+/* A's lanes of one unpacked block against one activation block */
+static inline __m512i q4k_acc(const q4k_unpacked *u, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int p = 0; p < 2; p++) {
+        const __m512i a_lo = load2x256(q8 + 128 * p, q8 + 128 * p + 64);
+        const __m512i a_hi = load2x256(q8 + 128 * p + 32, q8 + 128 * p + 96);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->lo[p], a_lo), u->s_lo[p]);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->hi[p], a_hi), u->s_hi[p]);
+    }
+    return acc;
+}
+
+/* B's lanes: m_j * (bsums[2j] + bsums[2j+1]) */
+static inline __m256i q4k_bacc(const q4k_unpacked *u, const int16_t *bsums) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), u->mpair);
+}
+
 /* Q4_K against several activation rows: each block's weights are unpacked once and dotted with every
- * row; each row's sum runs over the blocks in order with vec_dot's expression, so out[k] is bit for
- * bit vec_dot(n, w, act[k]). */
+ * row, four rows' integer sums reduced together; each row's float sum runs over the blocks in order
+ * with vec_dot's expression (lane k of the 4-wide float ops is exactly the scalar sequence), so
+ * out[k] is bit for bit vec_dot(n, w, act[k]). */
 static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
     const block_q4_K *x = w;
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
-    for (int32_t k0 = 0; k0 < n_act; k0 += QUANT_DOT_N_MAX) {
-        const int32_t kn = n_act - k0 < QUANT_DOT_N_MAX ? n_act - k0 : QUANT_DOT_N_MAX;
-        float sum[QUANT_DOT_N_MAX] = {0};
+    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
+        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
+        const block_q8_K *y[4];
+        for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[k0 + (k < kn ? k : 0)];
+        __m128 sum = _mm_setzero_ps();
         for (int64_t i = 0; i < n / QK_K; i++) {
-            uint8_t sc[8], m[8];
-            k_scale_words(x[i].scales, sc, m);
-            const float d = quant_f16_lut[x[i].d], dmin = quant_f16_lut[x[i].dmin];
-            __m512i lo[2], hi[2], s_lo[2], s_hi[2];
-            for (int p = 0; p < 2; p++) {
-                const __m512i bits = _mm512_loadu_si512((const void *)(x[i].qs + 64 * p));
-                lo[p] = _mm512_and_si512(bits, m4);
-                hi[p] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
-                s_lo[p] = scale_pair(sc[4 * p], sc[4 * p + 2]);
-                s_hi[p] = scale_pair(sc[4 * p + 1], sc[4 * p + 3]);
-            }
-            for (int32_t k = 0; k < kn; k++) {
-                const block_q8_K *y = (const block_q8_K *)act[k0 + k] + i;
-                const int8_t *q8 = y->qs;
-                __m512i acc = _mm512_setzero_si512();
-                for (int p = 0; p < 2; p++) {
-                    const __m512i a_lo = load2x256(q8 + 128 * p, q8 + 128 * p + 64);
-                    const __m512i a_hi = load2x256(q8 + 128 * p + 32, q8 + 128 * p + 96);
-                    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(lo[p], a_lo), s_lo[p]);
-                    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(hi[p], a_hi), s_hi[p]);
-                }
-                const int32_t A = _mm512_reduce_add_epi32(acc), B = k_min_sum(m, y->bsums);
-                sum[k] += (d * y->d) * (float)A - (dmin * y->d) * (float)B;
-            }
+            q4k_unpacked u;
+            q4k_unpack(&x[i], &u);
+            const __m128i A = reduce4(q4k_acc(&u, y[0][i].qs), q4k_acc(&u, y[1][i].qs), q4k_acc(&u, y[2][i].qs),
+                                      q4k_acc(&u, y[3][i].qs));
+            const __m128i B = reduce4_256(q4k_bacc(&u, y[0][i].bsums), q4k_bacc(&u, y[1][i].bsums),
+                                          q4k_bacc(&u, y[2][i].bsums), q4k_bacc(&u, y[3][i].bsums));
+            const __m128 yd = _mm_setr_ps(y[0][i].d, y[1][i].d, y[2][i].d, y[3][i].d);
+            const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(u.d), yd), _mm_cvtepi32_ps(A));
+            const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(u.dmin), yd), _mm_cvtepi32_ps(B));
+            sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
         }
-        for (int32_t k = 0; k < kn; k++) out[k0 + k] = sum[k];
+        float r[4];
+        _mm_storeu_ps(r, sum);
+        for (int32_t k = 0; k < kn; k++) out[k0 + k] = r[k];
     }
 }
 
@@ -198,7 +255,7 @@ static float q6k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     return sum;
 }
 
-/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512). */
+/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512): C = sum_j sc_j bsum_j per row. */
 static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
     const block_q6_K *x = w;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
@@ -206,13 +263,14 @@ static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
                                          0, 0, 0, 0, 0, 0);
     const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi64(0), _mm256_set1_epi64x(2), 1);
     const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi64(4), _mm256_set1_epi64x(6), 1);
-    for (int32_t k0 = 0; k0 < n_act; k0 += QUANT_DOT_N_MAX) {
-        const int32_t kn = n_act - k0 < QUANT_DOT_N_MAX ? n_act - k0 : QUANT_DOT_N_MAX;
-        float sum[QUANT_DOT_N_MAX] = {0};
+    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
+        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
+        const block_q8_K *y[4];
+        for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[k0 + (k < kn ? k : 0)];
+        __m128 sum = _mm_setzero_ps();
         for (int64_t i = 0; i < n / QK_K; i++) {
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
             const __m512i scv = _mm512_castsi256_si512(sc16);
-            const float d = quant_f16_lut[x[i].d];
             __m512i q01[2], q23[2], sc01[2], sc23[2];
             for (int g = 0; g < 2; g++) {
                 const __m512i l = _mm512_loadu_si512((const void *)(x[i].ql + 64 * g));
@@ -224,26 +282,28 @@ static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
                 sc01[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
                 sc23[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
             }
-            for (int32_t k = 0; k < kn; k++) {
-                const block_q8_K *y = (const block_q8_K *)act[k0 + k] + i;
-                const int8_t *q8 = y->qs;
-                const __m256i c = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y->bsums));
-                __m512i acc = _mm512_setzero_si512();
+            __m512i acc[4];
+            __m256i c[4];
+            for (int k = 0; k < 4; k++) {
+                const int8_t *q8 = y[k][i].qs;
+                c[k] = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[k][i].bsums));
+                acc[k] = _mm512_setzero_si512();
                 for (int g = 0; g < 2; g++) {
-                    acc = _mm512_dpwssd_epi32(
-                        acc, _mm512_maddubs_epi16(q01[g], _mm512_loadu_si512((const void *)(q8 + 128 * g))), sc01[g]);
-                    acc = _mm512_dpwssd_epi32(
-                        acc, _mm512_maddubs_epi16(q23[g], _mm512_loadu_si512((const void *)(q8 + 128 * g + 64))),
+                    acc[k] = _mm512_dpwssd_epi32(
+                        acc[k], _mm512_maddubs_epi16(q01[g], _mm512_loadu_si512((const void *)(q8 + 128 * g))), sc01[g]);
+                    acc[k] = _mm512_dpwssd_epi32(
+                        acc[k], _mm512_maddubs_epi16(q23[g], _mm512_loadu_si512((const void *)(q8 + 128 * g + 64))),
                         sc23[g]);
                 }
-                __m128i cs = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
-                cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(1, 0, 3, 2)));
-                cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(2, 3, 0, 1)));
-                const int32_t A = _mm512_reduce_add_epi32(acc) - 32 * _mm_cvtsi128_si32(cs);
-                sum[k] += (d * y->d) * (float)A;
             }
+            const __m128i C = reduce4_256(c[0], c[1], c[2], c[3]);
+            const __m128i A = _mm_sub_epi32(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_slli_epi32(C, 5));
+            const __m128 yd = _mm_setr_ps(y[0][i].d, y[1][i].d, y[2][i].d, y[3][i].d);
+            sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(quant_f16_lut[x[i].d]), yd), _mm_cvtepi32_ps(A)));
         }
-        for (int32_t k = 0; k < kn; k++) out[k0 + k] = sum[k];
+        float r[4];
+        _mm_storeu_ps(r, sum);
+        for (int32_t k = 0; k < kn; k++) out[k0 + k] = r[k];
     }
 }
 
