@@ -27,8 +27,42 @@ typedef struct quant_traits {
     float (*vec_dot)(int64_t n, const void *w, const void *act);
 } quant_traits;
 
+/* Type ids are GGUF's; tables are indexed by them. */
+#define QUANT_N_TYPES 40
+
+/*
+ * Registration. Each type family lives in its own files (cpu/quant_<family>.c, plus
+ * cpu/quant_<family>_avx2.c / _avx512.c for its SIMD kernels) and exports one function
+ *     void quant_register_<family>(quant_traits table[QUANT_N_TYPES], int32_t simd);
+ * that fills table[type] for its types at kernel level simd (scalar first, then overriding the
+ * entries it has faster kernels for). quant.c calls every family once per level; adding a family
+ * is one line in its k_families list.
+ */
+typedef void (*quant_register_fn)(quant_traits table[], int32_t simd);
+
+/* F32, F16, BF16, Q8_0 (cpu/quant_scalar.c; SIMD overrides in cpu/quant_avx2.c, cpu/quant_avx512.c). */
+void quant_register_base(quant_traits table[], int32_t simd);
+void quant_base_avx2(quant_traits table[]);
+void quant_base_avx512(quant_traits table[]);
+
+/* f16 -> f32 for every half value, filled before any table is handed out. */
+extern float quant_f16_lut[1 << 16];
+
+/* The best level this CPU runs (never AUTO). */
+int32_t quant_cpu_best(void);
+/* 1 when the CPU can run level simd (AUTO and SCALAR always). */
+int quant_simd_supported(int32_t simd);
+/* "avx2 fma f16c avx512f ..." */
+const char *quant_cpu_features(void);
+/* The traits table of one level (AUTO = the best); built once, thread-safe, never freed. */
+const quant_traits *quant_table(int32_t simd);
+/* Traits of a type in a table, or NULL when that level cannot run it. */
+const quant_traits *quant_lookup(const quant_traits *table, int32_t type);
+
 /* Select the kernel level (strata_simd); AUTO picks the best the CPU has. Returns the level used. */
 int32_t quant_select(int32_t simd);
+/* The table of the level chosen by quant_select (AUTO until then). */
+const quant_traits *quant_current_table(void);
 /* Traits of a type at the selected level, or NULL when strata cannot run it. */
 const quant_traits *quant_get(int32_t type);
 /* Bytes of a row of n values, -1 when n is not a whole number of blocks or the type is unknown. */

@@ -1,0 +1,132 @@
+/*
+ * attention.c — the attention block of qwen3moe for a chunk of T tokens (T = 1 when decoding).
+ *
+ *   xn = rmsnorm(x) * attn_norm                     [T, D]
+ *   q, k, v = xn Wq^T, xn Wk^T, xn Wv^T             [T, QD], [T, KD], [T, KD]
+ *   per head: q = rmsnorm(q) * q_norm, k = rmsnorm(k) * k_norm, then RoPE (NeoX: pairs (i, i + hd/2))
+ *   K, V appended to the cache at positions pos0 .. pos0 + T - 1
+ *   per (token, head): softmax(q . K[0..pos] / sqrt(hd)) . V[0..pos]   (causal; GQA: head h reads KV
+ *   head h / (n_head / n_head_kv))
+ *   x += att Wo^T
+ *
+ * Every query row reads its keys back from the cache, so a token sees the same (f16-rounded) keys
+ * whether it was part of a chunk or decoded alone: this is what keeps logits identical across chunkings.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "matmul.h"
+
+/* ---- RoPE -------------------------------------------------------------------------------------- */
+
+/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * theta^(-2i/hd), computed
+ * in double so that long positions keep their precision. */
+static void rope_angles(float *cs, int32_t hd, int32_t pos, float theta) {
+    int32_t half = hd / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double ang = (double)pos * pow((double)theta, -2.0 * (double)i / (double)hd);
+        cs[i] = (float)cos(ang);
+        cs[half + i] = (float)sin(ang);
+    }
+}
+
+/* NeoX layout: element i pairs with element i + hd/2 (not with its neighbour). */
+static void rope_neox(float *v, int32_t hd, const float *cs) {
+    int32_t half = hd / 2;
+    for (int32_t i = 0; i < half; i++) {
+        float c = cs[i], s = cs[half + i];
+        float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * c - x1 * s;
+        v[i + half] = x0 * s + x1 * c;
+    }
+}
+
+/* ---- attention over the cache ------------------------------------------------------------------ */
+
+typedef struct att_job {
+    strata_engine *e;
+    int32_t layer, T, pos0;
+} att_job;
+
+/* One (token, head): scores over positions 0..pos in order, max-subtracted softmax, weighted sum. */
+static void att_item(void *ctx, int64_t item, int thread) {
+    const att_job *j = ctx;
+    strata_engine *e = j->e;
+    const hparams *hp = &e->hp;
+    const int32_t hd = hp->head_dim, H = hp->n_head;
+    int32_t t = (int32_t)(item / H), h = (int32_t)(item % H);
+    int32_t kvh = h / (H / hp->n_head_kv);
+    int32_t pos = j->pos0 + t;
+    const float *q = e->cb.q + (int64_t)t * H * hd + (int64_t)h * hd;
+    float *out = e->cb.att + (int64_t)t * H * hd + (int64_t)h * hd;
+    float *sc = e->cb.scores + (int64_t)thread * e->n_ctx; /* [pos + 1] */
+    const float scale = 1.0f / sqrtf((float)hd);
+    float mx = -INFINITY;
+    for (int32_t p = 0; p <= pos; p++) {
+        sc[p] = kv_dot_k(&e->kv, j->layer, p, kvh, q) * scale;
+        if (sc[p] > mx) mx = sc[p];
+    }
+    float sum = 0.0f;
+    for (int32_t p = 0; p <= pos; p++) {
+        sc[p] = expf(sc[p] - mx);
+        sum += sc[p];
+    }
+    memset(out, 0, sizeof(float) * (size_t)hd);
+    float inv = 1.0f / sum;
+    for (int32_t p = 0; p <= pos; p++) kv_acc_v(&e->kv, j->layer, p, kvh, sc[p] * inv, out);
+}
+
+/* ---- the block --------------------------------------------------------------------------------- */
+
+strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
+    const hparams *hp = &e->hp;
+    const layer_weights *L = &e->w.layers[l];
+    chunk_buffers *cb = &e->cb;
+    const int32_t D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
+    const int64_t QD = (int64_t)H * hd, KD = (int64_t)HKV * hd;
+    STRATA_ASSERT(&e->err, T <= cb->cap && pos0 + T <= e->n_ctx);
+
+    rmsnorm_rows(cb->xn, cb->x, L->attn_norm, T, D, hp->rms_eps);
+
+    /* q, k, v: one job when they share an activation type (the usual case), else one each. */
+    const wview *W[3] = {&L->wq, &L->wk, &L->wv};
+    float *Y[3] = {cb->q, cb->k, cb->v};
+    int64_t LD[3] = {QD, KD, KD};
+    int same = quant_lookup(e->qt, L->wq.type)->act_type == quant_lookup(e->qt, L->wk.type)->act_type &&
+               quant_lookup(e->qt, L->wq.type)->act_type == quant_lookup(e->qt, L->wv.type)->act_type;
+    mm_seg segs[3];
+    for (int i = 0; i < 3; i++) {
+        if (i == 0 || !same) mm_quantize(e->qt, W[i]->type, cb->xn, D, T, D, cb->act, cb->act_stride);
+        segs[i] = (mm_seg){quant_lookup(e->qt, W[i]->type), *W[i], cb->act, cb->act_stride, NULL, T, Y[i], LD[i], NULL};
+        if (!same) mm_run(e->pool, &segs[i], 1);
+    }
+    if (same) mm_run(e->pool, segs, 3);
+
+    /* per-head norms and RoPE, then append to the cache */
+    for (int32_t t = 0; t < T; t++) {
+        int32_t pos = pos0 + t;
+        rope_angles(cb->rope, hd, pos, hp->rope_theta);
+        for (int32_t h = 0; h < H; h++) {
+            float *qh = cb->q + t * QD + (int64_t)h * hd;
+            rmsnorm_rows(qh, qh, L->q_norm, 1, hd, hp->rms_eps);
+            rope_neox(qh, hd, cb->rope);
+        }
+        for (int32_t h = 0; h < HKV; h++) {
+            float *kh = cb->k + t * KD + (int64_t)h * hd;
+            rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
+            rope_neox(kh, hd, cb->rope);
+        }
+        kv_store(&e->kv, l, pos, cb->k + t * KD, cb->v + t * KD);
+    }
+
+    att_job aj = {e, l, T, pos0};
+    pool_run(e->pool, (int64_t)T * H, att_item, &aj);
+
+    /* output projection, added to the residual stream */
+    mm_quantize(e->qt, L->wo.type, cb->att, QD, T, QD, cb->act, cb->act_stride);
+    mm_seg so = {quant_lookup(e->qt, L->wo.type), L->wo, cb->act, cb->act_stride, NULL, T, cb->o, D, NULL};
+    mm_run(e->pool, &so, 1);
+    for (int64_t i = 0; i < (int64_t)T * D; i++) cb->x[i] += cb->o[i];
+    return STRATA_OK;
+}

@@ -1,0 +1,39 @@
+/*
+ * kv.h — the key/value cache: per layer, per position, the keys and values of every KV head.
+ *
+ * Layout: k and v are [n_layer, n_ctx, n_head_kv * head_dim] rows of the cache type. The attention
+ * reads them only through kv_dot_k and kv_acc_v, so that another storage type (int8 with a scale per
+ * block) is a change to this file alone: add the type to kv_row_bytes, kv_store, kv_dot_k and kv_acc_v.
+ */
+#ifndef STRATA_KV_H
+#define STRATA_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+typedef struct kv_cache {
+    int32_t type;        /* strata_kv_type */
+    int32_t n_layer;
+    int32_t n_ctx;       /* positions held */
+    int32_t n_head_kv;
+    int32_t head_dim;
+    size_t row_bytes;    /* bytes of one position's K (or V) of one layer: n_head_kv * head_dim values */
+    uint8_t *k;          /* [n_layer, n_ctx, row_bytes] */
+    uint8_t *v;          /* [n_layer, n_ctx, row_bytes] */
+} kv_cache;
+
+/* Bytes the cache needs (K and V together), or -1 for an unknown type. */
+int64_t kv_bytes(int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv, int32_t head_dim);
+strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv,
+                      int32_t head_dim, errbuf *err);
+void kv_free(kv_cache *kv);
+/* Store one position's keys and values: k[n_head_kv * head_dim], v[n_head_kv * head_dim]. */
+void kv_store(kv_cache *kv, int32_t layer, int32_t pos, const float *k, const float *v);
+/* q[head_dim] . K[layer, pos, head] */
+float kv_dot_k(const kv_cache *kv, int32_t layer, int32_t pos, int32_t head, const float *q);
+/* out[head_dim] += p * V[layer, pos, head] */
+void kv_acc_v(const kv_cache *kv, int32_t layer, int32_t pos, int32_t head, float p, float *out);
+
+#endif

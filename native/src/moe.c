@@ -1,0 +1,154 @@
+/*
+ * moe.c — the mixture-of-experts block of qwen3moe for a chunk of T tokens (T = 1 when decoding).
+ *
+ *   xn = rmsnorm(x) * ffn_norm                               [T, D]
+ *   p = softmax(xn Wr^T)                                      [T, E]
+ *   per token: the K largest p (ties: lower expert id), renormalized to sum 1   [T, K]
+ *   tokens grouped by expert; per expert e and its tokens:
+ *       h = silu(xn Wg_e^T) * (xn Wu_e^T)                     [n_e, F]
+ *       y = h Wd_e^T                                          [n_e, D]
+ *   x[t] += sum over k = 0..K-1 (best first) of w[t, k] * y[t, k]
+ *
+ * Every routed expert's weights are reached through moe_expert() alone: the memory plan replaces
+ * what it returns (a cache slot, a staging slot of the prefill ring, or the mapped file) without
+ * touching the math. The per-token sum runs in k order whatever order the experts were computed in.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "engine_internal.h"
+#include "matmul.h"
+
+/* ---- expert access (the seam of the memory plan) ----------------------------------------------- */
+
+/* Today: slices of the mapped file. */
+strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_phase phase, expert_view *out) {
+    (void)phase;
+    STRATA_ASSERT(&e->err, layer >= 0 && layer < e->hp.n_layer && expert >= 0 && expert < e->hp.n_expert);
+    const layer_weights *L = &e->w.layers[layer];
+    const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd;
+    out->gate = L->gate_exps;
+    out->gate.rows = F;
+    out->gate.data += (size_t)expert * (size_t)F * L->gate_exps.row_bytes;
+    out->up = L->up_exps;
+    out->up.rows = F;
+    out->up.data += (size_t)expert * (size_t)F * L->up_exps.row_bytes;
+    out->down = L->down_exps;
+    out->down.rows = D;
+    out->down.data += (size_t)expert * (size_t)D * L->down_exps.row_bytes;
+    return STRATA_OK;
+}
+
+/* ---- routing ----------------------------------------------------------------------------------- */
+
+/* Softmax of E logits in place, then the K best (ties: lower id) with weights renormalized. */
+static void route_token(float *p, int32_t E, int32_t K, int32_t *sel, float *w) {
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < E; i++) mx = p[i] > mx ? p[i] : mx;
+    float sum = 0.0f;
+    for (int32_t i = 0; i < E; i++) {
+        p[i] = expf(p[i] - mx);
+        sum += p[i];
+    }
+    for (int32_t i = 0; i < E; i++) p[i] /= sum;
+    float wsum = 0.0f;
+    for (int32_t k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < E; i++) {
+            int taken = 0;
+            for (int32_t j = 0; j < k; j++) taken |= sel[j] == i;
+            if (!taken && (best < 0 || p[i] > p[best])) best = i;
+        }
+        sel[k] = best;
+        w[k] = p[best];
+        wsum += p[best];
+    }
+    for (int32_t k = 0; k < K; k++) w[k] /= wsum;
+}
+
+static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- the block --------------------------------------------------------------------------------- */
+
+strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase) {
+    const hparams *hp = &e->hp;
+    const layer_weights *L = &e->w.layers[l];
+    chunk_buffers *cb = &e->cb;
+    const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
+    STRATA_ASSERT(&e->err, T <= cb->cap);
+
+    rmsnorm_rows(cb->xn, cb->x, L->ffn_norm, T, D, hp->rms_eps);
+
+    /* router */
+    mm_quantize(e->qt, L->router.type, cb->xn, D, T, D, cb->act, cb->act_stride);
+    mm_seg sr = {quant_lookup(e->qt, L->router.type), L->router, cb->act, cb->act_stride, NULL, T, cb->router, E, NULL};
+    mm_run(e->pool, &sr, 1);
+    for (int32_t t = 0; t < T; t++)
+        route_token(cb->router + (int64_t)t * E, E, K, cb->sel + (int64_t)t * K, cb->wsel + (int64_t)t * K);
+
+    /* group the (token, k) pairs by expert, tokens ascending inside a group */
+    memset(cb->grp_off, 0, sizeof(int32_t) * (size_t)(E + 1));
+    for (int64_t i = 0; i < (int64_t)T * K; i++) cb->grp_off[cb->sel[i] + 1]++;
+    for (int32_t x = 0; x < E; x++) cb->grp_off[x + 1] += cb->grp_off[x];
+    for (int32_t x = 0, n = 0; x < E; x++) {
+        /* a scan per expert keeps this allocation-free; T * K * E is tiny next to the products */
+        if (cb->grp_off[x + 1] == cb->grp_off[x]) continue;
+        n = cb->grp_off[x];
+        for (int32_t t = 0; t < T; t++)
+            for (int32_t k = 0; k < K; k++)
+                if (cb->sel[(int64_t)t * K + k] == x) {
+                    cb->grp_tok[n] = t;
+                    cb->grp_slot[n] = t * K + k;
+                    n++;
+                }
+    }
+
+    /* gate and up of every active expert in one job */
+    mm_quantize(e->qt, L->gate_exps.type, cb->xn, D, T, D, cb->act, cb->act_stride);
+    const quant_traits *qg = quant_lookup(e->qt, L->gate_exps.type);
+    const quant_traits *qd = quant_lookup(e->qt, L->down_exps.type);
+    int32_t n_active = 0;
+    for (int32_t x = 0; x < E; x++) n_active += cb->grp_off[x + 1] > cb->grp_off[x];
+    STRATA_ASSERT(&e->err, n_active <= E);
+    mm_seg *segs = cb->segs;          /* [2 * n_active] */
+    expert_view *views = cb->views;   /* [n_active] */
+    int32_t ns = 0, a = 0;
+    for (int32_t x = 0; x < E; x++) {
+        int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;
+        if (n == 0) continue;
+        STRATA_TRY(moe_expert(e, l, x, phase, &views[a]));
+        segs[ns++] = (mm_seg){qg, views[a].gate, cb->act, cb->act_stride, cb->grp_tok + off, n, cb->g + (int64_t)off * F, F, NULL};
+        segs[ns++] = (mm_seg){qg, views[a].up, cb->act, cb->act_stride, cb->grp_tok + off, n, cb->u + (int64_t)off * F, F, NULL};
+        a++;
+    }
+    mm_run(e->pool, segs, ns);
+
+    /* SwiGLU, quantized per row for the down products */
+    int64_t n_pairs = (int64_t)T * K;
+    for (int64_t i = 0; i < n_pairs * F; i++) cb->g[i] = silu(cb->g[i]) * cb->u[i];
+    mm_quantize(e->qt, L->down_exps.type, cb->g, F, (int32_t)n_pairs, F, cb->hact, cb->act_stride);
+
+    /* down of every active expert in one job, each output row going to its (token, k) slot */
+    ns = 0;
+    a = 0;
+    for (int32_t x = 0; x < E; x++) {
+        int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;
+        if (n == 0) continue;
+        segs[ns++] = (mm_seg){qd, views[a].down, cb->hact + (size_t)off * cb->act_stride, cb->act_stride, NULL, n,
+                              cb->ye, D, cb->grp_slot + off};
+        a++;
+    }
+    mm_run(e->pool, segs, ns);
+
+    /* weighted sum in k order (best expert first), then into the residual stream */
+    for (int32_t t = 0; t < T; t++) {
+        float *xt = cb->x + (int64_t)t * D;
+        const float *wt = cb->wsel + (int64_t)t * K;
+        for (int32_t d = 0; d < D; d++) {
+            float acc = 0.0f;
+            for (int32_t k = 0; k < K; k++) acc += wt[k] * cb->ye[((int64_t)t * K + k) * D + d];
+            xt[d] += acc;
+        }
+    }
+    return STRATA_OK;
+}

@@ -1,0 +1,40 @@
+/*
+ * trace.c — trace lines, and the one place where the engine reads environment variables.
+ *
+ * Environment variables read by libstrata (nowhere else):
+ *
+ *   STRATA_TRACE   "1" (or any value but "" and "0"): write one line per start-up step, the plan,
+ *                  and per request the loan, refill and any chunk halving to stderr, each line
+ *                  prefixed "strata: ". A trace function in strata_params receives the same lines
+ *                  instead, whatever this variable says.
+ *
+ * The variable is read when an engine is opened, not per line.
+ */
+#include "trace.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void trace_init(trace_sink *t, strata_trace_fn fn, void *user) {
+    t->fn = fn;
+    t->user = user;
+    if (fn) {
+        t->enabled = 1;
+        return;
+    }
+    const char *v = getenv("STRATA_TRACE");
+    t->enabled = v && v[0] && strcmp(v, "0") != 0;
+}
+
+void trace_emit(const trace_sink *t, const char *fmt, ...) {
+    if (!t || !t->enabled) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (t->fn) t->fn(t->user, line);
+    else fprintf(stderr, "strata: %s\n", line);
+}

@@ -1,0 +1,20 @@
+/*
+ * trace.h — the engine's trace lines (STRATA_TRACE=1, or a sink given in strata_params).
+ */
+#ifndef STRATA_TRACE_H
+#define STRATA_TRACE_H
+
+#include "strata.h"
+
+typedef struct trace_sink {
+    strata_trace_fn fn;  /* NULL = stderr */
+    void *user;
+    int enabled;         /* a sink was given, or STRATA_TRACE is set */
+} trace_sink;
+
+/* A sink from the params' trace hook, falling back to the environment (see trace.c). */
+void trace_init(trace_sink *t, strata_trace_fn fn, void *user);
+/* Emit one line (printf format, no newline) when enabled. */
+void trace_emit(const trace_sink *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif

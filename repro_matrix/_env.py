@@ -1,0 +1,236 @@
+"""The environment a run happened in: strata's version and build, GPU and driver, CPU, RAM, OS, Python.
+
+Collected as a plain dictionary (saved with every run as ``env.json``) and rendered as the report's
+"Setup" section; ``repro_matrix env`` prints that section alone.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["collect_env", "env_markdown"]
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _strata() -> dict[str, Any]:
+    import strata
+
+    root = Path(strata.__file__).resolve().parent.parent
+    info: dict[str, Any] = {"version": strata.__version__, "commit": None, "dirty": None, "library": None,
+                            "cpu_features": None}
+    commit = _git(root, "rev-parse", "HEAD")
+    if commit:
+        info["commit"] = commit
+        status = _git(root, "status", "--porcelain", "--untracked-files=no")
+        info["dirty"] = bool(status)
+    # the native library's own idea of its version and of the CPU (loading it is cheap; it is optional)
+    try:
+        from strata import _engine  # type: ignore[attr-defined]
+
+        info["cpu_features"] = _engine.cpu_features()
+        info["cuda_available"] = bool(_engine.cuda_available())
+    except Exception as e:  # noqa: BLE001 - the library may be missing or not built yet
+        info["library_error"] = f"{type(e).__name__}: {e}"
+    try:
+        from strata import _lib  # type: ignore[attr-defined]
+
+        lib = _lib.load() if hasattr(_lib, "load") else None
+        if lib is not None:
+            v = lib.strata_version()
+            info["library"] = v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:  # noqa: BLE001
+        pass
+    info["build"] = _build_flags(root)
+    return info
+
+
+def _build_flags(root: Path) -> dict[str, str]:
+    """Build settings from the CMake cache of the build that made strata/lib/libstrata.so."""
+    flags: dict[str, str] = {}
+    for cache in (root / "build" / "native" / "CMakeCache.txt",):
+        if not cache.is_file():
+            continue
+        wanted = ("CMAKE_BUILD_TYPE", "CMAKE_C_COMPILER", "CMAKE_C_FLAGS", "CMAKE_C_FLAGS_RELEASE",
+                  "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "STRATA_CUDA", "STRATA_SANITIZE",
+                  "STRATA_NATIVE_ARCH")
+        for line in cache.read_text(errors="replace").splitlines():
+            m = re.match(r"([A-Z_]+):[A-Z]+=(.*)", line)
+            if m and m.group(1) in wanted and m.group(2):
+                flags[m.group(1)] = m.group(2)
+    cc = flags.get("CMAKE_C_COMPILER")
+    if cc:
+        try:
+            out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=10).stdout
+            flags["compiler"] = out.splitlines()[0] if out else cc
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if os.environ.get("STRATA_LIB"):
+        flags["STRATA_LIB"] = os.environ["STRATA_LIB"]
+    return flags
+
+
+def _gpus() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {"error": "nvidia-ml-py is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001 - NVMLError has many subclasses; any means "no GPU info"
+        return {"error": f"no NVIDIA driver or GPU ({e})"}
+    try:
+        def s(v: Any) -> str:
+            return v.decode() if isinstance(v, bytes) else str(v)
+
+        out: dict[str, Any] = {"driver": s(pynvml.nvmlSystemGetDriverVersion()), "devices": []}
+        try:
+            cv = pynvml.nvmlSystemGetCudaDriverVersion()
+            out["cuda_driver"] = f"{cv // 1000}.{cv % 1000 // 10}"
+        except Exception:  # noqa: BLE001
+            pass
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            out["devices"].append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
+                                   "memory_total": int(mem.total)})
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _cpu() -> dict[str, Any]:
+    info: dict[str, Any] = {"model": platform.processor() or platform.machine(), "logical_cores": os.cpu_count()}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+        if m:
+            info["model"] = m.group(1).strip()
+        fm = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
+        flags = set(fm.group(1).split()) if fm else set()
+        info["simd"] = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+                                            "avx512_vnni") if f in flags)
+        cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)[\s\S]*?core id\s*:\s*(\d+)", text)}
+        if cores:
+            info["physical_cores"] = len(cores)
+    except OSError:
+        pass
+    try:
+        info["affinity"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        pass
+    return info
+
+
+def _ram() -> dict[str, Any]:
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for key, name in (("MemTotal", "total"), ("MemAvailable", "available"), ("SwapTotal", "swap")):
+        m = re.search(rf"^{key}:\s*(\d+) kB", text, re.M)
+        if m:
+            out[name] = int(m.group(1)) * 1024
+    return out
+
+
+def _os() -> dict[str, Any]:
+    out = {"system": platform.system(), "kernel": platform.release(), "machine": platform.machine()}
+    try:
+        text = Path("/etc/os-release").read_text()
+        m = re.search(r'^PRETTY_NAME="?([^"\n]+)"?', text, re.M)
+        if m:
+            out["distribution"] = m.group(1)
+    except OSError:
+        pass
+    return out
+
+
+def _packages() -> dict[str, str]:
+    out = {}
+    for name in ("numpy", "gguf", "tokenizers", "pandas", "httpx", "uvicorn", "starlette", "ray"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def collect_env() -> dict[str, Any]:
+    """Everything the report's setup section says, as a JSON-ready dictionary."""
+    return {
+        "strata": _strata(),
+        "gpu": _gpus(),
+        "cpu": _cpu(),
+        "ram": _ram(),
+        "os": _os(),
+        "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
+                   "executable": sys.executable, "packages": _packages()},
+    }
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / (1 << 30):.1f} GiB"
+
+
+def env_markdown(env: dict[str, Any]) -> str:
+    """The setup section: one bullet per part, in the words a maintainer expects."""
+    st = env.get("strata", {})
+    lines = []
+    commit = st.get("commit")
+    v = f"strata {st.get('version', '?')}"
+    if commit:
+        v += f", commit {commit[:12]}" + (" (with uncommitted changes)" if st.get("dirty") else "")
+    if st.get("library"):
+        v += f", libstrata {st['library']}"
+    lines.append(f"- **strata**: {v}")
+    build = st.get("build") or {}
+    if build:
+        parts = [f"{k}={val}" for k, val in build.items()]
+        lines.append(f"- **Build**: {'; '.join(parts)}")
+    else:
+        lines.append("- **Build**: no CMake cache found (an installed wheel, or built elsewhere)")
+    if st.get("cpu_features"):
+        lines.append(f"- **Kernels**: CPU features {st['cpu_features']}")
+    gpu = env.get("gpu", {})
+    if gpu.get("devices"):
+        devs = "; ".join(f"{d['name']} ({_gib(d['memory_total'])})" for d in gpu["devices"])
+        cuda = f", CUDA {gpu['cuda_driver']}" if gpu.get("cuda_driver") else ""
+        lines.append(f"- **GPU**: {devs}; driver {gpu.get('driver', '?')}{cuda}")
+    else:
+        lines.append(f"- **GPU**: none ({gpu.get('error', 'no devices')})")
+    cpu = env.get("cpu", {})
+    cores = f"{cpu.get('logical_cores')} logical cores"
+    if cpu.get("physical_cores"):
+        cores = f"{cpu['physical_cores']} physical / " + cores
+    if cpu.get("affinity") and cpu.get("affinity") != cpu.get("logical_cores"):
+        cores += f", {cpu['affinity']} usable"
+    simd = f"; {cpu['simd']}" if cpu.get("simd") else ""
+    lines.append(f"- **CPU**: {cpu.get('model', '?')}, {cores}{simd}")
+    ram = env.get("ram", {})
+    lines.append(f"- **RAM**: {_gib(ram.get('total'))} total, {_gib(ram.get('available'))} available"
+                 + (f", swap {_gib(ram.get('swap'))}" if ram.get("swap") is not None else ""))
+    o = env.get("os", {})
+    lines.append(f"- **OS**: {o.get('distribution', o.get('system', '?'))}, kernel {o.get('kernel', '?')} "
+                 f"({o.get('machine', '?')})")
+    py = env.get("python", {})
+    pk = ", ".join(f"{k} {val}" for k, val in (py.get("packages") or {}).items())
+    lines.append(f"- **Python**: {py.get('implementation', '')} {py.get('version', '?')}" + (f" ({pk})" if pk else ""))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,309 @@
+"""Running a matrix: a local pool, a shard of it, or Ray tasks; results appended as cells finish.
+
+A run directory holds::
+
+    matrix.json    the matrix as run (``--resume DIR`` needs nothing else)
+    env.json       the environment (``_env.collect_env``)
+    cells.jsonl    one record per finished cell, appended (and flushed) the moment it finishes
+    run.json       how it was run: shard, jobs, backend, cells planned, UTC times
+
+``--resume DIR`` reads ``cells.jsonl`` and runs only the cells that have no record yet (a line cut
+short by a kill is ignored and rewritten). ``--shard K/N`` runs every N-th cell starting at the K-th, so
+N runners cover the matrix exactly once. ``--jobs N`` runs N cells at a time on this machine, at most
+one per core (one per GPU on a CUDA matrix; each cell's server sees only its own GPU). ``--ray`` sends
+each cell to a Ray cluster as a task (``num_gpus=1`` on a CUDA matrix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ._cell import run_cell, stop_all_servers
+from ._matrix import Cell, Matrix, MatrixError, shard_cells
+from ._verdict import judge
+
+__all__ = ["RunDir", "RunOptions", "gpu_count", "plan_jobs", "run_matrix"]
+
+
+class RunDir:
+    """A run directory: the matrix, the environment, and the cell records."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    @property
+    def cells_file(self) -> Path:
+        return self.path / "cells.jsonl"
+
+    def exists(self) -> bool:
+        return (self.path / "matrix.json").is_file()
+
+    def matrix(self) -> Matrix:
+        if not self.exists():
+            raise MatrixError(f"{self.path} holds no run (no matrix.json); run one with --out {self.path}")
+        return Matrix.from_dict(json.loads((self.path / "matrix.json").read_text()))
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every complete record, the last one per cell winning (a line cut short by a kill is skipped)."""
+        out: dict[str, dict[str, Any]] = {}
+        if not self.cells_file.is_file():
+            return []
+        for line in self.cells_file.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            out[rec["cell_id"]] = rec
+        return list(out.values())
+
+    def finished_ids(self) -> set[str]:
+        return {r["cell_id"] for r in self.records()}
+
+    def repair(self) -> None:
+        """Drop a last line that a kill cut short, so that appends start on a line of their own."""
+        if not self.cells_file.is_file():
+            return
+        data = self.cells_file.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            self.cells_file.write_bytes(data[:cut])
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock, open(self.cells_file, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def start(self, matrix: Matrix, env: dict[str, Any], run: dict[str, Any], *, resume: bool) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not resume and (self.cells_file.exists() or self.exists()):
+            # an earlier run in the same place is kept, not overwritten
+            stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            keep = self.path / f"earlier-{stamp}"
+            keep.mkdir()
+            for name in ("matrix.json", "env.json", "cells.jsonl", "run.json", "table.csv", "table.jsonl",
+                         "table.md", "verdicts.jsonl", "bisect.json", "report.md"):
+                if (self.path / name).exists():
+                    shutil.move(str(self.path / name), str(keep / name))
+        (self.path / "matrix.json").write_text(json.dumps(matrix.to_dict(), indent=1))
+        (self.path / "env.json").write_text(json.dumps(env, indent=1))
+        runs = []
+        if resume and (self.path / "run.json").is_file():
+            prev = json.loads((self.path / "run.json").read_text())
+            runs = prev if isinstance(prev, list) else [prev]
+        (self.path / "run.json").write_text(json.dumps([*runs, run], indent=1))
+        self.repair()
+
+
+def gpu_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no library: no GPUs
+        return 0
+
+
+def _is_gpu_matrix(matrix: Matrix, cells: Sequence[Cell]) -> bool:
+    return any(c.knob("device") in ("cuda", "auto") for c in cells) and gpu_count() > 0
+
+
+def plan_jobs(jobs: int, matrix: Matrix, cells: Sequence[Cell]) -> tuple[int, list[str]]:
+    """Cells at a time on this machine, within its cores (and GPUs on a CUDA matrix); notes on any cut."""
+    notes = []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = max(1, jobs)
+    if n > cores:
+        notes.append(f"--jobs {jobs} cut to {cores}: this machine has {cores} cores")
+        n = cores
+    if _is_gpu_matrix(matrix, cells):
+        g = gpu_count()
+        if n > g:
+            notes.append(f"--jobs {n} cut to {g}: one cell per GPU")
+            n = g
+    return n, notes
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    jobs: int = 1
+    shard: str | None = None
+    ray: str | None = None  # None: local pool; "" or "auto": ray.init() locally or the running cluster
+    resume: bool = False
+    progress: bool = True
+    cell_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    records: list[dict[str, Any]]
+    ran: list[str]
+    skipped: list[str]
+    planned: list[str]
+    notes: list[str]
+
+
+class _Progress:
+    """Cells done, failing so far, time left (rich, on stderr); silent when off."""
+
+    def __init__(self, total: int, enabled: bool, title: str):
+        self.total, self.done, self.failing = total, 0, 0
+        self._bar = None
+        if enabled and total:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("cells, [red]{task.fields[failing]} failing"), TimeElapsedColumn(),
+                                 TextColumn("left"), TimeRemainingColumn(), console=Console(stderr=True),
+                                 transient=False)
+            self._task = self._bar.add_task(title, total=total, failing=0)
+            self._bar.start()
+
+    def advance(self, failing: bool, line: str | None = None) -> None:
+        self.done += 1
+        self.failing += int(failing)
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, failing=self.failing)
+            if line:
+                self._bar.console.print(line)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _ray_run(matrix: Matrix, cells: Sequence[Cell], address: str, gpu: bool, on_done: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise MatrixError("--ray needs Ray: pip install 'strata[ray]' (or pip install ray)") from None
+    if not ray.is_initialized():
+        if address in ("", "auto", "local"):
+            ray.init(address=None if address in ("", "local") else "auto", include_dashboard=False,
+                     log_to_driver=False, ignore_reinit_error=True)
+        else:
+            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+    remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, max_retries=0)(_ray_cell)
+    pending = [remote.remote(matrix.to_dict(), c.to_dict()) for c in cells]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            on_done(ray.get(ref))
+
+
+def _ray_cell(matrix_d: dict[str, Any], cell_d: dict[str, Any]) -> dict[str, Any]:
+    # runs in a Ray worker: Ray sets CUDA_VISIBLE_DEVICES to the task's GPU, the server inherits it
+    rec = run_cell(Matrix.from_dict(matrix_d), Cell.from_dict(cell_d))
+    rec["backend"] = "ray"
+    return rec
+
+
+def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | None = None,
+               extra_cells: Sequence[Cell] = ()) -> RunResult:
+    """Run a matrix (or the rest of it) into ``opts.out``; the records of every finished cell."""
+    from ._env import collect_env
+
+    rd = RunDir(opts.out)
+    if opts.resume:
+        if not rd.exists():
+            raise MatrixError(f"--resume {opts.out}: no run there (no matrix.json)")
+        matrix = rd.matrix()
+    all_cells = [*matrix.cells(), *extra_cells]
+    planned = shard_cells(all_cells, opts.shard)
+    finished = rd.finished_ids() if opts.resume else set()
+    todo = [c for c in planned if c.cell_id not in finished]
+    skipped = [c.cell_id for c in planned if c.cell_id in finished]
+    gpu = _is_gpu_matrix(matrix, todo)
+    jobs, notes = plan_jobs(opts.jobs, matrix, todo) if opts.ray is None else (opts.jobs, [])
+    run_info = {
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "shard": opts.shard, "jobs": jobs, "backend": "ray" if opts.ray is not None else "local",
+        "ray_address": opts.ray, "resume": opts.resume, "planned": [c.cell_id for c in planned],
+        "skipped": skipped, "total_cells": len(all_cells),
+    }
+    rd.start(matrix, env_info if env_info is not None else collect_env(), run_info, resume=opts.resume)
+    reference = next((r for r in rd.records() if r["cell"].get("reference")), None)
+    ran: list[str] = []
+    prog = _Progress(len(todo), opts.progress, matrix.name)
+    lock = threading.Lock()
+
+    def on_done(rec: dict[str, Any]) -> None:
+        nonlocal reference
+        rd.append(rec)
+        with lock:
+            ran.append(rec["cell_id"])
+            if rec["cell"].get("reference"):
+                reference = rec
+            v = judge(rec, reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
+        prog.advance(v.failing, f"{Cell.from_dict(rec['cell']).label(matrix.swept_knobs())}: {v.detail}"
+                     if v.failing else None)
+
+    # the reference first: the others are compared with it as they finish
+    todo.sort(key=lambda c: not c.reference)
+    try:
+        if opts.ray is not None:
+            _ray_run(matrix, todo, opts.ray, gpu, on_done)
+        elif jobs == 1:
+            for c in todo:
+                on_done(_local_cell(matrix, c, None, opts.cell_env))
+        else:
+            gpus = list(range(gpu_count())) if gpu else []
+            free = list(gpus)
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                running: dict[Future[dict[str, Any]], int | None] = {}
+                queue = list(todo)
+                while queue or running:
+                    while queue and len(running) < jobs:
+                        g = free.pop(0) if gpus else None
+                        running[pool.submit(_local_cell, matrix, queue.pop(0), g, opts.cell_env)] = g
+                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        g = running.pop(fut)
+                        if g is not None:
+                            free.append(g)
+                        on_done(fut.result())
+    except BaseException:
+        stop_all_servers()
+        raise
+    finally:
+        prog.close()
+    return RunResult(records=rd.records(), ran=ran, skipped=skipped, planned=[c.cell_id for c in planned],
+                     notes=notes)
+
+
+def _local_cell(matrix: Matrix, cell: Cell, gpu: int | None, cell_env: dict[str, str]) -> dict[str, Any]:
+    env = {**os.environ, **cell_env}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    t = time.monotonic()
+    rec = run_cell(matrix, cell, env=env)
+    rec["backend"] = "local"
+    rec["queue_s"] = time.monotonic() - t - rec.get("wall_s", 0)
+    return rec

@@ -1,0 +1,269 @@
+"""The ``repro_matrix`` command: run a matrix, bisect a boundary, write the report, print the environment.
+
+    repro_matrix run MATRIX [--out DIR] [--jobs N] [--shard K/N] [--ray [ADDRESS]] [--resume DIR]
+    repro_matrix bisect DIR [--knob expert_cache] [--where KNOB=VALUE]
+    repro_matrix report DIR [--output FILE]
+    repro_matrix env
+
+MATRIX is ``builtin`` (what ``make matrix`` runs), a TOML file, or ``-`` for a matrix declared by
+flags alone (``--set knob=value``, ``--axis knob=v1,v2,A..B``, ``--model``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+
+def _err(msg: str) -> int:
+    print(f"repro_matrix: {msg}", file=sys.stderr)
+    return 2
+
+
+def _add_decl(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE",
+                   help="a setting shared by every cell (also model=, starts=, max_tokens=, chunks=, lengths=)")
+    p.add_argument("--axis", dest="axes", action="append", default=[], metavar="KNOB=V1,V2,A..B",
+                   help="sweep a knob over values and ranges")
+    p.add_argument("--model", help="preset name (tiny, small) or .gguf file")
+    p.add_argument("--starts", type=int, help="engine starts per cell")
+    p.add_argument("--max-tokens", type=int, help="tokens per reply (default 64)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="repro_matrix",
+                                description="Sweep engine configurations, find the failing ones, write the report.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run a matrix", description="Run every cell of a matrix.")
+    r.add_argument("matrix", nargs="?", help="builtin, a TOML file, or - (flags only)")
+    r.add_argument("--out", type=Path, help="run directory (default: matrix-out)")
+    r.add_argument("--jobs", type=int, default=1, help="cells at a time on this machine (within its cores/GPUs)")
+    r.add_argument("--shard", metavar="K/N", help="run the K-th of N shares of the cells")
+    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="run cells as Ray tasks (a local cluster without ADDRESS; needs the ray extra)")
+    r.add_argument("--resume", type=Path, metavar="DIR", help="finish the run in DIR, skipping finished cells")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_decl(r)
+    r.set_defaults(func=cmd_run)
+
+    b = sub.add_parser("bisect", help="narrow a knob to the exact ranges where cells fail",
+                       description="Between neighbouring passing and failing values of a knob, run the values "
+                                   "in between by bisection until every failing range has exact edges.")
+    b.add_argument("dir", type=Path, help="run directory")
+    b.add_argument("--knob", default="expert_cache", help="the knob to bisect (whole-number values)")
+    b.add_argument("--where", action="append", default=[], metavar="KNOB=VALUE",
+                   help="only the groups with this setting")
+    b.add_argument("--fail-on", help="comma list of verdicts that count as failing (default: those seen)")
+    b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=cmd_bisect)
+
+    rp = sub.add_parser("report", help="write the Markdown bug report of a run")
+    rp.add_argument("dir", type=Path, help="run directory")
+    rp.add_argument("--output", "-o", type=Path, help="file to write (default: DIR/report.md)")
+    rp.add_argument("--print", dest="print_", action="store_true", help="also print the report")
+    rp.set_defaults(func=cmd_report)
+
+    e = sub.add_parser("env", help="print the environment section of a report")
+    e.add_argument("--json", action="store_true", help="as JSON")
+    e.add_argument("--no-scrub", action="store_true", help="print it as collected")
+    e.set_defaults(func=cmd_env)
+    return p
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from ._matrix import load_matrix
+
+    sets = list(args.sets)
+    if args.model:
+        sets.append(f"model={args.model}")
+    if args.starts:
+        sets.append(f"starts={args.starts}")
+    if args.max_tokens:
+        sets.append(f"max_tokens={args.max_tokens}")
+    spec = args.matrix or ("-" if (args.sets or args.axes or args.model) else None)
+    if spec is None:
+        raise SystemExit(_err("give a matrix: builtin, a TOML file, or - with --set/--axis"))
+    return load_matrix(spec, sets, args.axes)
+
+
+def _print_table(out: Path, matrix: Any, records: list[dict[str, Any]]) -> tuple[int, int]:
+    from ._table import build_table, markdown_table, save_table, summarize, verdicts
+
+    df = build_table(records, matrix)
+    save_table(df, out, verdicts(records, matrix))
+    print(markdown_table(df))
+    print(summarize(df))
+    if df.empty:
+        return 0, 0
+    failing = int(df["failing"].sum())
+    unexpected = int((df["failing"] & ~df["expected"]).sum())
+    return failing, unexpected
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ._matrix import MatrixError
+    from ._runner import RunDir, RunOptions, run_matrix
+
+    try:
+        if args.resume:
+            if args.matrix or args.sets or args.axes:
+                return _err("--resume DIR runs the matrix saved in DIR; give no MATRIX or --set/--axis with it")
+            out = args.resume
+            matrix = RunDir(out).matrix()
+        else:
+            matrix = _load(args)
+            out = args.out or Path("matrix-out")
+        opts = RunOptions(out=out, jobs=args.jobs, shard=args.shard, ray=args.ray, resume=bool(args.resume),
+                          progress=not args.no_progress)
+        res = run_matrix(matrix, opts)
+    except MatrixError as e:
+        return _err(str(e))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; finished cells are kept: repro_matrix run --resume {out}", file=sys.stderr)
+        return 130
+    for n in res.notes:
+        print(f"note: {n}", file=sys.stderr)
+    if res.skipped:
+        print(f"resumed: skipped {len(res.skipped)} finished cells, ran {len(res.ran)}", file=sys.stderr)
+    records = res.records
+    failing, unexpected = _print_table(out, matrix, records)
+    print(f"{len(records)} cells in {out} ({len(res.ran)} run now); {failing} failing"
+          + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
+    if matrix.expect_fail and failing == unexpected:
+        print("note: the matrix expects failures (" + "; ".join(
+            ", ".join(f"{k}={v}" for k, v in e.items()) for e in matrix.expect_fail) + ") and none happened")
+    print(f"next: repro_matrix bisect {out}   |   repro_matrix report {out}")
+    return 1 if unexpected else 0
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from ._bisect import bisect_ranges, format_result, groups_of
+    from ._cell import run_cell
+    from ._matrix import Cell, MatrixError, _normalize
+    from ._runner import RunDir
+    from ._table import verdicts
+    from ._verdict import judge
+
+    rd = RunDir(args.dir)
+    try:
+        matrix = rd.matrix()
+    except MatrixError as e:
+        return _err(str(e))
+    records = rd.records()
+    knob = args.knob.replace("-", "_")
+    others = [k for k in matrix.swept_knobs() if k != knob]
+    where = {}
+    for w in args.where:
+        if "=" not in w:
+            return _err(f"--where {w!r}: write KNOB=VALUE")
+        k, v = w.split("=", 1)
+        where[k.strip()] = _normalize(k.strip(), v.strip())
+
+    def value_of(rec: dict[str, Any], k: str) -> Any:
+        return Cell.from_dict(rec["cell"]).knob(k)
+
+    vs = verdicts(records, matrix)
+    reference = next((r for r in records if r["cell"].get("reference")), None)
+    groups = groups_of(records, knob, others, value_of)
+    results = []
+    texts = []
+    for key, recs in groups.items():
+        group = dict(zip(others, key, strict=True))
+        if any(str(group.get(k)) != str(v) for k, v in where.items()):
+            continue
+        seen = sorted({lb for r in recs for lb in vs[r["cell_id"]].labels if lb in matrix.fail_on})
+        fail_on = [x.strip() for x in args.fail_on.split(",")] if args.fail_on else seen
+        known = {int(str(value_of(r, knob))): any(lb in fail_on for lb in vs[r["cell_id"]].labels) for r in recs}
+        labels = {int(str(value_of(r, knob))): vs[r["cell_id"]].label for r in recs}
+        template = Cell.from_dict(recs[0]["cell"])
+        by_id = {r["cell_id"]: r for r in records}
+
+        def probe(v: int, template: Cell = template, fail_on: list[str] = fail_on,
+                  labels: dict[int, str] = labels, by_id: dict[str, Any] = by_id,
+                  key: tuple[Any, ...] = key) -> bool:
+            settings = {**template.engine, **template.request, knob: _normalize(knob, v)}
+            cell = Cell.make(settings, origin="bisect")
+            rec = by_id.get(cell.cell_id)
+            if rec is None:
+                print(f"bisect: running {knob}={v} ({', '.join(f'{k}={x}' for k, x in zip(others, key, strict=True))})",
+                      file=sys.stderr)
+                rec = run_cell(matrix, cell)
+                rec["backend"] = "local"
+                rd.append(rec)
+                by_id[cell.cell_id] = rec
+            verdict = judge(rec, reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
+            labels[v] = verdict.label
+            return any(lb in fail_on for lb in verdict.labels)
+
+        res = bisect_ranges(known, probe, knob=knob, group=group)
+        results.append(res)
+        texts.append(format_result(res, labels))
+    if not results:
+        return _err(f"no group of cells in {args.dir} has whole-number values of {knob}"
+                    + (f" with {where}" if where else ""))
+    text = "\n".join(texts)
+    print(text)
+    (rd.path / "bisect.json").write_text(json.dumps([r.to_dict() for r in results], indent=1))
+    (rd.path / "bisect.txt").write_text(text + "\n")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ._matrix import MatrixError
+    from ._report import write_report
+
+    try:
+        path, text, removed = write_report(args.dir, args.output)
+    except MatrixError as e:
+        return _err(str(e))
+    if args.print_:
+        print(text)
+    print(f"report written to {path}", file=sys.stderr)
+    _show_removed(removed)
+    return 0
+
+
+def _show_removed(removed: list[Any]) -> None:
+    if not removed:
+        print("scrubbed: nothing identifying was found", file=sys.stderr)
+        return
+    print("scrubbed (replaced in the report; check before sharing):", file=sys.stderr)
+    for r in removed:
+        print(f"  {r.kind:5s} {r.original!r} -> {r.placeholder} ({r.count}x)", file=sys.stderr)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from ._env import collect_env, env_markdown
+    from ._scrub import Scrubber
+
+    env = collect_env()
+    text = json.dumps(env, indent=1) if args.json else env_markdown(env)
+    if args.no_scrub:
+        print(text)
+        return 0
+    clean, removed = Scrubber.for_this_machine().scrub(text)
+    print(clean)
+    _show_removed(removed)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if not getattr(args, "func", None):
+        p.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

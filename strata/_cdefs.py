@@ -1,0 +1,485 @@
+"""1:1 ctypes declarations of ``native/include/strata.h``.
+
+Each function quotes its C prototype above it; the ``c_function`` decorator records its argument and
+return types (applied to the library by ``declare`` when it is loaded) and turns the stub into a call
+into libstrata. Structs mirror the header field by field, in order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+from ctypes import (
+    CFUNCTYPE,
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint64,
+    c_void_p,
+)
+from typing import Any, TypeVar
+
+__all__ = [
+    "DECLARATIONS",
+    "PROGRESS_FN",
+    "TOKEN_FN",
+    "TRACE_FN",
+    "StrataGenerateParams",
+    "StrataLayout",
+    "StrataModelInfo",
+    "StrataParams",
+    "StrataPlan",
+    "StrataSampling",
+    "StrataStats",
+    "declare",
+    "strata_cache_residency",
+    "strata_chunk_layout",
+    "strata_cpu_features",
+    "strata_cuda_available",
+    "strata_decode",
+    "strata_default_generate_params",
+    "strata_default_params",
+    "strata_default_sampling",
+    "strata_dequantize",
+    "strata_engine_close",
+    "strata_engine_open",
+    "strata_generate",
+    "strata_kv_reset",
+    "strata_kv_truncate",
+    "strata_last_error",
+    "strata_logits",
+    "strata_matmul",
+    "strata_matvec",
+    "strata_model_info_get",
+    "strata_n_past",
+    "strata_plan_get",
+    "strata_prefill",
+    "strata_profile_save",
+    "strata_sampler_free",
+    "strata_sampler_init",
+    "strata_sampler_sample",
+    "strata_simd_set",
+    "strata_stats_get",
+    "strata_stats_reset",
+    "strata_status_str",
+    "strata_type_name",
+    "strata_type_row_bytes",
+    "strata_version",
+]
+
+# ---- callbacks ----------------------------------------------------------------------------------
+
+# typedef void (*strata_trace_fn)(void *user, const char *line);
+TRACE_FN = CFUNCTYPE(None, c_void_p, c_char_p)
+# typedef int32_t (*strata_progress_fn)(void *user, int32_t n_done, int32_t n_total);
+PROGRESS_FN = CFUNCTYPE(c_int32, c_void_p, c_int32, c_int32)
+# typedef int32_t (*strata_token_fn)(void *user, int32_t token, const float *logits, int32_t n_vocab);
+TOKEN_FN = CFUNCTYPE(c_int32, c_void_p, c_int32, POINTER(c_float), c_int32)
+
+# ---- structs ------------------------------------------------------------------------------------
+
+
+class StrataParams(Structure):
+    _fields_ = [
+        ("n_threads", c_int32),
+        ("device", c_int32),
+        ("vram_budget", c_int64),
+        ("vram_reserve_mib", c_int32),
+        ("max_context", c_int32),
+        ("kv_type", c_int32),
+        ("expert_cache", c_int32),
+        ("prefill_chunk", c_int32),
+        ("prefill_max", c_int32),
+        ("lend_policy", c_int32),
+        ("lend_floor", c_int32),
+        ("lend_pct", c_float),
+        ("miss_policy", c_int32),
+        ("cache_policy", c_int32),
+        ("adapt_every", c_int32),
+        ("adapt_swaps", c_int32),
+        ("adapt_decay", c_float),
+        ("expert_profile", c_char_p),
+        ("host_ram_budget", c_int64),
+        ("simd", c_int32),
+        ("trace", TRACE_FN),
+        ("trace_user", c_void_p),
+    ]
+
+
+class StrataModelInfo(Structure):
+    _fields_ = [
+        ("arch", c_char * 32),
+        ("name", c_char * 128),
+        ("n_vocab", c_int32),
+        ("n_ctx_train", c_int32),
+        ("n_embd", c_int32),
+        ("n_layer", c_int32),
+        ("n_head", c_int32),
+        ("n_head_kv", c_int32),
+        ("head_dim", c_int32),
+        ("n_expert", c_int32),
+        ("n_expert_used", c_int32),
+        ("n_ff_exp", c_int32),
+        ("rope_theta", c_float),
+        ("rms_eps", c_float),
+        ("bos_id", c_int32),
+        ("eos_id", c_int32),
+        ("n_params", c_int64),
+        ("file_bytes", c_int64),
+        ("resident_bytes", c_int64),
+        ("expert_bytes", c_int64),
+        ("expert_type", c_int32),
+        ("tied_embeddings", c_int32),
+    ]
+
+
+class StrataPlan(Structure):
+    _fields_ = [
+        ("device", c_int32),
+        ("budget_bytes", c_int64),
+        ("resident_bytes", c_int64),
+        ("kv_bytes", c_int64),
+        ("scratch_bytes", c_int64),
+        ("reserve_bytes", c_int64),
+        ("slot_bytes", c_int64),
+        ("n_slots", c_int32),
+        ("n_experts_total", c_int32),
+        ("max_context", c_int32),
+        ("kv_type", c_int32),
+        ("auto_chunk", c_int32),
+        ("auto_ring_slots", c_int32),
+        ("auto_loan_slots", c_int32),
+        ("small_chunk", c_int32),
+        ("lend_floor", c_int32),
+        ("max_lend_slots", c_int32),
+        ("lend_policy", c_int32),
+        ("miss_policy", c_int32),
+        ("cache_policy", c_int32),
+        ("host_expert_bytes", c_int64),
+        ("host_borrow_bytes", c_int64),
+        ("host_avail_bytes", c_int64),
+        ("n_threads", c_int32),
+        ("simd", c_int32),
+    ]
+
+
+class StrataLayout(Structure):
+    _fields_ = [
+        ("n_tokens", c_int32),
+        ("buffer_bytes", c_int64),
+        ("ring_slots", c_int32),
+        ("slots_needed", c_int32),
+        ("host_bytes", c_int64),
+    ]
+
+
+class StrataStats(Structure):
+    _fields_ = [
+        ("lookups", c_uint64),
+        ("hits", c_uint64),
+        ("misses", c_uint64),
+        ("swaps", c_uint64),
+        ("bytes_streamed", c_uint64),
+        ("bytes_copied", c_uint64),
+        ("host_expert_runs", c_uint64),
+        ("slots_lent_now", c_int32),
+        ("last_loan_slots", c_int32),
+        ("last_chunk", c_int32),
+        ("halvings", c_int32),
+        ("refills", c_int32),
+        ("n_past", c_int32),
+        ("prompt_tokens", c_int64),
+        ("decode_tokens", c_int64),
+        ("prompt_ms", c_double),
+        ("decode_ms", c_double),
+        ("state", c_int32),
+        ("prompt_done", c_int32),
+        ("prompt_total", c_int32),
+    ]
+
+
+class StrataSampling(Structure):
+    _fields_ = [
+        ("temperature", c_float),
+        ("top_k", c_int32),
+        ("top_p", c_float),
+        ("min_p", c_float),
+        ("seed", c_uint64),
+    ]
+
+
+class StrataGenerateParams(Structure):
+    _fields_ = [
+        ("sampling", StrataSampling),
+        ("max_tokens", c_int32),
+        ("stop_tokens", POINTER(c_int32)),
+        ("n_stop_tokens", c_int32),
+        ("stop_at_eos", c_int32),
+        ("on_prompt", PROGRESS_FN),
+    ]
+
+
+# ---- declaration machinery ----------------------------------------------------------------------
+
+#: name -> (argtypes, restype) of every declared C function
+DECLARATIONS: dict[str, tuple[list[Any], Any]] = {}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    """Set argtypes/restype on every declared function of a freshly loaded library."""
+    for name, (argtypes, restype) in DECLARATIONS.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+
+
+def c_function(name: str, argtypes: list[Any], restype: Any) -> Callable[[_F], _F]:
+    """Record a C function's signature and make the decorated stub call it."""
+
+    def deco(stub: _F) -> _F:
+        DECLARATIONS[name] = (argtypes, restype)
+        cached: list[Any] = []
+
+        @functools.wraps(stub)
+        def call(*args: Any) -> Any:
+            if not cached:
+                from ._lib import load_library
+
+                cached.append(getattr(load_library(), name))
+            return cached[0](*args)
+
+        return call  # type: ignore[return-value]
+
+    return deco
+
+
+_engine_p = c_void_p
+_sampler_p = c_void_p
+
+# ---- library ------------------------------------------------------------------------------------
+
+
+# STRATA_API const char *strata_version(void);
+@c_function("strata_version", [], c_char_p)
+def strata_version() -> bytes: ...
+
+
+# STRATA_API const char *strata_status_str(strata_status s);
+@c_function("strata_status_str", [c_int32], c_char_p)
+def strata_status_str(s: int) -> bytes: ...
+
+
+# STRATA_API const char *strata_cpu_features(void);
+@c_function("strata_cpu_features", [], c_char_p)
+def strata_cpu_features() -> bytes: ...
+
+
+# STRATA_API int32_t strata_cuda_available(void);
+@c_function("strata_cuda_available", [], c_int32)
+def strata_cuda_available() -> int: ...
+
+
+# STRATA_API strata_params strata_default_params(void);
+@c_function("strata_default_params", [], StrataParams)
+def strata_default_params() -> StrataParams: ...
+
+
+# STRATA_API strata_sampling strata_default_sampling(void);
+@c_function("strata_default_sampling", [], StrataSampling)
+def strata_default_sampling() -> StrataSampling: ...
+
+
+# STRATA_API strata_generate_params strata_default_generate_params(void);
+@c_function("strata_default_generate_params", [], StrataGenerateParams)
+def strata_default_generate_params() -> StrataGenerateParams: ...
+
+
+# ---- engine -------------------------------------------------------------------------------------
+
+
+# STRATA_API strata_status strata_engine_open(const char *path, const strata_params *params,
+#                                             strata_engine **out, char *err, size_t err_len);
+@c_function(
+    "strata_engine_open", [c_char_p, POINTER(StrataParams), POINTER(c_void_p), c_char_p, c_size_t], c_int32
+)
+def strata_engine_open(path: bytes, params: Any, out: Any, err: Any, err_len: int) -> int: ...
+
+
+# STRATA_API void strata_engine_close(strata_engine *eng);
+@c_function("strata_engine_close", [_engine_p], None)
+def strata_engine_close(eng: int) -> None: ...
+
+
+# STRATA_API const char *strata_last_error(const strata_engine *eng);
+@c_function("strata_last_error", [_engine_p], c_char_p)
+def strata_last_error(eng: int) -> bytes: ...
+
+
+# STRATA_API strata_status strata_model_info_get(const strata_engine *eng, strata_model_info *out);
+@c_function("strata_model_info_get", [_engine_p, POINTER(StrataModelInfo)], c_int32)
+def strata_model_info_get(eng: int, out: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_plan_get(const strata_engine *eng, strata_plan *out);
+@c_function("strata_plan_get", [_engine_p, POINTER(StrataPlan)], c_int32)
+def strata_plan_get(eng: int, out: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_chunk_layout(const strata_engine *eng, int32_t n_tokens, strata_layout *out);
+@c_function("strata_chunk_layout", [_engine_p, c_int32, POINTER(StrataLayout)], c_int32)
+def strata_chunk_layout(eng: int, n_tokens: int, out: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_prefill(strata_engine *eng, const int32_t *tokens, int32_t n_tokens,
+#                                         strata_progress_fn progress, void *user);
+@c_function("strata_prefill", [_engine_p, POINTER(c_int32), c_int32, PROGRESS_FN, c_void_p], c_int32)
+def strata_prefill(eng: int, tokens: Any, n_tokens: int, progress: Any, user: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_decode(strata_engine *eng, int32_t token);
+@c_function("strata_decode", [_engine_p, c_int32], c_int32)
+def strata_decode(eng: int, token: int) -> int: ...
+
+
+# STRATA_API const float *strata_logits(const strata_engine *eng);
+@c_function("strata_logits", [_engine_p], POINTER(c_float))
+def strata_logits(eng: int) -> Any: ...
+
+
+# STRATA_API int32_t strata_n_past(const strata_engine *eng);
+@c_function("strata_n_past", [_engine_p], c_int32)
+def strata_n_past(eng: int) -> int: ...
+
+
+# STRATA_API strata_status strata_kv_truncate(strata_engine *eng, int32_t n_keep);
+@c_function("strata_kv_truncate", [_engine_p, c_int32], c_int32)
+def strata_kv_truncate(eng: int, n_keep: int) -> int: ...
+
+
+# STRATA_API void strata_kv_reset(strata_engine *eng);
+@c_function("strata_kv_reset", [_engine_p], None)
+def strata_kv_reset(eng: int) -> None: ...
+
+
+# STRATA_API strata_status strata_generate(strata_engine *eng, const int32_t *prompt, int32_t n_prompt,
+#                                          const strata_generate_params *gp, strata_token_fn on_token,
+#                                          void *user, int32_t *out, int32_t out_cap, int32_t *n_out);
+@c_function(
+    "strata_generate",
+    [
+        _engine_p,
+        POINTER(c_int32),
+        c_int32,
+        POINTER(StrataGenerateParams),
+        TOKEN_FN,
+        c_void_p,
+        POINTER(c_int32),
+        c_int32,
+        POINTER(c_int32),
+    ],
+    c_int32,
+)
+def strata_generate(
+    eng: int,
+    prompt: Any,
+    n_prompt: int,
+    gp: Any,
+    on_token: Any,
+    user: Any,
+    out: Any,
+    out_cap: int,
+    n_out: Any,
+) -> int: ...
+
+
+# ---- sampling -----------------------------------------------------------------------------------
+
+
+# STRATA_API strata_status strata_sampler_init(const strata_sampling *s, strata_sampler **out);
+@c_function("strata_sampler_init", [POINTER(StrataSampling), POINTER(c_void_p)], c_int32)
+def strata_sampler_init(s: Any, out: Any) -> int: ...
+
+
+# STRATA_API void strata_sampler_free(strata_sampler *smp);
+@c_function("strata_sampler_free", [_sampler_p], None)
+def strata_sampler_free(smp: int) -> None: ...
+
+
+# STRATA_API int32_t strata_sampler_sample(strata_sampler *smp, const float *logits, int32_t n_vocab);
+@c_function("strata_sampler_sample", [_sampler_p, POINTER(c_float), c_int32], c_int32)
+def strata_sampler_sample(smp: int, logits: Any, n_vocab: int) -> int: ...
+
+
+# ---- observability ------------------------------------------------------------------------------
+
+
+# STRATA_API strata_status strata_stats_get(const strata_engine *eng, strata_stats *out);
+@c_function("strata_stats_get", [_engine_p, POINTER(StrataStats)], c_int32)
+def strata_stats_get(eng: int, out: Any) -> int: ...
+
+
+# STRATA_API void strata_stats_reset(strata_engine *eng);
+@c_function("strata_stats_reset", [_engine_p], None)
+def strata_stats_reset(eng: int) -> None: ...
+
+
+# STRATA_API strata_status strata_cache_residency(const strata_engine *eng, int32_t *slot_of, int32_t cap);
+@c_function("strata_cache_residency", [_engine_p, POINTER(c_int32), c_int32], c_int32)
+def strata_cache_residency(eng: int, slot_of: Any, cap: int) -> int: ...
+
+
+# STRATA_API strata_status strata_profile_save(strata_engine *eng, const char *path);
+@c_function("strata_profile_save", [_engine_p, c_char_p], c_int32)
+def strata_profile_save(eng: int, path: bytes) -> int: ...
+
+
+# ---- kernels ------------------------------------------------------------------------------------
+
+
+# STRATA_API int64_t strata_type_row_bytes(int32_t type, int64_t n);
+@c_function("strata_type_row_bytes", [c_int32, c_int64], c_int64)
+def strata_type_row_bytes(type: int, n: int) -> int: ...
+
+
+# STRATA_API const char *strata_type_name(int32_t type);
+@c_function("strata_type_name", [c_int32], c_char_p)
+def strata_type_name(type: int) -> bytes | None: ...
+
+
+# STRATA_API strata_status strata_dequantize(int32_t type, const void *src, float *dst, int64_t n);
+@c_function("strata_dequantize", [c_int32, c_void_p, POINTER(c_float), c_int64], c_int32)
+def strata_dequantize(type: int, src: Any, dst: Any, n: int) -> int: ...
+
+
+# STRATA_API strata_status strata_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
+#                                        const float *x, float *y, int32_t n_threads);
+@c_function(
+    "strata_matvec",
+    [c_int32, c_void_p, c_int64, c_int64, POINTER(c_float), POINTER(c_float), c_int32],
+    c_int32,
+)
+def strata_matvec(type: int, w: Any, rows: int, cols: int, x: Any, y: Any, n_threads: int) -> int: ...
+
+
+# STRATA_API strata_status strata_matmul(int32_t type, const void *w, int64_t rows, int64_t cols,
+#                                        const float *x, int64_t n, float *y, int32_t n_threads);
+@c_function(
+    "strata_matmul",
+    [c_int32, c_void_p, c_int64, c_int64, POINTER(c_float), c_int64, POINTER(c_float), c_int32],
+    c_int32,
+)
+def strata_matmul(type: int, w: Any, rows: int, cols: int, x: Any, n: int, y: Any, n_threads: int) -> int: ...
+
+
+# STRATA_API int32_t strata_simd_set(int32_t simd);
+@c_function("strata_simd_set", [c_int32], c_int32)
+def strata_simd_set(simd: int) -> int: ...

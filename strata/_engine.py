@@ -1,0 +1,563 @@
+"""The owning wrapper around one libstrata engine, plus the kernel entry points.
+
+``Engine`` opens a GGUF model with an ``EngineConfig``, runs prompts and decode steps, samples with
+``generate``, and maps every failing status to the exception of ``error_for_status``. ``close()`` may
+be called any number of times; the engine is also a context manager. One engine is used by one
+thread at a time (``stats()`` excepted: it may be read while another thread generates).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from os import PathLike, fspath
+from typing import Any, Literal
+
+import numpy as np
+
+from . import _cdefs as C
+from ._config import EngineConfig
+from ._exceptions import StrataError, error_for_status
+
+__all__ = [
+    "Engine",
+    "GenerateResult",
+    "Layout",
+    "ModelInfo",
+    "Plan",
+    "Stats",
+    "config_to_params",
+    "cpu_features",
+    "cuda_available",
+    "dequantize",
+    "matmul",
+    "matvec",
+    "simd_set",
+    "type_name",
+    "type_row_bytes",
+]
+
+STATUS_CANCELLED = 9
+
+_DEVICE = {"cpu": 0, "cuda": 1, "auto": 2}
+_KV = {"f16": 0, "int8": 1}
+_LEND = {"current": 0, "legacy": 1}
+_MISS = {"auto": 0, "host": 1, "copy": 2}
+_CACHE = {"adaptive": 0, "lru": 1}
+_SIMD = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+
+
+def _struct_to_dataclass(cls: type[Any], s: ctypes.Structure) -> Any:
+    values = {}
+    for f in dataclasses.fields(cls):
+        v = getattr(s, f.name)
+        values[f.name] = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the model file describes (strata_model_info)."""
+
+    arch: str
+    name: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    rope_theta: float
+    rms_eps: float
+    bos_id: int
+    eos_id: int
+    n_params: int
+    file_bytes: int
+    resident_bytes: int
+    expert_bytes: int
+    expert_type: int
+    tied_embeddings: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The memory plan, fixed at open (strata_plan). Sizes in bytes."""
+
+    device: int
+    budget_bytes: int
+    resident_bytes: int
+    kv_bytes: int
+    scratch_bytes: int
+    reserve_bytes: int
+    slot_bytes: int
+    n_slots: int
+    n_experts_total: int
+    max_context: int
+    kv_type: int
+    auto_chunk: int
+    auto_ring_slots: int
+    auto_loan_slots: int
+    small_chunk: int
+    lend_floor: int
+    max_lend_slots: int
+    lend_policy: int
+    miss_policy: int
+    cache_policy: int
+    host_expert_bytes: int
+    host_borrow_bytes: int
+    host_avail_bytes: int
+    n_threads: int
+    simd: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One prompt chunk's layout (strata_layout)."""
+
+    n_tokens: int
+    buffer_bytes: int
+    ring_slots: int
+    slots_needed: int
+    host_bytes: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Counters since open or the last reset (strata_stats)."""
+
+    lookups: int
+    hits: int
+    misses: int
+    swaps: int
+    bytes_streamed: int
+    bytes_copied: int
+    host_expert_runs: int
+    slots_lent_now: int
+    last_loan_slots: int
+    last_chunk: int
+    halvings: int
+    refills: int
+    n_past: int
+    prompt_tokens: int
+    decode_tokens: int
+    prompt_ms: float
+    decode_ms: float
+    state: int
+    prompt_done: int
+    prompt_total: int
+
+
+@dataclass
+class GenerateResult:
+    """What ``Engine.generate`` produced."""
+
+    tokens: list[int]
+    finish_reason: Literal["stop", "length", "cancelled"]
+    prompt_tokens: int
+    prompt_ms: float
+    decode_ms: float
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+def _choice(table: dict[str, int], value: str, flag: str) -> int:
+    try:
+        return table[value]
+    except KeyError:
+        raise ValueError(f"--{flag}: {value!r} is not one of {', '.join(table)}") from None
+
+
+def config_to_params(config: EngineConfig) -> C.StrataParams:
+    """The strata_params of an EngineConfig (None fields keep the library's defaults)."""
+    cfg = config.validate()
+    p = C.strata_default_params()
+    if cfg.threads is not None:
+        p.n_threads = cfg.threads
+    p.device = _choice(_DEVICE, cfg.device, "device")
+    if cfg.vram_budget is not None:
+        p.vram_budget = cfg.vram_budget
+    if cfg.vram_reserve_mib is not None:
+        p.vram_reserve_mib = cfg.vram_reserve_mib
+    if cfg.max_context is not None:
+        p.max_context = cfg.max_context
+    p.kv_type = _choice(_KV, cfg.kv, "kv")
+    p.expert_cache = -1 if cfg.expert_cache == "auto" else int(cfg.expert_cache)
+    if cfg.prefill == "auto":
+        p.prefill_chunk, p.prefill_max = 0, 0
+    elif cfg.prefill.startswith("auto:"):
+        p.prefill_chunk, p.prefill_max = 0, int(cfg.prefill[5:])
+    else:
+        p.prefill_chunk, p.prefill_max = int(cfg.prefill), 0
+    p.lend_policy = _choice(_LEND, cfg.lend_policy, "lend-policy")
+    if cfg.lend_floor is not None:
+        p.lend_floor = cfg.lend_floor
+    if cfg.lend_pct is not None:
+        p.lend_pct = cfg.lend_pct
+    p.miss_policy = _choice(_MISS, cfg.miss, "miss")
+    p.cache_policy = _choice(_CACHE, cfg.cache_policy, "cache-policy")
+    if cfg.adapt_every is not None:
+        p.adapt_every = cfg.adapt_every
+    if cfg.adapt_swaps is not None:
+        p.adapt_swaps = cfg.adapt_swaps
+    if cfg.adapt_decay is not None:
+        p.adapt_decay = cfg.adapt_decay
+    if cfg.expert_profile is not None:
+        p.expert_profile = fspath(cfg.expert_profile).encode()
+    if cfg.host_ram_budget is not None:
+        p.host_ram_budget = cfg.host_ram_budget
+    p.simd = _choice(_SIMD, cfg.simd, "simd")
+    return p
+
+
+def _top(logits: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The n best (id, logit), best first, lower id first among equals."""
+    n = min(n, logits.shape[0])
+    part = np.argpartition(-logits, n - 1)[:n] if n < logits.shape[0] else np.arange(logits.shape[0])
+    order = sorted(part.tolist(), key=lambda i: (-float(logits[i]), i))
+    return [(int(i), float(logits[i])) for i in order]
+
+
+class Engine:
+    """One model opened by libstrata (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str | PathLike[str],
+        config: EngineConfig | None = None,
+        *,
+        trace: Callable[[str], None] | None = None,
+    ) -> None:
+        self._h: int | None = None
+        self.config = config or EngineConfig()
+        params = config_to_params(self.config)
+        self._trace_cb = None
+        if trace is not None:
+
+            def _on_trace(_user: Any, line: bytes) -> None:
+                try:
+                    trace(line.decode("utf-8", "replace"))
+                except Exception:  # a failing trace sink must not break the engine
+                    pass
+
+            self._trace_cb = C.TRACE_FN(_on_trace)
+            params.trace = self._trace_cb
+        self._params = params  # keeps expert_profile's bytes alive while open
+        handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(1024)
+        self.model_path = fspath(model_path)
+        status = C.strata_engine_open(
+            self.model_path.encode(), ctypes.byref(params), ctypes.byref(handle), err, 1024
+        )
+        if status != 0:
+            raise error_for_status(status, err.value.decode("utf-8", "replace"))
+        self._h = handle.value
+        info = C.StrataModelInfo()
+        self._check(C.strata_model_info_get(self._h, ctypes.byref(info)))
+        self.info: ModelInfo = _struct_to_dataclass(ModelInfo, info)
+
+    # ---- lifetime ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the engine; safe to call more than once."""
+        h, self._h = self._h, None
+        if h:
+            C.strata_engine_close(h)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def handle(self) -> int:
+        if not self._h:
+            raise StrataError("the engine is closed")
+        return self._h
+
+    @property
+    def last_error(self) -> str:
+        if not self._h:
+            return ""
+        return (C.strata_last_error(self._h) or b"").decode("utf-8", "replace")
+
+    def _check(self, status: int) -> None:
+        if status != 0:
+            raise error_for_status(status, self.last_error)
+
+    # ---- descriptions ------------------------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        p = C.StrataPlan()
+        self._check(C.strata_plan_get(self.handle, ctypes.byref(p)))
+        return _struct_to_dataclass(Plan, p)
+
+    def layout(self, n_tokens: int) -> Layout:
+        out = C.StrataLayout()
+        self._check(C.strata_chunk_layout(self.handle, int(n_tokens), ctypes.byref(out)))
+        return _struct_to_dataclass(Layout, out)
+
+    # ---- running -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _token_array(tokens: Sequence[int] | np.ndarray) -> tuple[Any, int]:
+        arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+        if arr.ndim != 1:
+            raise ValueError("tokens must be a flat sequence of token ids")
+        if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+            raise ValueError("token ids must fit in 32 bits")
+        buf = (ctypes.c_int32 * max(1, arr.size))(*arr.tolist())
+        return buf, int(arr.size)
+
+    def _progress_cb(self, progress: Callable[[int, int], Any] | None, errors: list[BaseException]) -> Any:
+        if progress is None:
+            return C.PROGRESS_FN()
+
+        def _on_progress(_user: Any, done: int, total: int) -> int:
+            try:
+                return 1 if progress(done, total) else 0
+            except BaseException as e:  # re-raised after the C call returns
+                errors.append(e)
+                return 1
+
+        return C.PROGRESS_FN(_on_progress)
+
+    def prefill(
+        self, tokens: Sequence[int] | np.ndarray, progress: Callable[[int, int], Any] | None = None
+    ) -> None:
+        """Append tokens to the context and compute the logits of the last one."""
+        buf, n = self._token_array(tokens)
+        errors: list[BaseException] = []
+        cb = self._progress_cb(progress, errors)
+        status = C.strata_prefill(self.handle, buf, n, cb, None)
+        if errors:
+            raise errors[0]
+        self._check(status)
+
+    def decode(self, token: int) -> None:
+        """Append one token and compute its logits."""
+        self._check(C.strata_decode(self.handle, int(token)))
+
+    def logits(self) -> np.ndarray:
+        """A copy of the last token's logits [n_vocab]."""
+        ptr = C.strata_logits(self.handle)
+        if not ptr:
+            raise error_for_status(12, "no logits yet: prefill or decode a token first")
+        return np.ctypeslib.as_array(ptr, shape=(self.info.n_vocab,)).copy()
+
+    @property
+    def n_past(self) -> int:
+        return int(C.strata_n_past(self.handle))
+
+    def kv_truncate(self, n_keep: int) -> None:
+        self._check(C.strata_kv_truncate(self.handle, int(n_keep)))
+
+    def kv_reset(self) -> None:
+        C.strata_kv_reset(self.handle)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        *,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int = 0,
+        stop_tokens: Sequence[int] = (),
+        stop_at_eos: bool = True,
+        on_token: Callable[[int, np.ndarray], Any] | None = None,
+        on_prompt: Callable[[int, int], Any] | None = None,
+        top_logits: int = 0,
+    ) -> GenerateResult:
+        """Prefill prompt_ids (appended to the context), then sample up to max_tokens.
+
+        ``on_token(token_id, logits_view)`` sees each token with a view of the logits it was sampled
+        from (valid only during the call); a truthy return stops. ``on_prompt(n_done, n_total)``
+        reports prompt progress; a truthy return cancels (finish_reason "cancelled").
+        """
+        buf, n = self._token_array(prompt_ids)
+        gp = C.strata_default_generate_params()
+        gp.sampling.temperature = float(temperature)
+        gp.sampling.top_k = int(top_k)
+        gp.sampling.top_p = float(top_p)
+        gp.sampling.min_p = float(min_p)
+        gp.sampling.seed = int(seed) & (2**64 - 1)
+        gp.max_tokens = int(max_tokens)
+        stops = (ctypes.c_int32 * max(1, len(stop_tokens)))(*[int(t) for t in stop_tokens])
+        gp.stop_tokens = stops
+        gp.n_stop_tokens = len(stop_tokens)
+        gp.stop_at_eos = 1 if stop_at_eos else 0
+        errors: list[BaseException] = []
+        gp.on_prompt = self._progress_cb(on_prompt, errors)
+        top: list[list[tuple[int, float]]] = []
+        stopped = [False]
+
+        def _on_token(_user: Any, token: int, logits_p: Any, n_vocab: int) -> int:
+            try:
+                if top_logits > 0 or on_token is not None:
+                    view = np.ctypeslib.as_array(logits_p, shape=(n_vocab,))
+                    if top_logits > 0:
+                        top.append(_top(view, top_logits))
+                    if on_token is not None and on_token(int(token), view):
+                        stopped[0] = True
+                        return 1
+                return 0
+            except BaseException as e:
+                errors.append(e)
+                return 1
+
+        cb = C.TOKEN_FN(_on_token)
+        cap = max(1, int(max_tokens))
+        out = (ctypes.c_int32 * cap)()
+        n_out = ctypes.c_int32(0)
+        before = self.stats()
+        status = C.strata_generate(
+            self.handle, buf, n, ctypes.byref(gp), cb, None, out, cap, ctypes.byref(n_out)
+        )
+        after = self.stats()
+        if errors:
+            raise errors[0]
+        tokens = [int(out[i]) for i in range(min(n_out.value, cap))]
+        finish: Literal["stop", "length", "cancelled"]
+        if status == STATUS_CANCELLED:
+            finish = "cancelled"
+        elif status != 0:
+            raise error_for_status(status, self.last_error)
+        elif stopped[0] or len(tokens) < max_tokens:
+            finish = "stop"
+        else:
+            finish = "length"
+        return GenerateResult(
+            tokens=tokens,
+            finish_reason=finish,
+            prompt_tokens=n,
+            prompt_ms=after.prompt_ms - before.prompt_ms,
+            decode_ms=after.decode_ms - before.decode_ms,
+            top=top,
+        )
+
+    # ---- observability -----------------------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        s = C.StrataStats()
+        self._check(C.strata_stats_get(self.handle, ctypes.byref(s)))
+        return _struct_to_dataclass(Stats, s)
+
+    def reset_stats(self) -> None:
+        C.strata_stats_reset(self.handle)
+
+    def residency(self) -> np.ndarray:
+        """slot of (layer, expert), or -1: int32 [n_layer, n_expert]."""
+        n = self.info.n_layer * self.info.n_expert
+        arr = np.empty(n, dtype=np.int32)
+        self._check(
+            C.strata_cache_residency(self.handle, arr.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), n)
+        )
+        return arr.reshape(self.info.n_layer, self.info.n_expert)
+
+    def save_profile(self, path: str | PathLike[str]) -> None:
+        self._check(C.strata_profile_save(self.handle, fspath(path).encode()))
+
+
+# ---- kernels (tests and benchmarks) -------------------------------------------------------------
+
+
+def cpu_features() -> str:
+    return (C.strata_cpu_features() or b"").decode()
+
+
+def cuda_available() -> bool:
+    return bool(C.strata_cuda_available())
+
+
+def simd_set(level: str | int) -> int:
+    """Select the kernel level used by dequantize/matvec/matmul; returns the level in use."""
+    lv = _SIMD[level] if isinstance(level, str) else int(level)
+    got = C.strata_simd_set(lv)
+    if got < 0:
+        raise error_for_status(1, f"SIMD level {level!r} is not supported by this CPU ({cpu_features()})")
+    return int(got)
+
+
+def type_row_bytes(type: int, n: int) -> int:
+    return int(C.strata_type_row_bytes(int(type), int(n)))
+
+
+def type_name(type: int) -> str | None:
+    name = C.strata_type_name(int(type))
+    return name.decode() if name else None
+
+
+def _as_bytes(buf: bytes | bytearray | memoryview | np.ndarray) -> Any:
+    arr = np.frombuffer(bytes(buf) if not isinstance(buf, np.ndarray) else buf.tobytes(), dtype=np.uint8)
+    return arr, arr.ctypes.data_as(ctypes.c_void_p)
+
+
+def _fptr(a: np.ndarray) -> Any:
+    return a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def dequantize(type: int, buf: bytes | bytearray | memoryview | np.ndarray, n: int) -> np.ndarray:
+    """n values of a tensor of `type` as float32."""
+    need = type_row_bytes(type, n)
+    if need < 0:
+        raise error_for_status(
+            1, f"{n} values are not a whole number of blocks of type {type_name(type) or type}"
+        )
+    arr, ptr = _as_bytes(buf)
+    if arr.size < need:
+        raise error_for_status(
+            1, f"dequantize: {n} values of {type_name(type)} need {need} bytes, got {arr.size}"
+        )
+    out = np.empty(n, dtype=np.float32)
+    status = C.strata_dequantize(int(type), ptr, _fptr(out), int(n))
+    if status != 0:
+        raise error_for_status(
+            status, f"dequantize: type {type_name(type) or type} has no kernels in this build"
+        )
+    return out
+
+
+def _product(type: int, w: Any, rows: int, cols: int, x: np.ndarray, n: int, threads: int) -> np.ndarray:
+    need = type_row_bytes(type, cols)
+    if need < 0:
+        raise error_for_status(
+            1, f"{cols} columns are not a whole number of blocks of type {type_name(type) or type}"
+        )
+    arr, ptr = _as_bytes(w)
+    if arr.size < need * rows:
+        raise error_for_status(
+            1, f"weights of {rows}x{cols} {type_name(type)} need {need * rows} bytes, got {arr.size}"
+        )
+    xs = np.ascontiguousarray(x, dtype=np.float32).reshape(n, cols)
+    y = np.empty((n, rows), dtype=np.float32)
+    status = C.strata_matmul(int(type), ptr, int(rows), int(cols), _fptr(xs), int(n), _fptr(y), int(threads))
+    if status != 0:
+        raise error_for_status(status, f"matmul: type {type_name(type) or type} has no kernels in this build")
+    return y
+
+
+def matvec(type: int, w_bytes: Any, rows: int, cols: int, x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """y[rows] = W x with the engine's kernels (x quantized as the engine does)."""
+    return _product(type, w_bytes, rows, cols, x, 1, threads)[0]
+
+
+def matmul(type: int, w_bytes: Any, rows: int, cols: int, x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """Y[n, rows] = X[n, cols] W^T with the engine's kernels."""
+    x2 = np.asarray(x, dtype=np.float32)
+    n = x2.shape[0] if x2.ndim == 2 else 1
+    return _product(type, w_bytes, rows, cols, x2, n, threads)

@@ -1,0 +1,136 @@
+"""Random weights that do not collapse, with shaped routing.
+
+Shapes are NumPy's (row-major, the reverse of GGUF's ``ne``): a matrix that maps D inputs to N outputs
+is ``[N, D]``; expert tensors are ``[E, F, D]`` (gate, up) and ``[E, D, F]`` (down).
+
+Why the distributions are what they are:
+
+- Embeddings have std 1, so a token's hidden state is dominated by its own embedding; attention
+  output and expert down projections have a small std (shrinking with depth), so the residual stream
+  does not drift onto one shared direction after a few layers (which would send every token to the
+  same experts). Normal draws are symmetric, so quantized blocks get scales of both signs' values.
+- Routing is shaped through coordinate 0 of the residual stream: every embedding holds the constant
+  ``ANCHOR`` there and no layer writes to it (row 0 of ``attn_output`` and ``ffn_down_exps`` is zero),
+  so after ``ffn_norm`` every token carries about the same value in it. Column 0 of each router row
+  holds that expert's log-popularity, so the router logits are ``log p(e) + noise(token)``, with
+  ``p`` Zipf-like over a per-layer permutation of the experts and the noise std ``route_noise``.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from ._presets import Preset
+
+__all__ = ["ANCHOR", "WeightGen", "log_popularity", "tensor_specs"]
+
+ANCHOR = 1.0  # the constant in coordinate 0 of every embedding
+
+
+def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, NumPy shape) of every tensor, in file order."""
+    D, E, F = p.d_model, p.n_expert, p.d_ff_expert
+    q, kv = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
+    specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (p.n_vocab, D))]
+    for i in range(p.n_layer):
+        b = f"blk.{i}."
+        specs += [
+            (b + "attn_norm.weight", (D,)),
+            (b + "attn_q.weight", (q, D)),
+            (b + "attn_k.weight", (kv, D)),
+            (b + "attn_v.weight", (kv, D)),
+            (b + "attn_q_norm.weight", (p.head_dim,)),
+            (b + "attn_k_norm.weight", (p.head_dim,)),
+            (b + "attn_output.weight", (D, q)),
+            (b + "ffn_norm.weight", (D,)),
+            (b + "ffn_gate_inp.weight", (E, D)),
+            (b + "ffn_gate_exps.weight", (E, F, D)),
+            (b + "ffn_up_exps.weight", (E, F, D)),
+            (b + "ffn_down_exps.weight", (E, D, F)),
+        ]
+    specs.append(("output_norm.weight", (D,)))
+    if not p.tie_embeddings:
+        specs.append(("output.weight", (p.n_vocab, D)))
+    return specs
+
+
+def _rng(seed: int, *key: object) -> np.random.Generator:
+    words = [seed & 0xFFFFFFFF] + [zlib.crc32(str(k).encode()) for k in key]
+    return np.random.default_rng(words)
+
+
+def log_popularity(p: Preset, seed: int, layer: int) -> np.ndarray:
+    """Per-expert log-popularity of one layer, mean zero: ``-alpha * log(rank)`` over a permutation."""
+    rng = _rng(seed, "popularity", layer)
+    ranks = rng.permutation(p.n_expert) + 1
+    lp = -p.zipf_alpha * np.log(ranks.astype(np.float64))
+    return (lp - lp.mean()).astype(np.float32)
+
+
+class WeightGen:
+    """Deterministic float32 weights for a preset and seed; each tensor from its own stream."""
+
+    def __init__(self, preset: Preset, seed: int) -> None:
+        self.p = preset
+        self.seed = seed
+        # Output projections shrink with depth so that the residual stream's rms stays near 1.
+        self.out_gain = 0.5 * math.sqrt(4.0 / max(4, preset.n_layer))
+
+    def kind(self, name: str) -> str:
+        """The tensor's role: the part of the name after ``blk.N.`` without ``.weight``."""
+        base = name.removesuffix(".weight")
+        return base.split(".", 2)[2] if base.startswith("blk.") else base
+
+    def std(self, kind: str) -> float:
+        p = self.p
+        D, F, q = p.d_model, p.d_ff_expert, p.n_head * p.head_dim
+        return {
+            "token_embd": p.embd_std,
+            "attn_q": 1.0 / math.sqrt(D),
+            "attn_k": 1.0 / math.sqrt(D),
+            "attn_v": 1.0 / math.sqrt(D),
+            "attn_output": self.out_gain / math.sqrt(q),
+            "ffn_gate_exps": 1.0 / math.sqrt(D),
+            "ffn_up_exps": 1.0 / math.sqrt(D),
+            "ffn_down_exps": 2.0 * self.out_gain / math.sqrt(F),
+            "output": 2.0 / math.sqrt(D),
+        }[kind]
+
+    def tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The float32 values of one tensor."""
+        rng = _rng(self.seed, name)
+        kind = self.kind(name)
+        if len(shape) == 1:  # norm weights: positive, around 1
+            return rng.uniform(0.8, 1.2, size=shape).astype(np.float32)
+        if kind == "ffn_gate_inp":
+            layer = int(name.split(".")[1])
+            return self.router(rng, layer, shape)
+        a = self.normal(rng, shape, self.std(kind))
+        self.fix_rows(kind, a)
+        return a
+
+    @staticmethod
+    def normal(rng: np.random.Generator, shape: tuple[int, ...], std: float) -> np.ndarray:
+        return (rng.standard_normal(size=shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+    @staticmethod
+    def fix_rows(kind: str, a: np.ndarray) -> None:
+        """Keep coordinate 0 of the residual stream constant (see the module docstring)."""
+        if kind == "token_embd":
+            a[..., 0] = ANCHOR
+        elif kind == "attn_output":
+            a[0, :] = 0.0
+        elif kind == "ffn_down_exps":
+            a[:, 0, :] = 0.0
+
+    def router(self, rng: np.random.Generator, layer: int, shape: tuple[int, ...]) -> np.ndarray:
+        E, D = shape
+        # The token-dependent part: rows of std route_noise/sqrt(D) against a normed input of norm ~sqrt(D).
+        r = self.normal(rng, shape, self.p.route_noise / math.sqrt(D))
+        # ffn_norm's coordinate 0 scales what the router reads there; divide it out.
+        ffn_norm = self.tensor(f"blk.{layer}.ffn_norm.weight", (D,))
+        r[:, 0] = log_popularity(self.p, self.seed, layer) / (ANCHOR * ffn_norm[0])
+        return r

@@ -1,0 +1,227 @@
+"""``strata model make|info|routing``: make synthetic models and describe GGUF files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "describe"]
+
+
+def add_parser(subparsers: Any) -> None:
+    from ._presets import PRESETS
+    from ._writer import QUANTS
+
+    p = subparsers.add_parser("model", help="make a synthetic model, or describe a GGUF file")
+    sub = p.add_subparsers(dest="model_command", metavar="ACTION")
+
+    mk = sub.add_parser(
+        "make",
+        help="write a synthetic qwen3moe GGUF (random weights, real tokenizer and chat template)",
+        description="Write a synthetic qwen3moe GGUF. Without --out the model goes to the strata cache "
+        "(STRATA_CACHE_DIR overrides) and is reused from there; its path is printed last.",
+    )
+    mk.add_argument("--preset", default="tiny", choices=sorted(PRESETS), help="model size (default: tiny)")
+    mk.add_argument(
+        "--quant",
+        default=None,
+        type=str.lower,
+        choices=QUANTS,
+        help="weight type or mix (default: the preset's, q8_0)",
+    )
+    mk.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    mk.add_argument("--out", type=Path, default=None, help="write here instead of the cache")
+    mk.add_argument("--force", action="store_true", help="remake even if the cached file exists")
+    mk.set_defaults(func=_cmd_make)
+
+    info = sub.add_parser("info", help="architecture, dimensions, tensor types and expert sizes of a GGUF")
+    info.add_argument("file", type=Path)
+    info.add_argument("--json", action="store_true", help="print one JSON object")
+    info.set_defaults(func=_cmd_info)
+
+    rt = sub.add_parser(
+        "routing",
+        help="route a real text through a model: per-layer spread and the LRU expert-cache hit rates",
+    )
+    rt.add_argument("file", type=Path)
+    rt.add_argument("--tokens", type=int, default=1024, help="tokens of text to route (default: 1024)")
+    rt.add_argument("--layers", type=int, default=None, help="only the first N layers")
+    rt.set_defaults(func=_cmd_routing)
+
+    p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _cmd_make(args: argparse.Namespace) -> int:
+    from ._presets import get_preset
+    from ._writer import RoutingCollapsedError, make_model, model_cache_path
+
+    def say(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    quant = args.quant or get_preset(args.preset).default_quant
+    out = args.out
+    if out is None:
+        out = model_cache_path(args.preset, quant, args.seed)
+        if out.exists() and not args.force:
+            say(f"already made: {out}")
+            print(out)
+            return 0
+    t0 = time.perf_counter()
+    try:
+        path = make_model(args.preset, quant, args.seed, out, say=say)
+    except (ValueError, NotImplementedError, RoutingCollapsedError) as e:
+        print(f"strata model make: {e}", file=sys.stderr)
+        return 1
+    say(f"made in {time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:.1f} MiB")
+    print(path)
+    return 0
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """What ``strata model info`` prints, as a dict."""
+    from gguf import GGUFReader
+
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    r = GGUFReader(str(path))
+
+    def field(key: str) -> Any:
+        f = r.fields.get(key)
+        return None if f is None else f.contents()
+
+    arch = field("general.architecture")
+    dims = {}
+    for key in (
+        "context_length",
+        "embedding_length",
+        "block_count",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "attention.value_length",
+        "rope.freq_base",
+        "attention.layer_norm_rms_epsilon",
+        "expert_count",
+        "expert_used_count",
+        "expert_feed_forward_length",
+    ):
+        v = field(f"{arch}.{key}")
+        if v is not None:
+            dims[key] = v
+    tokens = r.fields.get("tokenizer.ggml.tokens")
+    tensors = []
+    resident = 0
+    expert_bytes: dict[int, int] = {}
+    n_expert = int(dims.get("expert_count") or 0)
+    for t in r.tensors:
+        nbytes = int(t.n_bytes)
+        tensors.append(
+            {"name": t.name, "type": t.tensor_type.name, "shape": [int(x) for x in t.shape], "bytes": nbytes}
+        )
+        if "_exps." in t.name and n_expert:
+            layer = int(t.name.split(".")[1])
+            expert_bytes[layer] = expert_bytes.get(layer, 0) + nbytes // n_expert
+        else:
+            resident += nbytes
+    return {
+        "file": str(path),
+        "architecture": arch,
+        "name": field("general.name"),
+        "file_type": field("general.file_type"),
+        "dimensions": dims,
+        "vocab_size": len(tokens.data) if tokens is not None else None,
+        "tokenizer": {"model": field("tokenizer.ggml.model"), "pre": field("tokenizer.ggml.pre")},
+        "resident_bytes": resident,
+        "expert_bytes_per_layer": [expert_bytes[k] for k in sorted(expert_bytes)],
+        "tensors": tensors,
+    }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    try:
+        d = describe(args.file)
+    except (OSError, ValueError) as e:
+        print(f"strata model info: cannot read {args.file}: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    print(
+        f"{d['file']}: {d['architecture']} ({d['name'] or 'unnamed'}), vocabulary {d['vocab_size']} "
+        f"({d['tokenizer']['model']}/{d['tokenizer']['pre']})"
+    )
+    for k, v in d["dimensions"].items():
+        print(f"  {k:34s} {v}")
+    types: dict[str, int] = {}
+    for t in d["tensors"]:
+        types[t["type"]] = types.get(t["type"], 0) + 1
+    print("  tensor types: " + ", ".join(f"{n} x {k}" for k, v in sorted(types.items()) for n in [v]))
+    print(f"  resident weights (all but routed experts): {_mib(d['resident_bytes'])}")
+    eb = d["expert_bytes_per_layer"]
+    if eb:
+        same = len(set(eb)) == 1
+        print(
+            "  one expert (gate+up+down): "
+            + (
+                f"{_mib(eb[0])} in every layer"
+                if same
+                else ", ".join(f"layer {i}: {_mib(b)}" for i, b in enumerate(eb))
+            )
+        )
+    print("  tensors:")
+    for t in d["tensors"]:
+        shape = "x".join(map(str, t["shape"]))
+        print(f"    {t['name']:32s} {t['type']:8s} {shape:>18s} {t['bytes']:>12d} B")
+    return 0
+
+
+def _cmd_routing(args: argparse.Namespace) -> int:
+    from ._routing import lru_hit_rates, route_file, spread
+    from ._tokenizer import corpus_texts
+
+    d = describe(args.file)
+    n_expert = int(d["dimensions"]["expert_count"])
+    tok = _gguf_tokenizer(args.file)
+    text = "\n\n".join(corpus_texts()[:400])
+    ids = tok.encode(text).ids[: args.tokens]
+    sel = route_file(args.file, ids, args.layers)
+    for i, s in enumerate(sel):
+        print(f"layer {i:2d}: {spread(s, n_expert)}")
+    fr = [0.10, 0.25, 0.50, 0.75]
+    rates = lru_hit_rates(sel, n_expert, fr)
+    print(
+        f"LRU hit rate over {len(ids)} tokens: "
+        + ", ".join(f"{f:.0%} cache {r:.1%}" for f, r in rates.items())
+    )
+    return 0
+
+
+def _gguf_tokenizer(path: Path):  # type: ignore[no-untyped-def]
+    """A ``tokenizers`` tokenizer built from a made model's own vocabulary and merges."""
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer, decoders, models
+
+    from ._tokenizer import _new_tokenizer
+
+    r = GGUFReader(str(path))
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(m.split(" ", 1)) for m in r.fields["tokenizer.ggml.merges"].contents()]
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    base = _new_tokenizer()
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tok.pre_tokenizer = base.pre_tokenizer
+    tok.decoder = decoders.ByteLevel()
+    # CONTROL tokens are special (never split, skipped when decoding); USER_DEFINED ones are
+    # never split but decode as text (<think>, </think>).
+    tok.add_special_tokens([t for t, ty in zip(tokens, types, strict=True) if ty == 3])
+    tok.add_tokens([t for t, ty in zip(tokens, types, strict=True) if ty == 4])
+    return tok

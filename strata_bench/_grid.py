@@ -1,0 +1,88 @@
+"""Engine flags that take lists: ``--expert-cache 100,200 --threads 1,2`` is a grid of four configurations.
+
+The flags are exactly strata's (``strata._config.add_engine_args``); each one is made to accept a
+comma-separated list whose elements are parsed and checked the way the single flag would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+from strata._config import EngineConfig, add_engine_args
+
+__all__ = ["ENGINE_FIELDS", "add_grid_engine_args", "configs_from_grid", "int_list", "swept_knobs"]
+
+ENGINE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EngineConfig))
+
+
+def _list_of(parse: Callable[[str], Any] | None, choices: Any, flag: str) -> Callable[[str], list[Any]]:
+    def convert(text: str) -> list[Any]:
+        items = [t.strip() for t in str(text).split(",")]
+        if not items or any(t == "" for t in items):
+            raise argparse.ArgumentTypeError(f"{flag}: {text!r} has an empty item (write a,b,c)")
+        out = []
+        for t in items:
+            try:
+                v = parse(t) if parse else t
+            except (TypeError, ValueError) as e:
+                raise argparse.ArgumentTypeError(f"{flag}: {t!r}: {e}") from None
+            if choices is not None and v not in choices:
+                raise argparse.ArgumentTypeError(
+                    f"{flag}: {t!r} is not one of {', '.join(map(str, choices))}"
+                )
+            out.append(v)
+        return out
+
+    convert.__name__ = "list"  # argparse names the type in its messages
+    return convert
+
+
+def add_grid_engine_args(p: argparse.ArgumentParser) -> None:
+    """strata's engine flags, each accepting a comma-separated list to sweep."""
+    add_engine_args(p)
+    for action in p._actions:
+        if action.dest in ENGINE_FIELDS and action.option_strings:
+            flag = action.option_strings[0]
+            action.type = _list_of(action.type, action.choices, flag)
+            action.choices = None
+            action.metavar = action.metavar or action.dest.upper()
+            if action.help:
+                action.help += " (comma list sweeps)"
+
+
+def int_list(text: str) -> list[int]:
+    """``512,4096`` -> [512, 4096] (non-negative)."""
+    try:
+        out = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if any(v < 0 for v in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: values must be >= 0")
+    return out
+
+
+def configs_from_grid(ns: argparse.Namespace) -> list[EngineConfig]:
+    """Every combination of the list-valued engine flags, in flag order (the last flag varies fastest)."""
+    axes: list[list[Any]] = []
+    for name in ENGINE_FIELDS:
+        v = getattr(ns, name, None)
+        axes.append(v if isinstance(v, list) else [v])
+    out = []
+    for combo in itertools.product(*axes):
+        cfg = EngineConfig(**dict(zip(ENGINE_FIELDS, combo, strict=False)))
+        cfg.expert_cache = str(cfg.expert_cache)
+        cfg.prefill = str(cfg.prefill)
+        out.append(cfg.validate())
+    return out
+
+
+def swept_knobs(knob_dicts: list[dict[str, Any]]) -> list[str]:
+    """Knob names whose value differs between the given configurations, in field order."""
+    if not knob_dicts:
+        return []
+    names = [n for n in ENGINE_FIELDS if any(n in d for d in knob_dicts)]
+    return [n for n in names if len({repr(d.get(n)) for d in knob_dicts}) > 1]

@@ -1,0 +1,222 @@
+"""The llama.cpp target: run its ``llama-bench`` with the same tests and read its ``-o jsonl`` rows.
+
+Each line llama-bench prints is one finished test; it is turned into a strata-bench record (the
+same test name, the raw samples, the summary) and appended at once, so llama.cpp rows survive an
+interrupted run like strata's do. llama-bench's own description of itself (build commit, backends,
+batch sizes, threads) is kept under ``peer`` in each record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from strata._config import EngineConfig
+
+from ._model import bytes_moved
+from ._records import base_record, llama_test_name, summarize
+
+__all__ = [
+    "LlamaBenchError",
+    "find_llama_bench",
+    "llama_bench_args",
+    "peer_knobs",
+    "record_from_row",
+    "run_llama_bench",
+]
+
+# llama-bench fields copied into each record's "peer" (its description of the run)
+_PEER_FIELDS = (
+    "build_commit",
+    "build_number",
+    "cpu_info",
+    "gpu_info",
+    "backends",
+    "model_filename",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "n_batch",
+    "n_ubatch",
+    "n_threads",
+    "type_k",
+    "type_v",
+    "n_gpu_layers",
+    "flash_attn",
+    "use_mmap",
+    "test_time",
+    "avg_ts",
+    "stddev_ts",
+)
+
+
+class LlamaBenchError(RuntimeError):
+    """llama-bench is missing, failed, or printed something that is not its JSONL."""
+
+
+def find_llama_bench(path: str | None = None) -> Path:
+    """The llama-bench executable: ``path`` if given, else ``llama-bench`` on PATH."""
+    if path:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "llama-bench"
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            raise LlamaBenchError(f"--llama-bench {path}: not an executable file")
+        return p
+    found = shutil.which("llama-bench")
+    if not found:
+        raise LlamaBenchError(
+            "the llama.cpp target needs llama.cpp's llama-bench: none is on PATH. Build llama.cpp "
+            "(cmake --build build --target llama-bench) and put build/bin on PATH, or pass --llama-bench PATH"
+        )
+    return Path(found)
+
+
+def _threads(cfg: EngineConfig) -> int:
+    return cfg.threads or os.cpu_count() or 1
+
+
+def peer_knobs(cfg: EngineConfig) -> dict[str, Any]:
+    """The strata knobs that have a llama.cpp counterpart: what a strata row and a llama.cpp row must share."""
+    return {"threads": _threads(cfg), "device": cfg.device, "kv": cfg.kv}
+
+
+def llama_bench_args(
+    model: str | os.PathLike[str],
+    n_prompt: Sequence[int],
+    n_gen: Sequence[int],
+    n_depth: Sequence[int],
+    repetitions: int,
+    cfg: EngineConfig,
+) -> list[str]:
+    """llama-bench's flags for the same tests strata runs under ``cfg``."""
+    args = [
+        "-m",
+        str(model),
+        "-p",
+        ",".join(map(str, n_prompt)) if n_prompt else "0",
+        "-n",
+        ",".join(map(str, n_gen)) if n_gen else "0",
+        "-r",
+        str(repetitions),
+        "-t",
+        str(_threads(cfg)),
+        # every layer on the GPU when strata runs on CUDA; none on a CPU run
+        "-ngl",
+        "99" if cfg.device == "cuda" else "0",
+        "-o",
+        "jsonl",
+    ]
+    if any(d > 0 for d in n_depth):
+        args += ["-d", ",".join(map(str, n_depth))]
+    if cfg.kv == "int8":
+        args += ["-ctk", "q8_0", "-ctv", "q8_0"]
+    return args
+
+
+def record_from_row(
+    row: dict[str, Any],
+    cfg: EngineConfig,
+    model: dict[str, Any],
+    args: list[str],
+    weights: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A strata-bench record from one llama-bench JSONL row."""
+    try:
+        n_prompt, n_gen = int(row["n_prompt"]), int(row["n_gen"])
+        samples = [float(x) for x in row["samples_ts"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise LlamaBenchError(
+            f"llama-bench printed a row without {e} (is it llama-bench's -o jsonl?): {row}"
+        ) from None
+    n_depth = int(row.get("n_depth", 0) or 0)
+    summary = summarize(samples)
+    metrics = None
+    if weights is not None and summary["mean"] > 0:
+        # the same roofline figure as strata's rows; llama.cpp reads a prompt in micro-batches of n_ubatch
+        chunk = min(int(row.get("n_ubatch") or 512), n_prompt) if n_prompt else 0
+        moved = bytes_moved(weights, n_prompt, n_gen, n_depth, chunk, "f16" if cfg.kv == "f16" else "int8")
+        seconds = (n_prompt or n_gen) / summary["mean"]
+        metrics = {"bytes_moved": moved, "gbps": moved / seconds / 1e9, "chunk": chunk if n_prompt else None}
+    return base_record(
+        target="llama.cpp",
+        test=llama_test_name(n_prompt, n_gen, n_depth),
+        kind="pp" if n_gen == 0 else ("tg" if n_prompt == 0 else "pg"),
+        n_prompt=n_prompt,
+        n_gen=n_gen,
+        n_depth=n_depth,
+        unit="t/s",
+        repetitions=len(samples),
+        warmup=1,
+        **model,
+        knobs=peer_knobs(cfg),
+        samples=samples,
+        samples_ns=[int(x) for x in row.get("samples_ns", [])],
+        **summary,
+        metrics=metrics,
+        peer={k: row[k] for k in _PEER_FIELDS if k in row} | {"args": args},
+    )
+
+
+def run_llama_bench(
+    exe: str | os.PathLike[str],
+    model_path: str | os.PathLike[str],
+    model: dict[str, Any],
+    n_prompt: Sequence[int],
+    n_gen: Sequence[int],
+    n_depth: Sequence[int],
+    repetitions: int,
+    cfg: EngineConfig,
+    on_record: Callable[[dict[str, Any]], None],
+    on_test: Callable[[], None] | None = None,
+    weights: dict[str, Any] | None = None,
+) -> int:
+    """Run llama-bench once for ``cfg``; each JSONL row becomes a record passed to ``on_record``. Returns the row count."""
+    args = llama_bench_args(model_path, n_prompt, n_gen, n_depth, repetitions, cfg)
+    n = 0
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
+        with subprocess.Popen(
+            [str(exe), *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        ) as proc:
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    line = line.strip()
+                    if not line.startswith("{"):
+                        continue  # llama-bench prints only JSONL here, but builds differ in stray lines
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:
+                        raise LlamaBenchError(
+                            f"llama-bench printed a line that is not JSON: {line[:200]}"
+                        ) from None
+                    on_record(record_from_row(row, cfg, model, [str(exe), *args], weights))
+                    n += 1
+                    if on_test:
+                        on_test()
+                rc = proc.wait()
+            except BaseException:
+                # Ctrl-C or an error while it runs: stop llama-bench too, or it would keep the CPU busy.
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                raise
+        if rc != 0:
+            err.seek(0)
+            tail = err.read()[-2000:].strip()
+            raise LlamaBenchError(f"llama-bench exited with status {rc} ({exe} {' '.join(args)}):\n{tail}")
+    return n

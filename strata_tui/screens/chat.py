@@ -1,0 +1,861 @@
+"""The main screen: conversations on the left, the chat in the middle, the engine on the right.
+
+Every call that can block (HTTP, SQLite, starting the server) runs in a named worker group; workers
+report back with messages (``strata_tui.messages``) and only the handlers here change widgets. A
+failing worker always posts a message that leaves the screen usable again: the reply state is
+cleared, the user's text is back in the input, and the error is shown where it happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, ListView, Static
+
+from ..client import ApiError, Delta, Finished, Unreachable, friendly_error
+from ..commands import SCREEN_KEYS, parse_slash
+from ..messages import (
+    ConversationLoaded,
+    ConversationsListed,
+    EngineStatus,
+    Exported,
+    ReplyDelta,
+    ReplyEnded,
+    ReplyFailed,
+    ServerConnected,
+    ServerDown,
+    ServerStarting,
+    WorkFailed,
+)
+from ..server_process import ServerStartError
+from ..store import Conversation, Settings, StoredMessage, to_markdown
+from ..widgets import ChatInput, ChatLog, ConnectionBanner, ConversationList, EnginePanel, MessageView
+from .confirm import ConfirmScreen
+from .help import HelpScreen
+from .prompt import PromptScreen
+from .settings import SettingsResult, SettingsScreen, parse_optional
+
+if TYPE_CHECKING:
+    from ..app import StrataChat
+
+__all__ = ["ChatScreen"]
+
+_NEW_TITLE = "New conversation"
+_BUSY_STATES = ("loading", "reading", "generating", "restarting")
+
+
+class _Reply:
+    """The reply in flight."""
+
+    def __init__(self, rid: int, view: MessageView, user: StoredMessage | None, user_view: MessageView | None) -> None:
+        self.rid = rid
+        self.view = view
+        self.user = user
+        self.user_view = user_view
+        self.t0 = time.perf_counter()
+        self.t_first: float | None = None
+        self.n_pieces = 0
+
+
+class ChatScreen(Screen[None]):
+    BINDINGS = [
+        Binding(k, a, label, tooltip=d, show=k in ("escape", "ctrl+n", "ctrl+r", "f3", "f1"))
+        for k, a, label, d in SCREEN_KEYS
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv: Conversation | None = None
+        self.history: list[StoredMessage] = []
+        self.reply: _Reply | None = None
+        self._rid = 0
+        self.connected = False
+        self.is_strata = False
+        self.models: list[str] = []
+        self._status_state = ""
+
+    @property
+    def chat_app(self) -> StrataChat:
+        return self.app  # type: ignore[return-value]
+
+    # ---- layout -------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="≡")
+        with Horizontal(id="main"):
+            yield ConversationList(id="sidebar")
+            with Vertical(id="chat"):
+                yield Static("", id="conv-title", markup=False)
+                yield ChatLog(id="log")
+                yield ConnectionBanner(id="banner")
+                yield ChatInput(id="input", newline_keys=self.chat_app.newline_keys)
+                yield Static(self._hint(), id="hint")
+            yield EnginePanel(id="engine")
+        yield Footer()
+
+    def _hint(self) -> str:
+        nl = self.chat_app.newline_keys[0] if self.chat_app.newline_keys else "ctrl+j"
+        return f"Enter send · {nl} newline · Esc cancel · /help"
+
+    def on_mount(self) -> None:
+        self.title = "strata chat"
+        self.sub_title = "connecting…"
+        self.query_one("#engine", EnginePanel).display = self.chat_app.server_process is not None
+        self.query_one("#input", ChatInput).focus()
+        self._connect()
+        self._startup_conversation()
+
+    @property
+    def input(self) -> ChatInput:
+        return self.query_one("#input", ChatInput)
+
+    @property
+    def log_view(self) -> ChatLog:
+        return self.query_one("#log", ChatLog)
+
+    @property
+    def engine(self) -> EnginePanel:
+        return self.query_one("#engine", EnginePanel)
+
+    # ---- server: start, connect, poll ---------------------------------------------------------
+
+    @work(group="server", exclusive=True)
+    async def _connect(self) -> None:
+        app = self.chat_app
+        proc = app.server_process
+        if proc is not None and proc.url is None:
+            self.post_message(ServerStarting("starting strata serve…"))
+            try:
+                url = await asyncio.to_thread(proc.start, lambda line: self.post_message(ServerStarting(line)))
+            except ServerStartError as e:
+                self.post_message(ServerDown(str(e), None))
+                return
+            except Exception as e:  # the model maker or the spawn failed: say so, keep the UI usable
+                self.post_message(ServerDown(f"could not start the server: {type(e).__name__}: {e}", None))
+                return
+            app.set_server_url(url)
+        delay = 1.0
+        while True:
+            if proc is not None and proc.exited() is not None:
+                tail = "\n".join(list(proc.log)[-10:])
+                self.post_message(ServerDown(f"strata serve stopped (exit code {proc.exited()}):\n{tail}", None))
+                return
+            client = app.client
+            assert client is not None
+            try:
+                info = await client.probe()
+            except (Unreachable, ApiError) as e:
+                if isinstance(e, ApiError) and e.code == "invalid_api_key":
+                    self.post_message(ServerDown(friendly_error(e), None))
+                    return
+                self.post_message(ServerDown(friendly_error(e), delay))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+                continue
+            self.post_message(ServerConnected(client.base_url, info))
+            return
+
+    @work(group="status", exclusive=True)
+    async def _poll_status(self) -> None:
+        client = self.chat_app.client
+        assert client is not None
+        while True:
+            try:
+                status = await client.status()
+            except Unreachable as e:
+                if self.reply is None:
+                    self.post_message(ServerDown(friendly_error(e), 1.0))
+                    return
+                await asyncio.sleep(0.5)
+                continue
+            except ApiError:
+                await asyncio.sleep(2.0)
+                continue
+            self.post_message(EngineStatus(status))
+            busy = self.reply is not None or status.get("state") in _BUSY_STATES
+            await asyncio.sleep(0.25 if busy else 1.0)
+
+    def on_server_starting(self, msg: ServerStarting) -> None:
+        self.engine.set_starting(msg.detail[-60:])
+        self.sub_title = "starting the server…"
+
+    def on_server_connected(self, msg: ServerConnected) -> None:
+        self.connected = True
+        self.is_strata = msg.info.is_strata
+        self.models = msg.info.models
+        if not self.chat_app.model_name and msg.info.models:
+            self.chat_app.model_name = msg.info.models[0]
+        self.query_one("#banner", ConnectionBanner).clear()
+        kind = "strata" if self.is_strata else "OpenAI-compatible server"
+        self.sub_title = f"{self.chat_app.model_name or 'no model'} · {kind}"
+        self.engine.display = self.is_strata
+        if self.is_strata:
+            self._poll_status()
+
+    def on_server_down(self, msg: ServerDown) -> None:
+        self.connected = False
+        self.query_one("#banner", ConnectionBanner).show_down(msg.error.splitlines()[0], msg.retry_in)
+        self.engine.set_unreachable()
+        self.sub_title = "server unreachable"
+        if msg.retry_in is None:
+            # no retry coming: put the whole story in the conversation
+            self.run_worker(self._note("error", msg.error), group="ui")
+        elif self.chat_app.client is not None and not self._worker_running("server"):
+            self._connect()
+
+    def on_engine_status(self, msg: EngineStatus) -> None:
+        self._status_state = str(msg.status.get("state") or "")
+        self.engine.set_status(msg.status)
+        if self.reply is not None and not self.reply.view.content and not self.reply.view.reasoning:
+            p = msg.status.get("prompt") or {}
+            if self._status_state == "reading" and p.get("total"):
+                self.reply.view.set_footer(f"reading the prompt: {p.get('done', 0):,} / {p['total']:,} tokens")
+            elif self._status_state == "restarting":
+                self.reply.view.set_footer("the engine is restarting…")
+
+    def _worker_running(self, group: str) -> bool:
+        return any(w.group == group and w.is_running for w in self.workers)
+
+    # ---- conversations ------------------------------------------------------------------------
+
+    @work(group="db-open", exclusive=True)
+    async def _startup_conversation(self) -> None:
+        store = self.chat_app.store
+        try:
+            convs = await self.chat_app.run_db(store.list)
+            conv = None
+            if convs and convs[0].title == _NEW_TITLE and not await self.chat_app.run_db(store.messages, convs[0].id):
+                conv = convs[0]
+            if conv is None:
+                conv = await self.chat_app.run_db(store.create, _NEW_TITLE)
+                convs = await self.chat_app.run_db(store.list)
+        except Exception as e:
+            self.post_message(WorkFailed(f"could not open the conversation database {store.path}: {e}"))
+            return
+        self.post_message(ConversationLoaded(conv, []))
+        self.post_message(ConversationsListed(convs, conv.id))
+
+    @work(group="db-list", exclusive=True)
+    async def _list(self, select: int | None = None) -> None:
+        sidebar = self.query_one("#sidebar", ConversationList)
+        try:
+            convs = await self.chat_app.run_db(self.chat_app.store.list, sidebar.search_text)
+        except Exception as e:
+            self.post_message(WorkFailed(f"could not list conversations: {e}"))
+            return
+        self.post_message(ConversationsListed(convs, select))
+
+    @work(group="db-open", exclusive=True)
+    async def _open(self, conversation_id: int) -> None:
+        store = self.chat_app.store
+        try:
+            conv = await self.chat_app.run_db(store.get, conversation_id)
+            msgs = await self.chat_app.run_db(store.messages, conversation_id) if conv else []
+        except Exception as e:
+            self.post_message(WorkFailed(f"could not open the conversation: {e}"))
+            return
+        if conv is None:
+            self.post_message(WorkFailed("that conversation no longer exists"))
+            self._list()
+            return
+        self.post_message(ConversationLoaded(conv, msgs))
+
+    @work(group="db-open", exclusive=True)
+    async def _new(self, title: str = _NEW_TITLE) -> None:
+        try:
+            conv = await self.chat_app.run_db(self.chat_app.store.create, title)
+        except Exception as e:
+            self.post_message(WorkFailed(f"could not create a conversation: {e}"))
+            return
+        self.post_message(ConversationLoaded(conv, []))
+        self._list(conv.id)
+
+    @work(group="db", exclusive=False)
+    async def _db(self, fn: Any, *args: Any, then_list: bool = False) -> None:
+        try:
+            await self.chat_app.run_db(fn, *args)
+        except Exception as e:
+            self.post_message(WorkFailed(f"could not save: {e}"))
+            return
+        if then_list:
+            self._list(self.conv.id if self.conv else None)
+
+    async def on_conversations_listed(self, msg: ConversationsListed) -> None:
+        select = msg.select if msg.select is not None else (self.conv.id if self.conv else None)
+        await self.query_one("#sidebar", ConversationList).show(msg.conversations, select)
+
+    async def on_conversation_loaded(self, msg: ConversationLoaded) -> None:
+        self.conv = msg.conversation
+        self.history = list(msg.messages)
+        log = self.log_view
+        await log.remove_children()
+        views = [
+            MessageView(m.role, m.content, m.reasoning, message_id=m.id, footer=_footer_for(m), stored=m)
+            for m in msg.messages
+        ]
+        if views:
+            await log.mount_all(views)
+        log.scroll_end(animate=False)
+        self._show_conv_title()
+        self.engine.set_live(context_used=_context_used(msg.messages))
+
+    def _show_conv_title(self) -> None:
+        if self.conv is None:
+            return
+        sys = " · system prompt set" if self.conv.system_prompt else ""
+        self.query_one("#conv-title", Static).update(f"{self.conv.title} — {self.conv.settings.describe()}{sys}")
+
+    @on(ConversationList.Picked)
+    def _picked(self, msg: ConversationList.Picked) -> None:
+        if self.reply is not None:
+            self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+            return
+        if self.conv is None or msg.conversation_id != self.conv.id:
+            self._open(msg.conversation_id)
+        self.input.focus()
+
+    @on(ConversationList.SearchChanged)
+    def _search(self, msg: ConversationList.SearchChanged) -> None:
+        self._list()
+
+    # ---- sending and streaming ----------------------------------------------------------------
+
+    @on(ChatInput.Submitted)
+    async def _submitted(self, msg: ChatInput.Submitted) -> None:
+        text = msg.text
+        if not text.strip():
+            return
+        cmd = parse_slash(text)
+        if cmd is not None:
+            self.input.last_sent = text
+            self.input.clear()
+            await self.run_slash(*cmd)
+            return
+        if self.reply is not None:
+            self.notify("A reply is still streaming: Esc cancels it. Your message stays in the box.", severity="warning")
+            return
+        if self.conv is None or self.chat_app.client is None:
+            self.notify("Not connected yet: your message stays in the box.", severity="warning")
+            return
+        self.input.last_sent = text
+        self.input.clear()
+        user = StoredMessage("user", text)
+        self.history.append(user)
+        user_view = MessageView("user", text, stored=user)
+        await self.log_view.add(user_view)
+        if self.conv.title == _NEW_TITLE:
+            title = _title_from(text)
+            self.conv.title = title
+            self.query_one("#sidebar", ConversationList).set_title(self.conv.id, title)
+            self._show_conv_title()
+            self._db(self.chat_app.store.rename, self.conv.id, title)
+        await self._start_reply(user, user_view)
+
+    async def _start_reply(self, user: StoredMessage | None, user_view: MessageView | None, drop_from: int | None = None) -> None:
+        assert self.conv is not None
+        self._rid += 1
+        view = MessageView("assistant", streaming=True, footer="waiting for the server…")
+        self.reply = _Reply(self._rid, view, user, user_view)
+        await self.log_view.add(view)
+        self.engine.set_live(tps=0.0)
+        self._stream_reply(self._rid, self.conv, user, drop_from)
+
+    @work(group="reply", exclusive=True)
+    async def _stream_reply(
+        self, rid: int, conv: Conversation, user: StoredMessage | None, drop_from: int | None
+    ) -> None:
+        app = self.chat_app
+        store = app.store
+        content, reasoning = "", ""
+        fin: Finished | None = None
+        try:
+            if drop_from is not None:
+                await app.run_db(store.delete_messages_from, conv.id, drop_from)
+            if user is not None and user.id is None:
+                user.id = (await app.run_db(store.add_message, conv.id, user)).id
+            messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+            messages += [{"role": m.role, "content": m.content} for m in self.history if m.role in ("user", "assistant")]
+            client = app.client
+            if client is None:
+                raise Unreachable("the server has not started yet")
+            async for ev in client.stream_chat(messages, model=app.model_name or "default", params=conv.settings.request_params()):
+                if isinstance(ev, Delta):
+                    content += ev.content
+                    reasoning += ev.reasoning
+                    self.post_message(ReplyDelta(rid, ev))
+                else:
+                    fin = ev
+            stored = await app.run_db(
+                store.add_message, conv.id, StoredMessage("assistant", content, reasoning, meta=_meta(fin))
+            )
+            self.post_message(ReplyEnded(rid, fin, stored))
+        except asyncio.CancelledError:
+            # Esc: the stream is closed (the server stops); keep what arrived
+            stored = None
+            if content or reasoning:
+                msg = StoredMessage("assistant", content, reasoning, meta={"cancelled": True})
+                try:
+                    stored = await asyncio.shield(app.run_db(store.add_message, conv.id, msg))
+                except Exception:
+                    stored = msg
+            self.post_message(ReplyEnded(rid, None, stored, cancelled=True))
+            raise
+        except Exception as e:
+            if user is not None and user.id is not None:
+                try:
+                    await app.run_db(store.delete_messages_from, conv.id, user.id)
+                except Exception:
+                    pass
+                user.id = None
+            self.post_message(
+                ReplyFailed(rid, friendly_error(e), user.content if user else "", unreachable=isinstance(e, Unreachable))
+            )
+
+    async def on_reply_delta(self, msg: ReplyDelta) -> None:
+        r = self.reply
+        if r is None or r.rid != msg.reply_id:
+            return
+        now = time.perf_counter()
+        if r.t_first is None:
+            r.t_first = now
+            r.view.set_footer("")
+            self.engine.set_live(ttft_s=now - r.t0)
+        r.n_pieces += 1
+        await r.view.append(msg.delta)
+        if r.n_pieces > 1 and now > r.t_first and r.n_pieces % 4 == 0:
+            self.engine.set_live(tps=(r.n_pieces - 1) / (now - r.t_first))
+        self.log_view.follow()
+
+    async def on_reply_ended(self, msg: ReplyEnded) -> None:
+        r = self.reply
+        if r is None or r.rid != msg.reply_id:
+            return
+        self.reply = None
+        await r.view.end_stream()
+        if msg.message is not None:
+            self.history.append(msg.message)
+            r.view.stored = msg.message
+            r.view.message_id = msg.message.id
+            r.view.set_footer(_footer_for(msg.message, msg.finished))
+        else:
+            await r.view.remove()
+            if msg.cancelled and r.user_view is not None:
+                r.user_view.set_footer("cancelled before the reply started")
+        fin = msg.finished
+        if fin is not None:
+            t = fin.timings or {}
+            tps = t.get("predicted_per_second")
+            self.engine.set_live(tps=float(tps) if tps else None, ttft_s=_ttft(msg.message.meta if msg.message else {}),
+                                 context_used=_context_used(self.history))
+        self._list()
+
+    async def on_reply_failed(self, msg: ReplyFailed) -> None:
+        r = self.reply
+        if r is None or r.rid != msg.reply_id:
+            return
+        self.reply = None
+        await r.view.end_stream()
+        if not r.view.content and not r.view.reasoning:
+            await r.view.remove()
+        if r.user is not None and r.user in self.history:
+            self.history.remove(r.user)
+        if r.user_view is not None:
+            r.user_view.add_class("-failed")
+            r.user_view.set_footer("not answered — the text is back in the box: Enter sends it again")
+        await self._note("error", msg.error)
+        if msg.text and not self.input.text.strip():
+            self.input.load_text(msg.text)
+            self.input.move_cursor(self.input.document.end)
+        self.input.focus()
+        if msg.unreachable:
+            self.connected = False
+            self._connect()
+
+    def on_work_failed(self, msg: WorkFailed) -> None:
+        self.run_worker(self._note("error", msg.error), group="ui")
+
+    async def _note(self, role: str, text: str) -> None:
+        await self.log_view.add(MessageView(role, text))
+        self.log_view.scroll_end(animate=False)
+
+    # ---- actions ------------------------------------------------------------------------------
+
+    def action_cancel(self) -> None:
+        if self.reply is not None:
+            self.workers.cancel_group(self, "reply")
+        elif self.focused is not self.input:
+            self.input.focus()
+
+    def action_new_conversation(self) -> None:
+        if self.reply is not None:
+            self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+            return
+        self._new()
+        self.input.focus()
+
+    async def action_regenerate(self, from_view: MessageView | None = None) -> None:
+        if self.reply is not None:
+            self.notify("A reply is already streaming.", severity="warning")
+            return
+        if self.conv is None:
+            return
+        # the reply to regenerate: the one given, or the last one
+        idx = None
+        if from_view is not None and from_view.stored in self.history:
+            idx = self.history.index(from_view.stored)
+            if self.history[idx].role != "assistant":
+                idx = None
+        elif self.history and self.history[-1].role == "assistant":
+            idx = len(self.history) - 1
+        if idx is None and not (self.history and self.history[-1].role == "user"):
+            self.notify("Nothing to regenerate yet.", severity="warning")
+            return
+        drop_from = None
+        if idx is not None:
+            drop_from = self.history[idx].id
+            await self._remove_from(idx)
+        await self._start_reply(None, None, drop_from=drop_from)
+
+    async def _remove_from(self, idx: int) -> None:
+        """Forget history[idx:] and remove their views (and any notes after them)."""
+        doomed = self.history[idx:]
+        del self.history[idx:]
+        views = self.log_view.messages()
+        first = next((i for i, v in enumerate(views) if v.stored in doomed), None)
+        if first is not None:
+            for v in views[first:]:
+                await v.remove()
+
+    async def action_edit_last(self, from_view: MessageView | None = None) -> None:
+        if self.reply is not None:
+            self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+            return
+        if self.conv is None:
+            return
+        idx = None
+        if from_view is not None and from_view.stored in self.history:
+            idx = self.history.index(from_view.stored)
+            if self.history[idx].role != "user":
+                idx = None
+        else:
+            idx = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"), None)
+        if idx is None:
+            self.notify("No message of yours to edit.", severity="warning")
+            return
+        msg = self.history[idx]
+        if msg.id is not None:
+            self._db(self.chat_app.store.delete_messages_from, self.conv.id, msg.id)
+        await self._remove_from(idx)
+        self.input.load_text(msg.content)
+        self.input.move_cursor(self.input.document.end)
+        self.input.focus()
+        self.notify("Edit the message and press Enter to send it again.")
+
+    def _last_reply(self) -> StoredMessage | None:
+        return next((m for m in reversed(self.history) if m.role == "assistant"), None)
+
+    def action_copy_last(self) -> None:
+        m = self._last_reply()
+        if m is None:
+            self.notify("No reply to copy yet.", severity="warning")
+            return
+        self._copy(m.content)
+
+    def _copy(self, text: str) -> None:
+        self.app.copy_to_clipboard(text)
+        self.notify(f"Copied {len(text):,} characters (OSC 52).")
+
+    @on(MessageView.Action)
+    async def _message_action(self, msg: MessageView.Action) -> None:
+        if msg.action == "copy":
+            self._copy(msg.view.content)
+        elif msg.action == "edit" and msg.view.role == "user":
+            await self.action_edit_last(msg.view)
+        elif msg.action == "regenerate" and msg.view.role == "assistant":
+            await self.action_regenerate(msg.view)
+
+    def action_export(self, path: str | None = None) -> None:
+        if self.conv is None:
+            return
+        self._export(self.conv, list(self.history), path)
+
+    @work(group="export", exclusive=True)
+    async def _export(self, conv: Conversation, history: list[StoredMessage], path: str | None) -> None:
+        target = Path(path).expanduser() if path else Path.cwd() / f"strata-chat-{_slug(conv.title)}-{conv.id}.md"
+        try:
+            await asyncio.to_thread(_write_text, target, to_markdown(conv, history))
+        except OSError as e:
+            self.post_message(WorkFailed(f"could not export to {target}: {e.strerror or e} — give another path: /export FILE"))
+            return
+        self.post_message(Exported(str(target)))
+
+    async def on_exported(self, msg: Exported) -> None:
+        await self._note("note", f"exported to {msg.path}")
+        self.notify(f"Exported to {msg.path}")
+
+    def action_toggle_thinking(self) -> None:
+        if self.conv is not None:
+            self._set_settings(thinking=not self.conv.settings.thinking)
+
+    def _set_settings(self, **changes: Any) -> None:
+        assert self.conv is not None
+        for k, v in changes.items():
+            setattr(self.conv.settings, k, v)
+        self._db(self.chat_app.store.set_settings, self.conv.id, Settings(**vars(self.conv.settings)))
+        self._show_conv_title()
+        self.notify(self.conv.settings.describe())
+
+    def _set_system(self, text: str) -> None:
+        assert self.conv is not None
+        self.conv.system_prompt = text
+        self._db(self.chat_app.store.set_system_prompt, self.conv.id, text)
+        self._show_conv_title()
+
+    def action_rename(self) -> None:
+        if self.conv is None:
+            return
+        conv = self.conv
+
+        def done(title: str | None) -> None:
+            if title:
+                self._rename(conv, title)
+
+        self.app.push_screen(PromptScreen("Rename the conversation", conv.title), done)
+
+    def _rename(self, conv: Conversation, title: str) -> None:
+        conv.title = title
+        self.query_one("#sidebar", ConversationList).set_title(conv.id, title)
+        self._show_conv_title()
+        self._db(self.chat_app.store.rename, conv.id, title, then_list=True)
+
+    def action_settings(self) -> None:
+        if self.conv is None:
+            return
+        conv = self.conv
+
+        def done(res: SettingsResult | None) -> None:
+            if res is None or self.conv is not conv:
+                return
+            conv.system_prompt = res.system_prompt
+            conv.settings = res.settings
+            self._db(self.chat_app.store.set_system_prompt, conv.id, res.system_prompt)
+            self._db(self.chat_app.store.set_settings, conv.id, res.settings)
+            self._show_conv_title()
+
+        self.app.push_screen(SettingsScreen(conv.system_prompt, conv.settings), done)
+
+    def action_delete(self) -> None:
+        if self.conv is None:
+            return
+        if self.reply is not None:
+            self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+            return
+        conv = self.conv
+
+        def done(yes: bool | None) -> None:
+            if yes:
+                self._delete(conv.id)
+
+        self.app.push_screen(ConfirmScreen(f"Delete “{conv.title}” and all its messages?", "Delete"), done)
+
+    @work(group="db-open", exclusive=True)
+    async def _delete(self, conversation_id: int) -> None:
+        store = self.chat_app.store
+        try:
+            await self.chat_app.run_db(store.delete, conversation_id)
+            convs = await self.chat_app.run_db(store.list)
+            conv = convs[0] if convs else await self.chat_app.run_db(store.create, _NEW_TITLE)
+            msgs = await self.chat_app.run_db(store.messages, conv.id)
+            convs = convs or [conv]
+        except Exception as e:
+            self.post_message(WorkFailed(f"could not delete the conversation: {e}"))
+            return
+        self.post_message(ConversationLoaded(conv, msgs))
+        self.post_message(ConversationsListed(convs, conv.id))
+
+    def action_search(self) -> None:
+        sidebar = self.query_one("#sidebar", ConversationList)
+        sidebar.display = True
+        sidebar.query_one("#search").focus()
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one("#sidebar", ConversationList)
+        sidebar.display = not sidebar.display
+
+    def action_toggle_engine(self) -> None:
+        if self.is_strata:
+            self.engine.display = not self.engine.display
+
+    def action_help(self) -> None:
+        self.app.push_screen(HelpScreen())
+
+    @on(ListView.Highlighted)
+    def _noop(self) -> None:
+        pass
+
+    # ---- slash commands -----------------------------------------------------------------------
+
+    async def run_slash(self, name: str, arg: str) -> None:
+        try:
+            await self._run_slash(name, arg)
+        except ValueError as e:
+            await self._note("error", f"{e}")
+
+    async def _run_slash(self, name: str, arg: str) -> None:
+        if name == "/help":
+            self.action_help()
+        elif name == "/quit":
+            self.app.exit()
+        elif name == "/new":
+            if self.reply is None:
+                self._new(arg or _NEW_TITLE)
+            else:
+                self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+        elif self.conv is None:
+            raise ValueError("no conversation is open yet")
+        elif name == "/rename":
+            if not arg:
+                self.action_rename()
+            else:
+                self._rename(self.conv, arg)
+        elif name == "/delete":
+            self.action_delete()
+        elif name == "/system":
+            if not arg:
+                self.action_settings()
+            else:
+                self._set_system("" if arg.lower() in ("off", "clear", "none") else arg)
+                await self._note("note", "system prompt cleared" if not self.conv.system_prompt else f"system prompt: {self.conv.system_prompt}")
+        elif name in ("/temp", "/temperature"):
+            self._set_settings(temperature=parse_optional(_need(arg, name), float, "temperature", 0.0, 5.0))
+        elif name in ("/top-p", "/top_p", "/topp"):
+            self._set_settings(top_p=parse_optional(_need(arg, name), float, "top-p", 0.0, 1.0))
+        elif name in ("/max-tokens", "/max_tokens", "/max"):
+            self._set_settings(max_tokens=parse_optional(_need(arg, name), int, "max tokens", 1, None))
+        elif name == "/seed":
+            self._set_settings(seed=parse_optional(_need(arg, name), int, "seed", 0, None))
+        elif name == "/think":
+            a = arg.lower()
+            if a in ("", "toggle"):
+                self.action_toggle_thinking()
+            elif a in ("on", "off", "true", "false", "1", "0", "yes", "no"):
+                self._set_settings(thinking=a in ("on", "true", "1", "yes"))
+            else:
+                raise ValueError(f"/think: {arg!r} is not on or off")
+        elif name == "/settings":
+            self.action_settings()
+        elif name == "/export":
+            self.action_export(arg or None)
+        elif name == "/copy":
+            self.action_copy_last()
+        elif name in ("/regen", "/regenerate", "/retry"):
+            await self.action_regenerate()
+        elif name == "/edit":
+            await self.action_edit_last()
+        elif name == "/search":
+            sidebar = self.query_one("#sidebar", ConversationList)
+            sidebar.display = True
+            sidebar.query_one("#search").value = arg  # type: ignore[attr-defined]
+        elif name == "/model":
+            await self._model(arg)
+        else:
+            raise ValueError(f"unknown command {name} — /help lists them")
+
+    async def _model(self, arg: str) -> None:
+        app = self.chat_app
+        if arg:
+            if self.models and arg not in self.models:
+                raise ValueError(f"/model: the server offers {', '.join(self.models)}; not {arg!r}")
+            app.model_name = arg
+            self.sub_title = f"{arg} · {'strata' if self.is_strata else 'OpenAI-compatible server'}"
+        url = app.client.base_url if app.client else "(not started)"
+        lines = [
+            f"server: {url} ({'strata' if self.is_strata else 'OpenAI-compatible'}"
+            f"{', started by this chat' if app.server_process else ''})",
+            f"model: {app.model_name or '(none)'}",
+        ]
+        if app.server_process is not None and app.server_process.model is not None:
+            lines.append(f"file: {app.server_process.model}")
+        if len(self.models) > 1:
+            lines.append("offered: " + ", ".join(self.models) + "  (/model NAME picks one)")
+        await self._note("note", "\n".join(lines))
+
+
+def _need(arg: str, name: str) -> str:
+    if not arg:
+        raise ValueError(f"{name} needs a value (or 'default') — e.g. {name} 0.7")
+    return arg
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.strip().split())
+    return line if len(line) <= 40 else line[:39] + "…"
+
+
+def _slug(title: str) -> str:
+    s = re.sub(r"[^a-zA-Z0-9]+", "-", title).strip("-").lower()
+    return s[:40] or "conversation"
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _meta(fin: Finished | None) -> dict[str, Any]:
+    if fin is None:
+        return {}
+    return {
+        "finish_reason": fin.finish_reason,
+        "usage": fin.usage,
+        "timings": fin.timings,
+        "ttft_s": fin.ttft_s,
+    }
+
+
+def _footer_for(m: StoredMessage, fin: Finished | None = None) -> str:
+    if m.role != "assistant":
+        return ""
+    meta = m.meta or {}
+    if meta.get("cancelled"):
+        return "cancelled"
+    parts = []
+    t = meta.get("timings") or {}
+    u = meta.get("usage") or {}
+    n = t.get("predicted_n") or u.get("completion_tokens")
+    if n:
+        parts.append(f"{int(n)} tokens")
+    if t.get("predicted_per_second"):
+        parts.append(f"{float(t['predicted_per_second']):.1f} tok/s")
+    ttft = _ttft(meta)
+    if ttft is not None:
+        parts.append(f"first token {ttft:.2f} s")
+    if meta.get("finish_reason") == "length":
+        parts.append("stopped at max tokens (/max-tokens)")
+    return " · ".join(parts)
+
+
+def _ttft(meta: dict[str, Any]) -> float | None:
+    """Time to the first token: the server's own prompt time when it reports one, else what the client saw."""
+    t = meta.get("timings") or {}
+    if t.get("prompt_ms") is not None:
+        return float(t["prompt_ms"]) / 1000.0
+    v = meta.get("ttft_s")
+    return None if v is None else float(v)
+
+
+def _context_used(history: list[StoredMessage]) -> int | None:
+    for m in reversed(history):
+        u = (m.meta or {}).get("usage") or {}
+        if u.get("total_tokens"):
+            return int(u["total_tokens"])
+    return None

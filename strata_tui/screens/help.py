@@ -1,0 +1,39 @@
+"""Every key and every slash command."""
+
+from __future__ import annotations
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from ..commands import KEYS, SLASH_COMMANDS
+
+__all__ = ["HelpScreen"]
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+
+    def compose(self) -> ComposeResult:
+        keys = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+        keys.add_column(style="bold", no_wrap=True)
+        keys.add_column()
+        for k, d in KEYS:
+            keys.add_row(k, d)
+        cmds = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+        cmds.add_column(style="bold", no_wrap=True)
+        cmds.add_column()
+        for c in SLASH_COMMANDS:
+            cmds.add_row(f"{c.name} {c.args}".strip(), c.help)
+        with VerticalScroll(id="help-body"):
+            yield Static("Keys", classes="help-title")
+            yield Static(keys)
+            yield Static("Commands (type them in the message box)", classes="help-title")
+            yield Static(cmds)
+            yield Static("Esc closes this help.", classes="help-hint")
+
+    async def action_dismiss(self, result: None = None) -> None:
+        self.dismiss(None)

@@ -1,0 +1,49 @@
+"""The message box: Enter sends, a configurable key inserts a newline, Up recalls the last message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import events
+from textual.message import Message
+from textual.widgets import TextArea
+
+__all__ = ["ChatInput"]
+
+
+class ChatInput(TextArea):
+    """A multi-line input that sends on Enter."""
+
+    @dataclass
+    class Submitted(Message):
+        chat_input: ChatInput
+        text: str
+
+    def __init__(self, *, newline_keys: tuple[str, ...] = ("ctrl+j", "shift+enter", "alt+enter"), **kw: object) -> None:
+        super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)  # type: ignore[arg-type]
+        self.newline_keys = newline_keys
+        self.last_sent = ""
+
+    def on_mount(self) -> None:
+        if self.app.is_headless:
+            self.cursor_blink = False  # screenshots in tests must not depend on the blink phase
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self, self.text))
+            return
+        if event.key in self.newline_keys:
+            event.stop()
+            event.prevent_default()
+            start, end = self.selection
+            self._replace_via_keyboard("\n", start, end)
+            return
+        if event.key == "up" and not self.text and self.last_sent:
+            event.stop()
+            event.prevent_default()
+            self.load_text(self.last_sent)
+            self.move_cursor(self.document.end)
+            return
+        await super()._on_key(event)

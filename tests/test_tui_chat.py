@@ -1,0 +1,276 @@
+"""The chat driven by Textual's Pilot against a real ``strata serve`` on the tiny model.
+
+One server for the module (started the way ``strata chat`` starts it); every test has its own
+conversation database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from textual.pilot import Pilot
+
+from strata_tui.app import StrataChat
+from strata_tui.server_process import ServerProcess
+from strata_tui.store import Store
+from strata_tui.widgets import ConversationList, MessageView
+
+pytestmark = pytest.mark.timeout(300)
+
+# the chat is a client of `strata serve` on the default model: both must be there
+pytest.importorskip("strata.server.cli", reason="strata serve is not in this tree yet")
+if not hasattr(pytest.importorskip("strata.model"), "ensure_model"):
+    pytest.skip("the model maker is not in this tree yet", allow_module_level=True)
+
+SIZE = (120, 36)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    proc = ServerProcess(None, ["--threads", "2"])
+    proc.start(timeout=240)
+    yield proc
+    proc.stop()
+
+
+async def wait_for(pilot: Pilot[None], cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    t_end = loop.time() + timeout
+    while not cond():
+        if loop.time() > t_end:
+            raise AssertionError(f"timed out waiting for: {what}")
+        await pilot.pause(0.05)
+    await pilot.pause()
+
+
+def views(app: StrataChat, role: str | None = None) -> list[MessageView]:
+    assert app.chat is not None
+    return [v for v in app.chat.log_view.messages() if role is None or v.role == role]
+
+
+async def ready(pilot: Pilot[None], app: StrataChat) -> None:
+    await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None, "connected")
+
+
+async def type_and_send(pilot: Pilot[None], app: StrataChat, text: str) -> None:
+    assert app.chat is not None
+    app.chat.input.load_text(text)
+    await pilot.press("enter")
+
+
+async def setup_greedy(pilot: Pilot[None], app: StrataChat, max_tokens: int) -> None:
+    await type_and_send(pilot, app, "/temp 0")
+    await type_and_send(pilot, app, f"/max-tokens {max_tokens}")
+    await pilot.pause()
+    assert app.chat is not None and app.chat.conv is not None
+    assert (app.chat.conv.settings.temperature, app.chat.conv.settings.max_tokens) == (0.0, max_tokens)
+
+
+async def send_and_wait(pilot: Pilot[None], app: StrataChat, text: str) -> MessageView:
+    n = len(views(app, "assistant"))
+    await type_and_send(pilot, app, text)
+    await wait_for(pilot, lambda: app.chat is not None and app.chat.reply is None and len(views(app, "assistant")) > n,
+                   "the reply")
+    return views(app, "assistant")[-1]
+
+
+def status(url: str) -> dict:
+    return httpx.get(f"{url}/v1/status", timeout=10).json()
+
+
+def completion(url: str, messages: list[dict], max_tokens: int) -> str:
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": "x", "messages": messages, "temperature": 0, "max_tokens": max_tokens,
+        "chat_template_kwargs": {"enable_thinking": True},
+    })
+    r.raise_for_status()
+    msg = r.json()["choices"][0]["message"]
+    return (msg.get("content") or "")
+
+
+def test_send_streams_the_servers_reply(server: ServerProcess, tmp_path: Path) -> None:
+    async def run() -> None:
+        app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            assert app.chat is not None and app.chat.is_strata  # x-strata-server seen: engine panel shown
+            assert app.chat.engine.display
+            await setup_greedy(pilot, app, 24)
+            pieces: list[int] = []
+            await type_and_send(pilot, app, "Tell me about experts.")
+            await wait_for(pilot, lambda: app.chat.reply is not None and app.chat.reply.n_pieces > 0, "first piece")
+            while app.chat.reply is not None:
+                pieces.append(app.chat.reply.n_pieces)
+                await pilot.pause(0.01)
+            reply = views(app, "assistant")[-1]
+            # the reply arrived in several pieces, and it is what the server answers without streaming
+            assert max(pieces) > 1 or len(set(pieces)) > 1
+            expected = completion(server.url, [{"role": "user", "content": "Tell me about experts."}], 24)
+            assert reply.content.strip() == expected.strip()
+            assert "tokens" in reply.footer_text
+            assert views(app, "user")[0].content == "Tell me about experts."
+    asyncio.run(run())
+
+
+def test_cancel_stops_the_server(server: ServerProcess, tmp_path: Path) -> None:
+    async def run() -> None:
+        app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 3000)
+            before = (status(server.url).get("stats") or {}).get("decode_tokens", 0)
+            await type_and_send(pilot, app, "Write a very long story.")
+            await wait_for(pilot, lambda: app.chat.reply is not None and app.chat.reply.n_pieces >= 3, "streaming")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
+            reply = views(app, "assistant")[-1]
+            assert reply.footer_text == "cancelled"
+            assert reply.content  # what arrived is kept
+            # the server goes back to idle long before 3000 tokens
+            await wait_for(pilot, lambda: status(server.url)["state"] == "idle", "server idle", timeout=30)
+            after = (status(server.url).get("stats") or {}).get("decode_tokens", 0)
+            assert after - before < 3000
+            # the partial reply is stored as cancelled; the input is ready for the next message
+            assert app.chat.input.text == ""
+            assert app.chat.history[-1].meta.get("cancelled") is True
+    asyncio.run(run())
+
+
+def test_regenerate_replaces_the_reply(server: ServerProcess, tmp_path: Path) -> None:
+    async def run() -> None:
+        db = tmp_path / "c.sqlite3"
+        app = StrataChat(server_url=server.url, db_path=db)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 16)
+            first = await send_and_wait(pilot, app, "Hello there")
+            first_text = first.content
+            first_id = first.message_id
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: app.chat.reply is None and views(app, "assistant")
+                           and views(app, "assistant")[-1].message_id not in (None, first_id), "regenerated reply")
+            # one reply, not two; greedy decoding gives the same text again; the database agrees
+            assert [v.role for v in views(app)] == ["user", "assistant"]
+            assert views(app, "assistant")[0].content == first_text
+            conv_id = app.chat.conv.id
+        s = Store(db)
+        assert [m.role for m in s.messages(conv_id)] == ["user", "assistant"]
+        assert s.messages(conv_id)[1].id != first_id
+        s.close()
+    asyncio.run(run())
+
+
+def test_edit_and_resend(server: ServerProcess, tmp_path: Path) -> None:
+    async def run() -> None:
+        app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 8)
+            await send_and_wait(pilot, app, "first version")
+            await pilot.press("ctrl+l")
+            await pilot.pause()
+            assert views(app) == [] and app.chat.input.text == "first version"
+            app.chat.input.load_text("second version")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.chat.reply is None and len(views(app, "assistant")) == 1, "reply")
+            assert [v.content for v in views(app, "user")] == ["second version"]
+    asyncio.run(run())
+
+
+def test_new_conversation_persistence_and_export(server: ServerProcess, tmp_path: Path) -> None:
+    db = tmp_path / "c.sqlite3"
+    saved: dict[str, str] = {}
+
+    async def first_run() -> None:
+        app = StrataChat(server_url=server.url, db_path=db)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 12)
+            reply = await send_and_wait(pilot, app, "Remember this conversation")
+            saved["reply"] = reply.content
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: views(app) == [] and app.chat.conv.title == "New conversation", "new conv")
+            sidebar = app.chat.query_one("#sidebar", ConversationList)
+            await wait_for(pilot, lambda: len(sidebar.titles()) == 2, "two conversations listed")
+            assert "Remember this conversation" in sidebar.titles()
+
+    async def second_run() -> None:
+        app = StrataChat(server_url=server.url, db_path=db)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            sidebar = app.chat.query_one("#sidebar", ConversationList)
+            await wait_for(pilot, lambda: "Remember this conversation" in sidebar.titles(), "restored list")
+            # open it from the sidebar
+            sidebar.query_one("#conversations").focus()
+            titles = sidebar.titles()
+            for _ in range(titles.index("Remember this conversation")):
+                await pilot.press("down")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(views(app)) == 2, "restored messages")
+            assert [v.content for v in views(app)] == ["Remember this conversation", saved["reply"]]
+            out = tmp_path / "out.md"
+            await type_and_send(pilot, app, f"/export {out}")
+            await wait_for(pilot, lambda: out.exists(), "the export")
+            md = out.read_text()
+            assert md.startswith("# Remember this conversation")
+            assert "## You\n\nRemember this conversation" in md and saved["reply"].strip() in md
+
+    asyncio.run(first_run())
+    asyncio.run(second_run())
+
+
+def test_engine_restart_is_shown_and_recovered(server: ServerProcess, tmp_path: Path) -> None:
+    async def run() -> None:
+        app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 2000)
+            restarts = status(server.url)["engine"]["restarts"]
+            await type_and_send(pilot, app, "Keep talking")
+            await wait_for(pilot, lambda: app.chat.reply is not None and app.chat.reply.n_pieces >= 1, "streaming")
+            pid = status(server.url)["engine"]["pid"]
+            assert pid
+            os.kill(pid, signal.SIGKILL)
+            await wait_for(pilot, lambda: views(app, "error"), "the error in the conversation")
+            err = views(app, "error")[0].content
+            assert "stopped unexpectedly" in err and "restarts with your next message" in err
+            assert app.chat.input.text == "Keep talking"  # the input is given back
+            # the panel shows the restart
+            await wait_for(pilot, lambda: (app.chat.engine.status.get("engine") or {}).get("restarts", 0) > restarts,
+                           "restart counted")
+            # and the next message is answered
+            await type_and_send(pilot, app, "/max-tokens 8")
+            n = len(views(app, "assistant"))
+            await pilot.press("up")  # recall: the box was emptied by the command
+            assert app.chat.input.text == "/max-tokens 8"
+            app.chat.input.load_text("Keep talking")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.chat.reply is None and len(views(app, "assistant")) > n
+                           and views(app, "assistant")[-1].content != "", "the reply after the restart", timeout=120)
+            assert views(app, "assistant")[-1].footer_text != "cancelled"
+    asyncio.run(run())
+
+
+def test_chat_starts_and_stops_its_own_server(tmp_path: Path) -> None:
+    proc = ServerProcess(None, ["--threads", "2"])
+
+    async def run() -> None:
+        app = StrataChat(server_process=proc, db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.chat is not None and app.chat.connected, "own server", timeout=240)
+            assert proc.url and proc.url.startswith("http://127.0.0.1:")
+            await setup_greedy(pilot, app, 4)
+            reply = await send_and_wait(pilot, app, "hi")
+            assert reply.content or reply.reasoning
+
+    try:
+        asyncio.run(run())
+    finally:
+        proc.stop()
+    assert proc.exited() is not None
