@@ -15,7 +15,6 @@
 
 const char *strata_cpu_features(void) { return quant_cpu_features(); }
 
-int32_t strata_cuda_available(void) { return 0; }
 
 strata_params strata_default_params(void) {
     strata_params p;

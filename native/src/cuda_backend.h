@@ -127,6 +127,10 @@ strata_status cuda_add(cuda_ctx *ctx, float *y, const float *x, int64_t n);
 /* Bit-exact host copy of the device matvec for one token: y[r] = W[r, :] . x (same operation
  * sequence as the device kernel). Used to run a decode miss on the host. */
 void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
+/* One expert on the host, bit-exact with the device: out[D] = down(swiglu(gate x, up x)).
+ * scratch: 2 * F floats. */
+void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
+                        int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */
 void cuda_mirror_quantize_q8(const float *x, int64_t cols, uint8_t *q);
 

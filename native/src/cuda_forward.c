@@ -17,6 +17,7 @@
  * per matrix (gate, up, down) for all segments of the layer.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,6 +67,7 @@ struct cuda_state {
     void *stage;             /* pinned host staging */
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
+    float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -269,7 +271,8 @@ strata_status cuda_forward_open(strata_engine *e, int64_t budget, int32_t expert
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
     g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
-    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host)
+    g->host_tmp = malloc((size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float));
+    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->host_tmp)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
@@ -311,6 +314,7 @@ void cuda_forward_close(strata_engine *e) {
     free(g->expert_in);
     free(g->last_use);
     free(g->ptr_host);
+    free(g->host_tmp);
     free(g);
     e->gpu = NULL;
 }
@@ -391,9 +395,9 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
     return STRATA_OK;
 }
 
-/* Make sure every expert chosen in sel (host [T, K]) is in a slot, copying misses into victims. The
- * victims are the least recently used slots not needed by this layer. */
-static strata_status ensure_cached(strata_engine *e, int32_t l, const int32_t *sel, int32_t T) {
+/* Count the lookups of the experts chosen in sel (host [T, K]) and, unless the misses run on the host,
+ * copy each miss into the least recently used slot that this step does not need. */
+static strata_status ensure_cached(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, int host_misses) {
     cuda_state *g = e->gpu;
     const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
     g->step++;
@@ -407,7 +411,7 @@ static strata_status ensure_cached(strata_engine *e, int32_t l, const int32_t *s
         }
         e->stats.lookups++;
     }
-    for (int32_t i = 0; i < T * K; i++) {
+    for (int32_t i = 0; i < T * K && !host_misses; i++) {
         const int32_t id = l * E + sel[i];
         if (g->slot_of[id] >= 0) continue;
         int32_t victim = 0;
@@ -440,7 +444,9 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     int32_t *sel = (int32_t *)g->stage;
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
     DEV(e, cuda_sync(g->ctx));
-    STRATA_TRY(ensure_cached(e, l, sel, T));
+    /* a decode miss runs on the host (--miss host) or is copied in; prompts always copy (the ring) */
+    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST;
+    STRATA_TRY(ensure_cached(e, l, sel, T, host_misses));
 
     /* segments: the pairs (t, k) grouped by expert, CUDA_SEG_TOKENS at a time (1 in decode) */
     const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
@@ -450,10 +456,16 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
     int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
     int32_t n_seg = 0;
+    int32_t n_host = 0;
     for (int32_t ex = 0; ex < E; ex++) {
         int32_t fill = SEG;
+        const int cached = g->ptr_host[l * E + ex].gate != NULL;
         for (int32_t i = 0; i < T * K; i++) {
             if (sel[i] != ex) continue;
+            if (!cached) { /* only with host_misses */
+                n_host++;
+                continue;
+            }
             if (fill == SEG) {
                 STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
                 const exp_ptrs *p = &g->ptr_host[l * E + ex];
@@ -480,6 +492,22 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     DEV(e, cuda_h2d(g->ctx, g->seg_out + (int64_t)g->seg_cap * CUDA_SEG_TOKENS, sout_d, (size_t)n_seg * SEG * 4,
                     CUDA_STREAM_COMPUTE));
     STRATA_TRY(expert_products(e, l, n_seg, SEG, T));
+    if (n_host > 0) { /* decode: the missed experts on the host, bit-exact with the device */
+        const int64_t F = hp->n_ff_exp;
+        float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
+        DEV(e, cuda_d2h(g->ctx, xh, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
+        DEV(e, cuda_sync(g->ctx));
+        for (int32_t k = 0; k < K; k++) {
+            const int32_t ex = sel[k];
+            if (g->ptr_host[l * E + ex].gate) continue;
+            cuda_mirror_expert(W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
+                               W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
+                               W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F,
+                               xh, yh + (int64_t)k * D, scratch);
+            DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)k * D, yh + (int64_t)k * D, (size_t)D * 4, CUDA_STREAM_COMPUTE));
+            e->stats.host_expert_runs++;
+        }
+    }
     /* x += sum_k w_k ye_k (in k order) */
     DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
     /* the staging is reused by the next layer: wait for the copies out of it */

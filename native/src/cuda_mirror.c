@@ -81,3 +81,12 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
     }
     free(xq);
 }
+
+void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
+                        int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch) {
+    float *g = scratch, *u = scratch + F;
+    cuda_mirror_matvec(gate_type, gate, F, D, x, g);
+    cuda_mirror_matvec(up_type, up, F, D, x, u);
+    for (int64_t i = 0; i < F; i++) g[i] = gq_swiglu(g[i], u[i]);
+    cuda_mirror_matvec(down_type, down, D, F, g, out);
+}

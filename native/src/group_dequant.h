@@ -36,6 +36,8 @@ GQ_FN float gq_f16(const uint8_t *p) {
 #endif
 }
 #else
+#include <math.h>
+
 #include "common.h"
 #define GQ_FN static inline
 GQ_FN float gq_f16(const uint8_t *p) { return strata_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
@@ -122,6 +124,34 @@ GQ_FN void gq_dequant8(int32_t type, const uint8_t *row, int64_t g, int s, float
         break;
     }
 }
+
+/* e^x from additions, multiplications and exponent bits only, so that the device and the host give
+ * the same bits (the libraries' expf differ in their last bits). Relative error below 2e-7 over the
+ * range that matters; saturates to 0 / inf outside [-87, 88]. */
+GQ_FN float gq_expf(float x) {
+    if (x < -87.0f) return 0.0f;
+    if (x > 88.0f) x = 88.0f;
+    /* x = n ln2 + r, |r| <= ln2 / 2, with ln2 split in two parts for an exact-ish reduction */
+    const float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693145752f;
+    r = r - n * 1.42860677e-06f;
+    /* e^r by its Taylor polynomial to degree 7 (Horner) */
+    float p = 1.98412698e-4f;
+    p = p * r + 1.38888889e-3f;
+    p = p * r + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* SwiGLU of one value: silu(g) * u. */
+GQ_FN float gq_swiglu(float g, float u) { return g / (1.0f + gq_expf(-g)) * u; }
 
 /* Bytes of a row of n values of a device type (0 for types the device does not run). */
 GQ_FN int64_t gq_row_bytes(int32_t type, int64_t n) {

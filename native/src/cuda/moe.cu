@@ -1,6 +1,7 @@
 /* moe.cu — router top-k, SwiGLU, the weighted combine of expert outputs, residual add.
  * Legend: T tokens, E experts, K experts used per token, D model dim. */
 #include "common.cuh"
+#include "../group_dequant.h"
 
 /* one thread per token: top-K of the logits (ties: lower expert id first), weights = softmax over the
  * chosen K (the full softmax's denominator cancels when the weights are renormalized) */
@@ -34,7 +35,7 @@ __global__ void k_router_topk(const float *logits, int T, int E, int K, int32_t 
 
 __global__ void k_swiglu(const float *g, const float *u, float *h, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) h[i] = __fmul_rn(g[i] / (1.0f + expf(-g[i])), u[i]);
+    if (i < n) h[i] = gq_swiglu(g[i], u[i]); /* the host mirror computes the same bits */
 }
 
 __global__ void k_moe_combine(const float *e, const float *w, float *y, int T, int K, int D) {

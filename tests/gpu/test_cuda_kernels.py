@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from tests._cuda_util import cuda_lib, random_rows
+from tests.gpu._cuda_util import cuda_lib, random_rows
 
 pytestmark = pytest.mark.gpu
 
