@@ -68,6 +68,7 @@ struct cuda_state {
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
     float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
+    uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -272,7 +273,8 @@ strata_status cuda_forward_open(strata_engine *e, int64_t budget, int32_t expert
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
     g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
     g->host_tmp = malloc((size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float));
-    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->host_tmp)
+    g->exp_state = malloc((size_t)E);
+    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->host_tmp || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
@@ -315,6 +317,7 @@ void cuda_forward_close(strata_engine *e) {
     free(g->last_use);
     free(g->ptr_host);
     free(g->host_tmp);
+    free(g->exp_state);
     free(g);
     e->gpu = NULL;
 }
@@ -395,41 +398,71 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
     return STRATA_OK;
 }
 
-/* Count the lookups of the experts chosen in sel (host [T, K]) and, unless the misses run on the host,
- * copy each miss into the least recently used slot that this step does not need. */
-static strata_status ensure_cached(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, int host_misses) {
+/* Count the cache lookups of the experts chosen in sel (host [T, K]). */
+static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32_t T) {
     cuda_state *g = e->gpu;
     const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
-    g->step++;
     for (int32_t i = 0; i < T * K; i++) {
-        const int32_t id = l * E + sel[i];
-        if (g->slot_of[id] >= 0) {
-            g->last_use[g->slot_of[id]] = g->step;
+        if (g->slot_of[l * E + sel[i]] >= 0)
             e->stats.hits++;
-        } else {
+        else
             e->stats.misses++;
-        }
         e->stats.lookups++;
     }
-    for (int32_t i = 0; i < T * K && !host_misses; i++) {
-        const int32_t id = l * E + sel[i];
-        if (g->slot_of[id] >= 0) continue;
-        int32_t victim = 0;
-        for (int32_t s = 1; s < g->n_slots; s++)
-            if (g->last_use[s] < g->last_use[victim]) victim = s;
-        if (g->last_use[victim] == g->step)
-            return err_set(&e->err, STRATA_ERR_BUDGET,
-                           "--device cuda: the expert cache (%d slots) cannot hold the %d experts one step of layer "
-                           "%d needs; raise --vram-budget or --expert-cache",
-                           g->n_slots, K, l);
-        DEV(e, cuda_sync(g->ctx)); /* the victim may be in use by queued work */
-        STRATA_TRY(slot_fill(e, victim, l, sel[i], CUDA_STREAM_COMPUTE));
-        g->last_use[victim] = g->step;
-        e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
+}
+
+/* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments. */
+enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3 };
+static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, uint8_t *state,
+                                   int32_t SEG, int32_t *n_out) {
+    cuda_state *g = e->gpu;
+    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
+    const void **sw = (const void **)(sel + T * K);
+    int32_t *stok = (int32_t *)(sw + 3 * g->seg_cap);
+    int32_t *sout = stok + (int64_t)g->seg_cap * SEG;
+    int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
+    int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
+    int32_t n_seg = 0;
+    for (int32_t ex = 0; ex < E; ex++) {
+        if (state[ex] != EXP_WAVE) continue;
+        state[ex] = EXP_IDLE;
+        const exp_ptrs *p = &g->ptr_host[l * E + ex];
+        int32_t fill = SEG;
+        for (int32_t i = 0; i < T * K; i++) {
+            if (sel[i] != ex) continue;
+            if (fill == SEG) {
+                STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
+                sw[n_seg] = p->gate;
+                sw[g->seg_cap + n_seg] = p->up;
+                sw[2 * g->seg_cap + n_seg] = p->down;
+                for (int32_t j = 0; j < SEG; j++) stok[n_seg * SEG + j] = stok_h[n_seg * SEG + j] = -1;
+                n_seg++;
+                fill = 0;
+            }
+            const int64_t j = (int64_t)(n_seg - 1) * SEG + fill++;
+            stok[j] = i / K; /* token row of xn */
+            sout[j] = i;     /* row t * K + k of g and u */
+            stok_h[j] = i;   /* row of h */
+            sout_d[j] = i;   /* row of ye */
+        }
     }
+    const size_t nb = (size_t)n_seg * SEG * 4;
+    const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+    DEV(e, cuda_h2d(g->ctx, (void *)g->seg_w, sw, 3 * (size_t)g->seg_cap * sizeof(void *), CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_tok, stok, nb, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_out, sout, nb, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_tok + half, stok_h, nb, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_out + half, sout_d, nb, CUDA_STREAM_COMPUTE));
+    *n_out = n_seg;
     return STRATA_OK;
 }
 
+/* The routed experts of one layer for T tokens. The experts the tokens chose are processed in waves:
+ * a wave is every chosen expert already in the cache plus as many of the others as can be copied
+ * into slots that the wave does not use (least recently used first); its products run, and the next
+ * wave may then reuse those slots. With a cache large enough there is one wave; a small cache streams
+ * the rest through its slots. A decode miss under --miss host runs on the host instead. A pair's
+ * result does not depend on the wave it ran in, so neither does the reply. */
 static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
@@ -440,58 +473,52 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     STRATA_TRY(matvec(e, W->router.type, dl->router, E, D, g->xn, D, g->router, E, T, 0));
     DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
 
-    /* the choices on the host: grouping by expert (prefill) and the cache (every step) */
     int32_t *sel = (int32_t *)g->stage;
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
     DEV(e, cuda_sync(g->ctx));
-    /* a decode miss runs on the host (--miss host) or is copied in; prompts always copy (the ring) */
+    count_lookups(e, l, sel, T);
     const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST;
-    STRATA_TRY(ensure_cached(e, l, sel, T, host_misses));
-
-    /* segments: the pairs (t, k) grouped by expert, CUDA_SEG_TOKENS at a time (1 in decode) */
+    uint8_t *state = g->exp_state;
+    memset(state, EXP_IDLE, (size_t)E);
+    for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
     const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
-    const void **sw = (const void **)(sel + T * K);
-    int32_t *stok = (int32_t *)(sw + 3 * g->seg_cap);
-    int32_t *sout = stok + (int64_t)g->seg_cap * SEG;
-    int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
-    int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
-    int32_t n_seg = 0;
     int32_t n_host = 0;
-    for (int32_t ex = 0; ex < E; ex++) {
-        int32_t fill = SEG;
-        const int cached = g->ptr_host[l * E + ex].gate != NULL;
-        for (int32_t i = 0; i < T * K; i++) {
-            if (sel[i] != ex) continue;
-            if (!cached) { /* only with host_misses */
+    for (int pending = 1; pending;) {
+        g->step++;
+        pending = 0;
+        for (int32_t ex = 0; ex < E; ex++) {
+            if (state[ex] != EXP_PENDING) continue;
+            const int32_t s = g->slot_of[l * E + ex];
+            if (s >= 0) {
+                state[ex] = EXP_WAVE;
+                g->last_use[s] = g->step;
+            }
+        }
+        for (int32_t ex = 0; ex < E; ex++) {
+            if (state[ex] != EXP_PENDING) continue;
+            if (host_misses) {
+                state[ex] = EXP_HOST;
                 n_host++;
                 continue;
             }
-            if (fill == SEG) {
-                STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
-                const exp_ptrs *p = &g->ptr_host[l * E + ex];
-                sw[n_seg] = p->gate;
-                sw[g->seg_cap + n_seg] = p->up;
-                sw[2 * g->seg_cap + n_seg] = p->down;
-                for (int32_t j = 0; j < SEG; j++) stok[n_seg * SEG + j] = stok_h[n_seg * SEG + j] = -1;
-                n_seg++;
-                fill = 0;
+            int32_t victim = -1;
+            for (int32_t s = 0; s < g->n_slots; s++)
+                if (g->last_use[s] < g->step && (victim < 0 || g->last_use[s] < g->last_use[victim])) victim = s;
+            if (victim < 0) { /* the wave is full: the rest goes in the next one */
+                pending = 1;
+                break;
             }
-            const int64_t j = (int64_t)(n_seg - 1) * SEG + fill++;
-            stok[j] = i / K;     /* token row of xn */
-            sout[j] = i;         /* row t * K + k of g, u */
-            stok_h[j] = i;       /* row of h */
-            sout_d[j] = i;       /* row of ye */
+            STRATA_TRY(slot_fill(e, victim, l, ex, CUDA_STREAM_COMPUTE));
+            g->last_use[victim] = g->step;
+            e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
+            state[ex] = EXP_WAVE;
         }
+        int32_t n_seg = 0;
+        STRATA_TRY(wave_segments(e, l, sel, T, state, SEG, &n_seg));
+        STRATA_TRY(expert_products(e, l, n_seg, SEG, T));
+        /* the next wave reuses this wave's slots and the staging of its tables */
+        DEV(e, cuda_sync(g->ctx));
     }
-    /* upload the tables: pointers (3 arrays of seg_cap), then token/out rows of both phases */
-    DEV(e, cuda_h2d(g->ctx, (void *)g->seg_w, sw, 3 * (size_t)g->seg_cap * sizeof(void *), CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_h2d(g->ctx, g->seg_tok, stok, (size_t)n_seg * SEG * 4, CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_h2d(g->ctx, g->seg_out, sout, (size_t)n_seg * SEG * 4, CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_h2d(g->ctx, g->seg_tok + (int64_t)g->seg_cap * CUDA_SEG_TOKENS, stok_h, (size_t)n_seg * SEG * 4,
-                    CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_h2d(g->ctx, g->seg_out + (int64_t)g->seg_cap * CUDA_SEG_TOKENS, sout_d, (size_t)n_seg * SEG * 4,
-                    CUDA_STREAM_COMPUTE));
-    STRATA_TRY(expert_products(e, l, n_seg, SEG, T));
     if (n_host > 0) { /* decode: the missed experts on the host, bit-exact with the device */
         const int64_t F = hp->n_ff_exp;
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
@@ -499,7 +526,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
         DEV(e, cuda_sync(g->ctx));
         for (int32_t k = 0; k < K; k++) {
             const int32_t ex = sel[k];
-            if (g->ptr_host[l * E + ex].gate) continue;
+            if (state[ex] != EXP_HOST) continue;
             cuda_mirror_expert(W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
                                W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
                                W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F,
@@ -510,8 +537,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     }
     /* x += sum_k w_k ye_k (in k order) */
     DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
-    /* the staging is reused by the next layer: wait for the copies out of it */
-    DEV(e, cuda_sync(g->ctx));
+    DEV(e, cuda_sync(g->ctx)); /* the staging is reused by the next layer */
     return STRATA_OK;
 }
 

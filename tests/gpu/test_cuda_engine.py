@@ -50,7 +50,11 @@ def test_cuda_replies_match_cpu(preset, quant):
     cpu_tok, cpu_first, cpu_top, _ = _run(path, EngineConfig(device="cpu"), prompt, 32)
     gpu_tok, gpu_first, _, _ = _run(path, EngineConfig(device="cuda"), prompt, 32)
     nmse = float(np.mean((gpu_first - cpu_first) ** 2) / np.mean(cpu_first**2))
-    assert nmse < 1e-6, f"{preset}/{quant}: logits nMSE {nmse:.3e} against the CPU backend"
+    # Float weights: the backends differ only in summation order. Q8_0: both quantize activations to
+    # 8 bits, and a last-bit difference upstream can move a value across a rounding boundary; the CPU
+    # backend's own SIMD levels differ from its scalar path by an nMSE of about 1.5e-4 on these models.
+    bound = 1e-6 if quant in ("f32", "f16", "bf16") else 1e-3
+    assert nmse < bound, f"{preset}/{quant}: logits nMSE {nmse:.3e} against the CPU backend"
     if gpu_tok != cpu_tok:
         pos = next(i for i, (a, b) in enumerate(zip(gpu_tok, cpu_tok)) if a != b)
         (_, l1), (_, l2) = cpu_top[pos][0], cpu_top[pos][1]
