@@ -62,7 +62,8 @@ def main() -> int:
         return 0
     preset = os.environ.get("STRATA_GPU_BENCH_PRESET", "small")
     quant = os.environ.get("STRATA_GPU_BENCH_QUANT", "q8_0")
-    budgets = [b or None for b in os.environ.get("STRATA_GPU_BENCH_BUDGETS", ",").split(",")][:1] + [
+    # every expert resident (the device's free memory), then each budget in GiB
+    budgets: list[str | None] = [None] + [
         str(int(float(b) * (1 << 30))) for b in os.environ.get("STRATA_GPU_BENCH_BUDGETS", "").split(",") if b
     ]
     pp = [int(x) for x in os.environ.get("STRATA_GPU_BENCH_PP", "512").split(",")]
