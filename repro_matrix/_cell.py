@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -101,6 +102,11 @@ def make_prompts(vocab: Sequence[int], lengths: Sequence[int], seed: int) -> lis
 
 
 def _strata_cmd() -> list[str]:
+    """How to run `strata`: this Python's strata, or REPRO_MATRIX_STRATA (another install's `strata`
+    command, e.g. an older release's virtual environment, to run the same matrix against it)."""
+    other = os.environ.get("REPRO_MATRIX_STRATA")
+    if other:
+        return shlex.split(other)
     return [sys.executable, "-c", "import sys; from strata.cli import main; sys.exit(main())"]
 
 
@@ -375,8 +381,10 @@ def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
     record["budget"] = (plan_src or {}).get("budget")
     auto = (record["plan"] or {}).get("auto_chunk")
     if record["plan"]:
-        chunks = [min(c or n, auto or c or n) for n, c in made.get("spec", [])]
-        record["layouts"] = _layouts(model, cell, [*chunks, *([auto] if auto else [])], env)
+        # the declared chunks (capped by the auto chunk) and the chunks the engine reported using
+        chunks = {min(c or n, auto or c or n) for n, c in made.get("spec", [])}
+        chunks |= {int(r["chunk"]) for st in starts for r in st.get("requests", []) if r.get("chunk")}
+        record["layouts"] = _layouts(model, cell, [*sorted(chunks), *([auto] if auto else [])], env)
     else:
         record["layouts"] = {"error": "no engine start succeeded"}
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -59,7 +59,8 @@ def _below_auto(records: dict[str, dict[str, Any]], ids: Sequence[str]) -> bool:
     return seen
 
 
-def _title(df: pd.DataFrame, knobs: Sequence[str], records: dict[str, dict[str, Any]]) -> str:
+def _title(df: pd.DataFrame, knobs: Sequence[str], records: dict[str, dict[str, Any]],
+           bisected: dict[str, str]) -> str:
     bad = df[df["failing"] & (df["cell"] != "reference")]
     if bad.empty:
         return "No failures: every cell of the matrix passes"
@@ -80,7 +81,14 @@ def _title(df: pd.DataFrame, knobs: Sequence[str], records: dict[str, dict[str, 
     for key, g in (bad.groupby(others, sort=False) if others else [((), bad)]):
         key = key if isinstance(key, tuple) else (key,)
         name = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True))
-        sizes = f" at expert-cache sizes {_ranges(list(g['expert_cache']))}" if "expert_cache" in g else ""
+        all_sizes = df[(df["cell"] != "reference")]
+        for k, v in zip(others, key, strict=True):
+            all_sizes = all_sizes[all_sizes[k] == v]
+        sizes = ""
+        if name in bisected:
+            sizes = f" at expert-cache sizes {bisected[name]}"
+        elif "expert_cache" in g:
+            sizes = f" at expert-cache sizes {_ranges(list(g['expert_cache']), list(all_sizes['expert_cache']))}"
         where.append(f"{name}{sizes}")
     short = ""
     if ("lend failed" in labels or "engine exited" in labels) and _below_auto(records, list(bad["cell_id"])):
@@ -236,7 +244,14 @@ def build_report(out: str | Path) -> str:
     vs = verdicts(records_l, matrix)
     knobs = list(df.attrs.get("knobs", []))
     model_file = next((r.get("model") for r in records_l), None)
-    parts = [f"# {_title(df, knobs, records) if not df.empty else 'No results'}\n"]
+    bisected: dict[str, str] = {}
+    if (rd.path / "bisect.json").is_file():
+        for res in json.loads((rd.path / "bisect.json").read_text()):
+            if res["knob"] == "expert_cache" and res["ranges"]:
+                name = ", ".join(f"{k}={v}" for k, v in res["group"].items())
+                bisected[name] = ", ".join(
+                    f"{r['first']}..{r['last']}" if r["first"] != r["last"] else str(r["first"]) for r in res["ranges"])
+    parts = [f"# {_title(df, knobs, records, bisected) if not df.empty else 'No results'}\n"]
     n_fail = int(df["failing"].sum()) if not df.empty else 0
     parts.append(f"`repro_matrix` ran {len(records_l)} cells of the matrix `{matrix.name}`: "
                  f"{n_fail} failing.\n")

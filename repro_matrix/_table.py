@@ -95,7 +95,15 @@ def build_table(records: Sequence[dict[str, Any]], matrix: Matrix) -> pd.DataFra
     if df.empty:
         return df
     df["_ref"] = df["cell"] != "reference"
-    df["_keys"] = [tuple(_sort_key(r[k]) for k in knobs) for _, r in df.iterrows()]
+
+    def key_of(k: str, v: Any) -> tuple[int, Any]:
+        # a swept knob's values sort in the order they were declared (legacy before current, say)
+        vals = matrix.axes.get(k)
+        if vals is not None and v in vals and not all(_sort_key(x)[0] == 1 for x in vals):
+            return (0, vals.index(v))
+        return _sort_key(v)
+
+    df["_keys"] = [tuple(key_of(k, r[k]) for k in knobs) for _, r in df.iterrows()]
     df = df.sort_values(["_ref", "_keys"], kind="stable").drop(columns=["_ref", "_keys"]).reset_index(drop=True)
     df.attrs["knobs"] = knobs
     return df
@@ -142,15 +150,27 @@ def markdown_table(df: pd.DataFrame, columns: Sequence[str] | None = None) -> st
     return "\n".join(lines) + "\n"
 
 
-def _ranges(values: Sequence[Any]) -> str:
-    """900, 901, 902, 905 → "900..902, 905" (non-numbers listed as they are)."""
+def _ranges(values: Sequence[Any], domain: Sequence[Any] | None = None) -> str:
+    """900, 901, 902, 905 → "900..902, 905" (non-numbers listed as they are).
+
+    With ``domain`` (every value that was run), values are neighbours when no other value of the
+    domain lies between them: 60, 70, 80 sampled every 10 read "60..80".
+    """
     nums = sorted({int(v) for v in values if _sort_key(v)[0] == 1})
     other = [str(v) for v in values if _sort_key(v)[0] == 0]
+    dom = sorted({int(v) for v in (domain or []) if _sort_key(v)[0] == 1})
+    pos = {v: i for i, v in enumerate(dom)}
+
+    def next_to(a: int, b: int) -> bool:
+        if a in pos and b in pos:
+            return pos[b] == pos[a] + 1
+        return b == a + 1
+
     parts: list[str] = []
     i = 0
     while i < len(nums):
         j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+        while j + 1 < len(nums) and next_to(nums[j], nums[j + 1]):
             j += 1
         parts.append(str(nums[i]) if i == j else f"{nums[i]}..{nums[j]}")
         i = j + 1
@@ -179,7 +199,7 @@ def summarize(df: pd.DataFrame) -> str:
             lines.append(f"- {name}: all {len(g)} cells pass{extra}")
         elif "expert_cache" in g:
             lines.append(f"- {name}: {len(bad)} of {len(g)} cells fail ({what}) at expert_cache "
-                         f"{_ranges(list(bad['expert_cache']))}")
+                         f"{_ranges(list(bad['expert_cache']), list(g['expert_cache']))}")
         else:
             lines.append(f"- {name}: {len(bad)} of {len(g)} cells fail ({what})")
     return "\n".join(lines) + "\n"

@@ -33,6 +33,8 @@ class TinyConfig:
     rms_eps: float = 1e-6
     tied: bool = False
     wtype: str = "f32"  # f32 | f16 | bf16 | q8_0: type of the matrices (norms stay f32)
+    bos_id: int = 1
+    eos_id: int = 2
 
 
 _TYPES = {
@@ -74,8 +76,8 @@ def write_qwen3moe(path: str | Path, cfg: TinyConfig = TinyConfig(), seed: int =
     w.add_expert_count(E)
     w.add_expert_used_count(cfg.n_expert_used)
     w.add_expert_feed_forward_length(F)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_bos_token_id(cfg.bos_id)
+    w.add_eos_token_id(cfg.eos_id)
 
     def mat(rows: int, cols: int, std: float) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * std).astype(np.float32)

@@ -52,7 +52,6 @@ struct cuda_state {
     exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down */
     int32_t miss_policy;
     int32_t kv_type;
-    int64_t used_at_start;   /* device memory in use before open */
     void *registered;        /* the page-locked mapping, or NULL */
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
     /* work buffers for up to cap tokens */
@@ -191,20 +190,23 @@ static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t e
     return STRATA_OK;
 }
 
-strata_status cuda_forward_open(strata_engine *e, int64_t budget, int32_t expert_cache) {
-    const hparams *hp = &e->hp;
+strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     char err[512];
     cuda_state *g = calloc(1, sizeof *g);
     if (!g) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
     e->gpu = g;
     strata_status s = cuda_ctx_create(0, &g->ctx, err, sizeof err);
-    if (s != STRATA_OK) return err_set(&e->err, s, "%s", err);
-    {
-        int64_t f0 = 0, t0 = 0;
-        DEV(e, cuda_mem_info(g->ctx, &f0, &t0));
-        g->used_at_start = t0 - f0; /* memory others (and the runtime) hold before strata allocates */
-    }
+    if (s != STRATA_OK) return err_set(&e->err, s, "--device cuda: %s", err);
+    int64_t total = 0;
+    DEV(e, cuda_mem_info(g->ctx, free_bytes, &total));
+    /* leave room for the runtime's own allocations (module images, stream and event state) */
+    *free_bytes -= 256LL << 20;
+    return STRATA_OK;
+}
 
+strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
+    const hparams *hp = &e->hp;
+    cuda_state *g = e->gpu;
     const int64_t D = hp->n_embd, F = hp->n_ff_exp, E = hp->n_expert, L = hp->n_layer, hd = hp->head_dim;
     const int64_t KD = (int64_t)hp->n_head_kv * hd;
     /* every tensor must be one the kernels run */
@@ -246,27 +248,17 @@ strata_status cuda_forward_open(strata_engine *e, int64_t budget, int32_t expert
     DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->logits_dev, "logits"));
     STRATA_TRY(work_alloc(e, e->chunk));
 
-    /* the expert cache: what the budget leaves, in slots */
-    int64_t free_b = 0, total_b = 0;
-    DEV(e, cuda_mem_info(g->ctx, &free_b, &total_b));
-    const int64_t used = total_b - free_b - g->used_at_start;
-    const int64_t reserve = (int64_t)e->params.vram_reserve_mib << 20;
-    int64_t avail = free_b - reserve - (64LL << 20); /* 64 MiB for the runtime's own allocations */
-    if (budget > 0 && budget - used - reserve < avail) avail = budget - used - reserve;
     const layer_weights *W0 = &e->w.layers[0];
     g->gate_bytes = F * (int64_t)W0->gate_exps.row_bytes;
     g->up_bytes = F * (int64_t)W0->up_exps.row_bytes;
     g->down_bytes = D * (int64_t)W0->down_exps.row_bytes;
     g->slot_bytes = STRATA_ALIGN_UP(g->gate_bytes + g->up_bytes + g->down_bytes, 256);
-    int64_t n_slots = avail > 0 ? avail / g->slot_bytes : 0;
-    if (expert_cache > 0 && expert_cache < n_slots) n_slots = expert_cache;
-    if (n_slots > L * E) n_slots = L * E;
+    if (n_slots > L * E) n_slots = (int32_t)(L * E);
     if (n_slots < hp->n_expert_used)
         return err_set(&e->err, STRATA_ERR_BUDGET,
-                       "--device cuda: after the resident weights, the KV cache and the work buffers (%.1f MiB in "
-                       "all) the budget leaves room for %lld expert slots of %.2f MiB, fewer than the %d experts "
-                       "one token uses; raise --vram-budget, lower --max-context or --prefill",
-                       used / 1048576.0, (long long)n_slots, g->slot_bytes / 1048576.0, hp->n_expert_used);
+                       "--device cuda: the plan leaves %d expert slots on the device after the prompt path's "
+                       "buffers, fewer than the %d experts one token uses; raise --vram-budget or lower --prefill",
+                       n_slots, hp->n_expert_used);
     g->n_slots = (int32_t)n_slots;
     g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST ? STRATA_MISS_HOST : STRATA_MISS_COPY;
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));

@@ -1,0 +1,228 @@
+"""repro_matrix end to end: real engines behind real `strata serve` processes on loopback, tiny preset.
+
+The built-in matrix must find the legacy lend bug (and bisect must pin its range), the current policy
+must serve everything with replies equal to the reference's, a planted change must be reported with
+its position, a killed sweep must resume without redoing cells, shards must cover the matrix once,
+and Ray (when installed) must reach the same verdicts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repro_matrix import Cell, judge, load_matrix
+from repro_matrix._runner import RunDir
+
+_MISSING = [m for m in ("strata._engine", "strata.server.cli") if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} (engine and server)")
+
+_FAILURES = {"lend failed", "engine exited"}
+# short replies keep CI fast; the built-in matrix asks for 64 tokens
+_FAST = ["--set", "max_tokens=16", "--no-progress"]
+
+
+def _cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([sys.executable, "-m", "repro_matrix.cli", *args], capture_output=True, text=True,
+                       timeout=timeout)
+    if check and p.returncode not in (0, 1):
+        raise AssertionError(f"repro_matrix {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def _verdicts(out: Path) -> dict[str, tuple[Cell, list[str], dict]]:
+    rd = RunDir(out)
+    m = rd.matrix()
+    recs = rd.records()
+    ref = next((r for r in recs if r["cell"].get("reference")), None)
+    return {r["cell_id"]: (Cell.from_dict(r["cell"]), judge(r, ref, near_tie=m.near_tie).labels, r) for r in recs}
+
+
+def _replies(rec: dict) -> dict[int, list[int]]:
+    return {r["prompt"]: r["tokens"] for st in rec["starts"] for r in st["requests"] if r["status"] == "ok"}
+
+
+# ---- the built-in matrix: the bug it exists for ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def builtin_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("builtin")
+    p = _cli("run", "builtin", "--out", str(out), *_FAST)
+    assert "lend policy" in p.stdout and "verdict" in p.stdout  # the printed table names both
+    b = _cli("bisect", str(out), "--knob", "expert_cache", "--where", "lend_policy=legacy")
+    assert b.returncode == 0, b.stderr
+    return out
+
+
+def test_builtin_finds_legacy_failures_in_one_range_and_none_for_current(builtin_run: Path):
+    m = RunDir(builtin_run).matrix()
+    sampled = sorted(int(v) for v in m.axes["expert_cache"])
+    by_policy: dict[str, dict[int, bool]] = {"legacy": {}, "current": {}}
+    for cell, labels, _ in _verdicts(builtin_run).values():
+        if cell.reference or cell.origin != "matrix":
+            continue
+        by_policy[cell.knob("lend_policy")][int(cell.knob("expert_cache"))] = bool(_FAILURES & set(labels))
+    assert set(by_policy["legacy"]) == set(sampled) == set(by_policy["current"])
+    assert not any(by_policy["current"].values()), by_policy["current"]
+    failing = [i for i, v in enumerate(sampled) if by_policy["legacy"][v]]
+    assert failing, f"legacy never failed on {sampled}"
+    # contiguous among the sampled sizes, with passing sizes on both sides
+    assert failing == list(range(failing[0], failing[-1] + 1))
+    assert failing[0] > 0 and failing[-1] < len(sampled) - 1
+
+
+def test_bisect_pins_the_range_exactly(builtin_run: Path):
+    res = json.loads((builtin_run / "bisect.json").read_text())
+    legacy = next(r for r in res if r["group"].get("lend_policy") == "legacy")
+    assert len(legacy["ranges"]) == 1
+    rng = legacy["ranges"][0]
+    assert rng["below"] == rng["first"] - 1 and rng["above"] == rng["last"] + 1
+    # each edge was really run, and the records say what bisect says
+    seen = {int(c.knob("expert_cache")): bool(_FAILURES & set(lb)) for c, lb, _ in _verdicts(builtin_run).values()
+            if not c.reference and c.knob("lend_policy") == "legacy"}
+    assert seen[rng["below"]] is False and seen[rng["first"]] is True
+    assert seen[rng["last"]] is True and seen[rng["above"]] is False
+    assert all(v == (rng["first"] <= k <= rng["last"]) for k, v in seen.items())
+
+
+def test_current_replies_equal_the_reference_token_for_token(builtin_run: Path):
+    vs = _verdicts(builtin_run)
+    ref = next(rec for c, _, rec in vs.values() if c.reference)
+    ref_replies = _replies(ref)
+    assert ref_replies and all(len(t) == 16 for t in ref_replies.values())
+    n = 0
+    for cell, labels, rec in vs.values():
+        if cell.reference or cell.knob("lend_policy") != "current":
+            continue
+        assert _replies(rec) == ref_replies, cell.label(["expert_cache"])
+        assert set(labels) <= {"ok", "halved"}
+        n += 1
+    assert n >= 5
+
+
+def test_report_of_the_legacy_run(builtin_run: Path):
+    p = _cli("report", str(builtin_run))
+    assert p.returncode == 0, p.stderr
+    text = (builtin_run / "report.md").read_text()
+    for section in ("## Setup", "## What happens", "## The matrix", "## Boundaries", "## Expected",
+                    "## How to reproduce", "## What was not run"):
+        assert section in text
+    res = json.loads((builtin_run / "bisect.json").read_text())
+    rng = next(r for r in res if r["group"].get("lend_policy") == "legacy")["ranges"][0]
+    assert f"{rng['first']}..{rng['last']}" in text.splitlines()[0]
+    assert "lending the prompt path its slots failed" in text
+    # the shortest command carries the failing cell's flags
+    repro = text.split("## How to reproduce")[1]
+    assert "--lend-policy legacy" in repro and "--expert-cache" in repro
+    assert os.path.expanduser("~") + "/" not in text
+
+
+# ---- identity: a planted change is found, with its position ------------------------------------------
+
+def _small_toml(tmp: Path, body: str) -> Path:
+    p = tmp / "m.toml"
+    p.write_text('model = "tiny"\nmax_tokens = 16\n[engine]\ndevice = "cpu"\n' + body)
+    return p
+
+
+def test_planted_change_is_reported_with_its_position_and_near_tie_rule(tmp_path: Path):
+    m = _small_toml(tmp_path, '[prompts]\nchunks = [256]\n[[cells]]\ntemperature = 0.8\nseed = 7\n')
+    out = tmp_path / "out"
+    p = _cli("run", str(m), "--out", str(out), "--no-progress")
+    assert p.returncode == 1  # an unexpected failure fails the run
+    vs = _verdicts(out)
+    ref = next(rec for c, _, rec in vs.values() if c.reference)
+    planted = next(rec for c, _, rec in vs.values() if c.request["temperature"] == 0.8)
+    a, b = _replies(planted)[0], _replies(ref)[0]
+    pos = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])  # computed here, not by the harness
+    v = judge(planted, ref, near_tie=1e-3)
+    assert v.label == "reply differs"
+    assert (v.difference.position, v.difference.token, v.difference.ref_token) == (pos, a[pos], b[pos])
+    assert f"token {pos}:" in p.stdout
+    margin = ref["starts"][0]["requests"][0]["margins"][pos]
+    assert judge(planted, ref, near_tie=margin * 2 + 1e-9).difference.near_tie
+    assert not judge(planted, ref, near_tie=margin / 2).difference.near_tie
+
+
+# ---- scale: resume, shards, Ray ----------------------------------------------------------------------
+
+def _scale_matrix(tmp: Path) -> Path:
+    """Four cells and a reference: the built-in matrix's first cache size (passes) and its middle one
+    (inside the legacy failure window), both policies."""
+    b = load_matrix("builtin")
+    sizes = [int(x) for x in b.axes["expert_cache"]]
+    pick = ", ".join(str(x) for x in (sizes[0], sizes[len(sizes) // 2]))
+    chunks = ", ".join(map(str, b.chunks))
+    return _small_toml(tmp, f'vram_budget = {b.engine["vram_budget"]}\n[axes]\nexpert_cache = [{pick}]\n'
+                            f'lend_policy = ["legacy", "current"]\n[prompts]\nchunks = [{chunks}]\n'
+                            '[reference]\nlend_policy = "current"\n')
+
+
+def test_killed_sweep_resumes_without_redoing_cells(tmp_path: Path):
+    m = _scale_matrix(tmp_path)
+    out = tmp_path / "out"
+    total = len(load_matrix(m).cells())
+    proc = subprocess.Popen([sys.executable, "-m", "repro_matrix.cli", "run", str(m), "--out", str(out),
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    cells = out / "cells.jsonl"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if cells.is_file() and len(cells.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = cells.read_text()
+    done = [json.loads(line)["cell_id"] for line in before.splitlines() if line.endswith("}")]
+    assert 2 <= len(done) < total, "the sweep was not killed half way"
+    p = _cli("run", "--resume", str(out), "--no-progress")
+    assert f"skipped {len(done)} finished cells, ran {total - len(done)}" in p.stderr
+    after = cells.read_text()
+    assert after.startswith(before.rsplit("}\n", 1)[0])  # finished records untouched
+    ids = [json.loads(line)["cell_id"] for line in after.splitlines()]
+    assert sorted(ids) == sorted(c.cell_id for c in load_matrix(m).cells())  # each cell exactly once
+
+
+@pytest.fixture(scope="module")
+def local_scale_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("scale")
+    m = _scale_matrix(tmp)
+    out = tmp / "local"
+    _cli("run", str(m), "--out", str(out), "--jobs", "2", "--no-progress")
+    return m, out
+
+
+def test_two_shards_cover_the_matrix_exactly_once(tmp_path: Path, local_scale_run: tuple[Path, Path]):
+    m, local = local_scale_run
+    ids: list[str] = []
+    for k in (1, 2):
+        out = tmp_path / f"shard{k}"
+        _cli("run", str(m), "--out", str(out), "--shard", f"{k}/2", "--no-progress")
+        ids += [r["cell_id"] for r in RunDir(out).records()]
+    assert sorted(ids) == sorted(c.cell_id for c in load_matrix(m).cells())
+    # and the sharded cells reach the local run's verdicts (the reference is in shard 1 only, so
+    # compare the labels that do not need it)
+    local_v = {cid: set(lb) & _FAILURES for cid, (_, lb, _) in _verdicts(local).items()}
+    for k in (1, 2):
+        for cid, (_, lb, _) in _verdicts(tmp_path / f"shard{k}").items():
+            assert set(lb) & _FAILURES == local_v[cid]
+
+
+def test_ray_backend_reaches_the_same_verdicts(tmp_path: Path, local_scale_run: tuple[Path, Path]):
+    pytest.importorskip("ray")
+    m, local = local_scale_run
+    out = tmp_path / "ray"
+    p = _cli("run", str(m), "--out", str(out), "--ray", "--no-progress")
+    ray_v = {cid: lb for cid, (_, lb, _) in _verdicts(out).items()}
+    local_v = {cid: lb for cid, (_, lb, _) in _verdicts(local).items()}
+    assert ray_v == local_v, p.stdout
+    assert all(r.get("backend") == "ray" for r in RunDir(out).records())
