@@ -17,12 +17,32 @@ def cuda_lib() -> ctypes.CDLL:
     path = os.environ.get("STRATA_LIB") or str(_ROOT / "strata" / "lib" / "libstrata.so")
     lib = ctypes.CDLL(path)
     for name, args in {
-        "strata_cuda_matvec": [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                               ctypes.c_int64, ctypes.c_void_p],
-        "strata_cuda_mirror_matvec": [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                      ctypes.c_void_p, ctypes.c_void_p],
-        "strata_cuda_bench_matvec": [ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                     ctypes.c_int64, ctypes.c_int32, ctypes.POINTER(ctypes.c_double)],
+        "strata_cuda_matvec": [
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+        ],
+        "strata_cuda_mirror_matvec": [
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ],
+        "strata_cuda_bench_matvec": [
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.c_double),
+        ],
     }.items():
         fn = getattr(lib, name)
         fn.argtypes = args

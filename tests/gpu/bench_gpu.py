@@ -13,13 +13,14 @@ import time
 
 import numpy as np
 
-from strata import Engine, EngineConfig
-from strata import _engine
+from strata import Engine, EngineConfig, _engine
 from strata.model import ensure_model
 
 
-def bench(path, budget: str | None, pp: list[int], tg: int, reps: int = 3) -> list[dict]:
-    cfg = EngineConfig(device="cuda", vram_budget=None if budget is None else int(budget), max_context=max(pp) + tg + 8)
+def bench(path, budget: str | None, pp: list[int], tg: int, reps: int = 2) -> list[dict]:
+    cfg = EngineConfig(
+        device="cuda", vram_budget=None if budget is None else int(budget), max_context=max(pp) + tg + 8
+    )
     rows = []
     with Engine(path, cfg) as eng:
         info, plan = eng.info, eng.plan
@@ -34,8 +35,15 @@ def bench(path, budget: str | None, pp: list[int], tg: int, reps: int = 3) -> li
                 dt = time.perf_counter() - t0
                 if r:
                     times.append(dt)
-            rows.append({"test": f"pp{n}", "budget": budget or "all", "tok_s": n / float(np.median(times)),
-                         "slots": plan.n_slots})
+            rows.append(
+                {
+                    "test": f"pp{n}",
+                    "budget": budget or "all",
+                    "tok_s": n / float(np.median(times)),
+                    "slots": plan.n_slots,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
         times, hit = [], []
         for r in range(reps + 1):
             eng.kv_reset()
@@ -51,8 +59,16 @@ def bench(path, budget: str | None, pp: list[int], tg: int, reps: int = 3) -> li
         per_tok = float(np.median(times))
         # bytes a decode step must read: the resident weights once plus K experts per layer
         moved = info.resident_bytes + info.n_layer * info.n_expert_used * info.expert_bytes
-        rows.append({"test": f"tg{tg}", "budget": budget or "all", "tok_s": 1 / per_tok, "slots": plan.n_slots,
-                     "hit_rate": float(np.mean(hit)), "GB_s": moved / per_tok / 1e9})
+        rows.append(
+            {
+                "test": f"tg{tg}",
+                "budget": budget or "all",
+                "tok_s": 1 / per_tok,
+                "slots": plan.n_slots,
+                "hit_rate": float(np.mean(hit)),
+                "GB_s": moved / per_tok / 1e9,
+            }
+        )
     return rows
 
 
@@ -78,8 +94,10 @@ def main() -> int:
     print(f"{'test':8} {'budget':>12} {'slots':>6} {'tok/s':>10} {'hit':>6} {'GB/s':>8}")
     for r in rows:
         b = r["budget"] if r["budget"] == "all" else f"{int(r['budget']) / (1 << 30):.0f}GiB"
-        print(f"{r['test']:8} {b:>12} {r['slots']:6d} {r['tok_s']:10.1f} {r.get('hit_rate', float('nan')):6.2f} "
-              f"{r.get('GB_s', float('nan')):8.1f}")
+        print(
+            f"{r['test']:8} {b:>12} {r['slots']:6d} {r['tok_s']:10.1f} {r.get('hit_rate', float('nan')):6.2f} "
+            f"{r.get('GB_s', float('nan')):8.1f}"
+        )
     return 0
 
 

@@ -37,7 +37,6 @@ def _run(path, cfg: EngineConfig, prompt: list[int], n_gen: int):
         first = eng.logits()
         eng.kv_reset()
         res = eng.generate(prompt, max_tokens=n_gen, top_logits=2, stop_at_eos=False)
-        steps: list[np.ndarray] = []
         return res.tokens, first, res.top, eng.stats()
 
 
@@ -56,7 +55,7 @@ def test_cuda_replies_match_cpu(preset, quant):
     bound = 1e-6 if quant in ("f32", "f16", "bf16") else 1e-3
     assert nmse < bound, f"{preset}/{quant}: logits nMSE {nmse:.3e} against the CPU backend"
     if gpu_tok != cpu_tok:
-        pos = next(i for i, (a, b) in enumerate(zip(gpu_tok, cpu_tok)) if a != b)
+        pos = next(i for i, (a, b) in enumerate(zip(gpu_tok, cpu_tok, strict=False)) if a != b)
         (_, l1), (_, l2) = cpu_top[pos][0], cpu_top[pos][1]
         rng = float(cpu_first.max() - cpu_first.min())
         assert l1 - l2 < 1e-3 * rng, (

@@ -23,7 +23,12 @@ def _run(lib, type_id, w, rows, cols, x):
     n = x.shape[0]
     y = np.full((n, rows), np.nan, dtype=np.float32)
     st = lib.strata_cuda_matvec(
-        type_id, w.ctypes.data_as(ctypes.c_void_p), rows, cols, x.ctypes.data_as(ctypes.c_void_p), n,
+        type_id,
+        w.ctypes.data_as(ctypes.c_void_p),
+        rows,
+        cols,
+        x.ctypes.data_as(ctypes.c_void_p),
+        n,
         y.ctypes.data_as(ctypes.c_void_p),
     )
     assert st == 0, f"strata_cuda_matvec failed with status {st}"
@@ -33,7 +38,11 @@ def _run(lib, type_id, w, rows, cols, x):
 def _mirror(lib, type_id, w, rows, cols, x1):
     y = np.full(rows, np.nan, dtype=np.float32)
     st = lib.strata_cuda_mirror_matvec(
-        type_id, w.ctypes.data_as(ctypes.c_void_p), rows, cols, x1.ctypes.data_as(ctypes.c_void_p),
+        type_id,
+        w.ctypes.data_as(ctypes.c_void_p),
+        rows,
+        cols,
+        x1.ctypes.data_as(ctypes.c_void_p),
         y.ctypes.data_as(ctypes.c_void_p),
     )
     assert st == 0
