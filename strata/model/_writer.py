@@ -170,6 +170,7 @@ class _Pools:
 
     ROWS = 4096
     EMBD_ROWS = 16384
+    RUN = 16
 
     def __init__(self, gen: WeightGen) -> None:
         self.gen = gen
@@ -189,9 +190,16 @@ class _Pools:
                 f[:, 0] = ANCHOR
             self.pools[key] = quantize(f, type_name)
         pool = self.pools[key]
+        # Runs of RUN consecutive pool rows at random offsets: memcpy-speed copies, no row gather.
         n_rows = math.prod(shape[:-1])
-        idx = _rng(self.gen.seed, "rows", name).integers(0, len(pool), size=n_rows)
-        out = pool[idx].reshape(*shape[:-1], pool.shape[-1])
+        out = np.empty((n_rows, pool.shape[-1]), np.uint8)
+        starts = _rng(self.gen.seed, "rows", name).integers(
+            0, len(pool) - self.RUN + 1, size=-(-n_rows // self.RUN)
+        )
+        for i, s0 in enumerate(starts.tolist()):
+            dst = out[i * self.RUN : (i + 1) * self.RUN]
+            dst[:] = pool[s0 : s0 + len(dst)]
+        out = out.reshape(*shape[:-1], pool.shape[-1])
         if kind in ("attn_output", "ffn_down_exps"):
             zk = (shape[-1], type_name)
             if zk not in self.zero:

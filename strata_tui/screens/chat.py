@@ -142,7 +142,7 @@ class ChatScreen(Screen[None]):
     async def _connect(self) -> None:
         app = self.chat_app
         proc = app.server_process
-        if proc is not None and proc.url is None:
+        if proc is not None and (proc.url is None or proc.exited() is not None):
             self.post_message(ServerStarting("starting strata serve…"))
             try:
                 url = await asyncio.to_thread(proc.start, lambda line: self.post_message(ServerStarting(line)))
@@ -195,7 +195,7 @@ class ChatScreen(Screen[None]):
             await asyncio.sleep(0.25 if busy else 1.0)
 
     def on_server_starting(self, msg: ServerStarting) -> None:
-        self.engine.set_starting(msg.detail[-60:])
+        self.engine.set_starting(msg.detail[:96])
         self.sub_title = "starting the server…"
 
     def on_server_connected(self, msg: ServerConnected) -> None:
@@ -316,7 +316,8 @@ class ChatScreen(Screen[None]):
             await log.mount_all(views)
         log.scroll_end(animate=False)
         self._show_conv_title()
-        self.engine.set_live(context_used=_context_used(msg.messages))
+        last = next((m for m in reversed(msg.messages) if m.role == "assistant"), None)
+        self.engine.set_live(context_used=_context_used(msg.messages), ttft_s=_ttft(last.meta) if last else None)
 
     def _show_conv_title(self) -> None:
         if self.conv is None:
@@ -722,6 +723,15 @@ class ChatScreen(Screen[None]):
         if self.is_strata:
             self.engine.display = not self.engine.display
 
+    def action_reconnect(self) -> None:
+        """Try the server again now (and start it again when this chat started it and it stopped)."""
+        if self._worker_running("server"):
+            self.workers.cancel_group(self, "server")
+        proc = self.chat_app.server_process
+        if proc is not None and proc.exited() is not None:
+            proc.url = None
+        self._connect()
+
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
 
@@ -794,6 +804,8 @@ class ChatScreen(Screen[None]):
             sidebar.query_one("#search").value = arg  # type: ignore[attr-defined]
         elif name == "/model":
             await self._model(arg)
+        elif name == "/reconnect":
+            self.action_reconnect()
         else:
             raise ValueError(f"unknown command {name} — /help lists them")
 
@@ -872,10 +884,7 @@ def _footer_for(m: StoredMessage, fin: Finished | None = None) -> str:
 
 
 def _ttft(meta: dict[str, Any]) -> float | None:
-    """Time to the first token: the server's own prompt time when it reports one, else what the client saw."""
-    t = meta.get("timings") or {}
-    if t.get("prompt_ms") is not None:
-        return float(t["prompt_ms"]) / 1000.0
+    """Time to the first token as the user saw it: from sending the request to the first text."""
     v = meta.get("ttft_s")
     return None if v is None else float(v)
 
