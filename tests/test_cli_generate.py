@@ -63,6 +63,19 @@ def test_text_output_streams_ids_and_reports_speed(tiny: Path) -> None:
     assert "tokens/s" in r.stderr and "prompt:" in r.stderr and "decode:" in r.stderr
 
 
+def test_text_prompt_goes_through_the_models_tokenizer(tiny: Path) -> None:
+    tokenizer = pytest.importorskip("strata.tokenizer", reason="the tokenizer module is not in this tree yet")
+    tok = tokenizer.Tokenizer.from_gguf(tiny)
+    ids = tok.encode("The quick brown fox")
+    r = strata("generate", "--model", str(tiny), "--prompt", "The quick brown fox", "--max-tokens", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_ids"] == ids
+    r2 = strata("generate", "--model", str(tiny), "--prompt", "The quick brown fox", "--max-tokens", "5")
+    assert r2.returncode == 0, r2.stderr
+    assert r2.stdout.rstrip("\n") == tok.decode(out["generated_ids"])
+
+
 def test_bad_inputs_give_messages(tiny: Path, tmp_path: Path) -> None:
     r = strata("generate", "--model", str(tmp_path / "none.gguf"), "--prompt-ids", "1")
     assert r.returncode == 1 and "none.gguf" in r.stderr
