@@ -170,7 +170,7 @@ def _header(records: Sequence[dict[str, Any]]) -> str:
 def _print_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
     import json
 
-    from ._records import _json_safe, to_csv
+    from ._records import _json_safe, _looks_numeric, to_csv
     from ._tables import tables
 
     if fmt == "jsonl":
@@ -193,9 +193,8 @@ def _print_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
     for t in tables(records):
         rt = RichTable(title=t.title, title_justify="left", show_lines=False)
         for i, h in enumerate(t.headers):
-            rt.add_column(
-                h, justify="right" if i >= len(t.headers) - 1 or h.startswith(("pp", "tg")) else "left"
-            )
+            numeric = all(_looks_numeric(row[i]) or row[i] in ("", "-") for row in t.rows)
+            rt.add_column(h, justify="right" if numeric else "left")
         for row in t.rows:
             rt.add_row(*row, style="bold" if row and row[0].startswith("strata /") else None)
         console.print(rt)
