@@ -119,10 +119,8 @@ def environment() -> dict[str, Any]:
 
     commit, dirty = git_state()
     gpu = gpu_info()
-    try:
-        from strata import __version__ as version
-    except ImportError:  # pragma: no cover - strata is always installed with strata_bench
-        version = None
+    from strata import __version__ as version
+
     return {
         "commit": commit,
         "dirty": dirty,
