@@ -55,6 +55,7 @@ def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return request.param, ensure_model("tiny", request.param, 0)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("n_prompt", PROMPT_LENGTHS)
 def test_engine_logits_match_the_reference(model: tuple[str, Path], n_prompt: int) -> None:
     quant, path = model
