@@ -105,6 +105,9 @@ struct strata_engine {
     int32_t n_past;           /* tokens in the KV cache */
     strata_stats stats;
 
+    /* ---- device: the CUDA backend's state when running on a GPU (cuda_forward.c), else NULL ---- */
+    struct cuda_state *gpu;
+
     /* ---- diagnostics ---- */
     errbuf err;
     trace_sink trace;
