@@ -199,8 +199,9 @@ def test_profile_save_and_load(tiny: Path, tmp_path: Path) -> None:
     top = [(int(r[0]), int(r[1])) for r in rows[:16]]
     with Engine(tiny, EngineConfig(threads=1, expert_cache="16", expert_profile=str(path))) as eng2:
         res = eng2.residency()
-        assert sorted((int(l), int(e)) for l, e in zip(*np.nonzero(res >= 0))) == sorted(top)
-        assert [res[l, e] for l, e in top] == list(range(16))  # in rank order, slot 0 first
+        layers, experts = np.nonzero(res >= 0)
+        assert sorted(zip(layers.tolist(), experts.tolist(), strict=True)) == sorted(top)
+        assert [res[ly, ex] for ly, ex in top] == list(range(16))  # in rank order, slot 0 first
 
 
 # ---- bad input ------------------------------------------------------------------------------------
