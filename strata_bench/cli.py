@@ -161,14 +161,16 @@ def _header(records: Sequence[dict[str, Any]]) -> str:
             if x.get("peer")
         }
     )
-    line = f"strata {commit} · {r.get('cpu')} ×{r.get('n_cpu')} · {gpu} · {', '.join(models)}"
+    loads = [x["load_avg_1m"] for x in records if x.get("load_avg_1m") is not None]
+    load = f" · load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    line = f"strata {commit} · {r.get('cpu')} ×{r.get('n_cpu')}{load} · {gpu} · {', '.join(models)}"
     return line + (" · " + ", ".join(peers) if peers else "")
 
 
 def _print_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
     import json
 
-    from ._records import _json_safe, to_csv
+    from ._records import _json_safe, _looks_numeric, to_csv
     from ._tables import tables
 
     if fmt == "jsonl":
@@ -191,9 +193,8 @@ def _print_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
     for t in tables(records):
         rt = RichTable(title=t.title, title_justify="left", show_lines=False)
         for i, h in enumerate(t.headers):
-            rt.add_column(
-                h, justify="right" if i >= len(t.headers) - 1 or h.startswith(("pp", "tg")) else "left"
-            )
+            numeric = all(_looks_numeric(row[i]) or row[i] in ("", "-") for row in t.rows)
+            rt.add_column(h, justify="right" if numeric else "left")
         for row in t.rows:
             rt.add_row(*row, style="bold" if row and row[0].startswith("strata /") else None)
         console.print(rt)
@@ -415,6 +416,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `strata-bench show runs.jsonl | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         writer = getattr(args, "_writer", None)
         if writer is not None and writer.path is not None:

@@ -241,7 +241,8 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     /* the memory plan decides the context, the chunk, the device arena and the cache */
     s = mem_open(e, err);
     if (s != STRATA_OK) goto fail;
-    s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim, err);
+    s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
+                p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
     if (s != STRATA_OK) goto fail;
     e->logits = calloc((size_t)e->hp.n_vocab, sizeof(float));
     if (!e->logits) {

@@ -6,6 +6,7 @@
  *   int8  one signed byte per value and one f32 scale per block of 32 values of a head:
  *         row = [n] i8 then [n / 32] f32; value = q * scale, scale = max|x| / 127 over the block,
  *         q = round-to-nearest(x / scale). Blocks never straddle heads (head_dim % 32 == 0).
+ *         Reads keep the f16 kernels' order: 8 partial sums by index mod 8, combined pairwise.
  */
 #include "kv.h"
 
@@ -15,6 +16,7 @@
 
 #include "common.h"
 #include "quant.h"
+#include "strata.h"
 
 #define KV_BLOCK 32
 
@@ -33,8 +35,22 @@ int64_t kv_bytes(int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv
     return 2 * rb * n_layer * (int64_t)n_ctx;
 }
 
+/* Scalar kernels: 8 partial sums by index mod 8, combined pairwise. */
+static float dot_f16_scalar(int32_t n, const uint16_t *k, const float *q) {
+    float acc[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += quant_f16_lut[k[i + j]] * q[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += quant_f16_lut[k[i]] * q[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void axpy_f16_scalar(int32_t n, float a, const uint16_t *v, float *out) {
+    for (int32_t i = 0; i < n; i++) out[i] += a * quant_f16_lut[v[i]];
+}
+
 strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv,
-                      int32_t head_dim, errbuf *err) {
+                      int32_t head_dim, int32_t simd, errbuf *err) {
     memset(kv, 0, sizeof *kv);
     int64_t rb = row_bytes(type, n_head_kv, head_dim);
     if (rb < 0)
@@ -55,6 +71,8 @@ strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx
     kv->n_head_kv = n_head_kv;
     kv->head_dim = head_dim;
     kv->row_bytes = (size_t)rb;
+    kv->kern = (kv_kernels){dot_f16_scalar, axpy_f16_scalar};
+    if (simd >= STRATA_SIMD_AVX2) kv_kernels_avx2(&kv->kern);
     return STRATA_OK;
 }
 
@@ -68,7 +86,8 @@ static inline size_t row_off(const kv_cache *kv, int32_t layer, int32_t pos) {
     return ((size_t)layer * (size_t)kv->n_ctx + (size_t)pos) * kv->row_bytes;
 }
 
-/* int8 rows: the scales of a row start after its n bytes of values */
+/* ---- int8 rows: the scales of a row start after its n bytes of values ---------------------------- */
+
 static inline const float *i8_scales(const uint8_t *row, int32_t n) { return (const float *)(const void *)(row + n); }
 
 static void store_i8(uint8_t *row, const float *x, int32_t n) {
@@ -88,6 +107,21 @@ static void store_i8(uint8_t *row, const float *x, int32_t n) {
     }
 }
 
+static float dot_i8(int32_t d, const int8_t *kq, const float *sc, const float *q) {
+    float acc[8] = {0};
+    for (int32_t i = 0; i < d; i += 8) {
+        float s = sc[i / KV_BLOCK];
+        for (int j = 0; j < 8; j++) acc[j] += ((float)kq[i + j] * s) * q[i + j];
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void axpy_i8(int32_t d, float a, const int8_t *vq, const float *sc, float *out) {
+    for (int32_t i = 0; i < d; i++) out[i] += a * ((float)vq[i] * sc[i / KV_BLOCK]);
+}
+
+/* ---- store and read ------------------------------------------------------------------------------ */
+
 void kv_store(kv_cache *kv, int32_t layer, int32_t pos, const float *k, const float *v) {
     int32_t n = kv->n_head_kv * kv->head_dim;
     if (kv->type == STRATA_KV_INT8) {
@@ -102,115 +136,24 @@ void kv_store(kv_cache *kv, int32_t layer, int32_t pos, const float *k, const fl
         vr[i] = strata_f32_to_f16(v[i]);
     }
 }
-/* ---- reads: 8 lanes, one fixed order ------------------------------------------------------------
- * Dot products keep 8 partial sums by index mod 8, each a multiply then an add (no fused
- * multiply-add: the build has -ffp-contract=off), combined pairwise at the end. The AVX2 versions do
- * exactly those operations lane for lane (f16 -> f32 and int8 -> f32 are exact), so they return the
- * same bits as the portable ones; they only exist because attention calls these once per position. */
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define KV_X86 1
-#define KV_AVX2 __attribute__((target("avx2,f16c")))
-
-static int kv_use_avx2(void) {
-    static int v = -1;
-    if (v < 0) v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-    return v;
-}
-
-KV_AVX2 static float hsum8(__m256 acc) {
-    float a[8];
-    _mm256_storeu_ps(a, acc);
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
-KV_AVX2 static float dot_f16_avx2(const uint16_t *kr, const float *q, int32_t d) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int32_t i = 0; i < d; i += 8) {
-        __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(kr + i)));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(k, _mm256_loadu_ps(q + i)));
-    }
-    return hsum8(acc);
-}
-
-KV_AVX2 static float dot_i8_avx2(const int8_t *kq, const float *sc, const float *q, int32_t d) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int32_t i = 0; i < d; i += 8) {
-        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(kq + i)));
-        __m256 k = _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(sc[i / KV_BLOCK]));
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(k, _mm256_loadu_ps(q + i)));
-    }
-    return hsum8(acc);
-}
-
-KV_AVX2 static void acc_f16_avx2(const uint16_t *vr, float p, float *out, int32_t d) {
-    __m256 pv = _mm256_set1_ps(p);
-    for (int32_t i = 0; i < d; i += 8) {
-        __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(vr + i)));
-        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(pv, v)));
-    }
-}
-
-KV_AVX2 static void acc_i8_avx2(const int8_t *vq, const float *sc, float p, float *out, int32_t d) {
-    __m256 pv = _mm256_set1_ps(p);
-    for (int32_t i = 0; i < d; i += 8) {
-        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(vq + i)));
-        __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(w), _mm256_set1_ps(sc[i / KV_BLOCK]));
-        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), _mm256_mul_ps(pv, v)));
-    }
-}
-#endif
 
 float kv_dot_k(const kv_cache *kv, int32_t layer, int32_t pos, int32_t head, const float *q) {
-    const int32_t d = kv->head_dim;
     if (kv->type == STRATA_KV_INT8) {
         const uint8_t *row = kv->k + row_off(kv, layer, pos);
-        const int8_t *kq = (const int8_t *)row + (size_t)head * d;
-        const float *sc = i8_scales(row, kv->n_head_kv * d) + (size_t)head * d / KV_BLOCK;
-#ifdef KV_X86
-        if (kv_use_avx2()) return dot_i8_avx2(kq, sc, q, d);
-#endif
-        float acc[8] = {0};
-        for (int32_t i = 0; i < d; i += 8) {
-            float s = sc[i / KV_BLOCK];
-            for (int j = 0; j < 8; j++) acc[j] += ((float)kq[i + j] * s) * q[i + j];
-        }
-        return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        return dot_i8(kv->head_dim, (const int8_t *)row + (size_t)head * kv->head_dim,
+                      i8_scales(row, kv->n_head_kv * kv->head_dim) + (size_t)head * kv->head_dim / KV_BLOCK, q);
     }
-    const uint16_t *kr = (const uint16_t *)(kv->k + row_off(kv, layer, pos)) + (size_t)head * d;
-#ifdef KV_X86
-    if (d % 8 == 0 && kv_use_avx2()) return dot_f16_avx2(kr, q, d);
-#endif
-    float acc[8] = {0};
-    int32_t i = 0;
-    for (; i + 8 <= d; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += quant_f16_lut[kr[i + j]] * q[i + j];
-    for (int j = 0; i < d; i++, j++) acc[j] += quant_f16_lut[kr[i]] * q[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    const uint16_t *kr = (const uint16_t *)(kv->k + row_off(kv, layer, pos)) + (size_t)head * kv->head_dim;
+    return kv->kern.dot_f16(kv->head_dim, kr, q);
 }
 
 void kv_acc_v(const kv_cache *kv, int32_t layer, int32_t pos, int32_t head, float p, float *out) {
-    const int32_t d = kv->head_dim;
     if (kv->type == STRATA_KV_INT8) {
         const uint8_t *row = kv->v + row_off(kv, layer, pos);
-        const int8_t *vq = (const int8_t *)row + (size_t)head * d;
-        const float *sc = i8_scales(row, kv->n_head_kv * d) + (size_t)head * d / KV_BLOCK;
-#ifdef KV_X86
-        if (kv_use_avx2()) {
-            acc_i8_avx2(vq, sc, p, out, d);
-            return;
-        }
-#endif
-        for (int32_t i = 0; i < d; i++) out[i] += p * ((float)vq[i] * sc[i / KV_BLOCK]);
+        axpy_i8(kv->head_dim, p, (const int8_t *)row + (size_t)head * kv->head_dim,
+                i8_scales(row, kv->n_head_kv * kv->head_dim) + (size_t)head * kv->head_dim / KV_BLOCK, out);
         return;
     }
-    const uint16_t *vr = (const uint16_t *)(kv->v + row_off(kv, layer, pos)) + (size_t)head * d;
-#ifdef KV_X86
-    if (d % 8 == 0 && kv_use_avx2()) {
-        acc_f16_avx2(vr, p, out, d);
-        return;
-    }
-#endif
-    for (int32_t i = 0; i < d; i++) out[i] += p * quant_f16_lut[vr[i]];
+    const uint16_t *vr = (const uint16_t *)(kv->v + row_off(kv, layer, pos)) + (size_t)head * kv->head_dim;
+    kv->kern.axpy_f16(kv->head_dim, p, vr, out);
 }

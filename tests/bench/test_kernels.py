@@ -38,8 +38,15 @@ def _weights(type_name: str, rows: int, cols: int) -> bytes:
 
 @pytest.fixture(scope="module", params=TYPES, ids=[t[0] for t in TYPES])
 def weights(request):  # type: ignore[no-untyped-def]
+    from strata import StrataError
+
     name, type_id = request.param
-    return name, type_id, _weights(name, ROWS, COLS)
+    w = _weights(name, ROWS, COLS)
+    try:
+        engine.dequantize(type_id, w, COLS)
+    except StrataError as e:
+        pytest.skip(f"{name}: {e}")  # a type this build has no kernels for yet
+    return name, type_id, w
 
 
 def _gbps(nbytes: int, benchmark) -> float:  # type: ignore[no-untyped-def]
@@ -65,7 +72,7 @@ def test_matvec(benchmark, weights, threads: int) -> None:  # type: ignore[no-un
 def test_matmul(benchmark, weights) -> None:  # type: ignore[no-untyped-def]
     name, type_id, w = weights
     x = np.random.default_rng(2).standard_normal((N_TOKENS, COLS)).astype(np.float32)
-    y = benchmark(engine.matmul, type_id, w, ROWS, COLS, x, N_TOKENS, threads=2)
+    y = benchmark(engine.matmul, type_id, w, ROWS, COLS, x, threads=2)
     assert np.asarray(y).reshape(N_TOKENS, ROWS).shape == (N_TOKENS, ROWS)
     flops = 2 * N_TOKENS * ROWS * COLS
     benchmark.extra_info.update(type=name, gflops=round(flops / benchmark.stats.stats.min / 1e9, 2))
