@@ -225,6 +225,9 @@ def test_ensure_model_is_safe_under_concurrency(tmp_path: Path) -> None:
     assert path.parent.parent == tmp_path
     assert len(GGUFReader(str(path)).tensors) == len(list(GGUFReader(str(tiny_q8_path(tmp_path))).tensors))
     assert not list(path.parent.glob("*.part"))
+    # made from scratch there (tokenizer trained anew): the same bytes as made here
+    here = make_model("tiny", "q8_0", 3, tmp_path / "here.gguf", check=False)
+    assert hashlib.sha256(here.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest()
 
 
 def tiny_q8_path(cache: Path) -> Path:
@@ -256,6 +259,11 @@ def test_k_quants_need_the_quants_module(tmp_path: Path) -> None:
         assert types["blk.1.ffn_down_exps.weight"] == "Q6_K"
         assert types["output.weight"] == "Q6_K"
         assert types["blk.0.ffn_gate_inp.weight"] == "F32"
+        # tiny's rows of 128 and 64 values cannot hold 256-wide K blocks: llama.cpp's fallbacks
+        tiny = make_model("tiny", "q4_k_m", 0, tmp_path / "t.gguf", n_layer=2)
+        types = {t.name: t.tensor_type.name for t in GGUFReader(str(tiny)).tensors}
+        assert types["blk.0.ffn_gate_exps.weight"] == "Q5_0"  # Q4_K -> Q5_0
+        assert types["output.weight"] == "Q8_0"  # Q6_K -> Q8_0
 
 
 def test_model_info_reports_types_and_expert_bytes(tiny_q8: Path) -> None:
