@@ -44,7 +44,7 @@
  *   ~245 KiB of buffers per token (measured with the real dimensions), big ring 50 slots (128 MiB),
  *   deep ring 256 (two layers). Chunk 4096 needs ~437 slots with its ring, 2048 with the deep ring ~450.
  *   With no context cap the auto chunk fills the loan limit closely, so legacy fails only in narrow
- *   bands of cache sizes, 46 sizes between 900 and 1115 slots (2 threads, context 32768), where the small
+ *   bands of cache sizes, 46 sizes between 900 and 1115 slots (1 thread, context 32768), where the small
  *   pick's deep-ring layout lies between the auto chunk's loan and the loan limit: "only with some cache
  *   sizes", as the original report said.
  *
