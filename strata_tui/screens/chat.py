@@ -467,6 +467,7 @@ class ChatScreen(Screen[None]):
             return
         await self._flush(r)
         self.reply = None
+        r.view.pieces = r.n_pieces
         await r.view.end_stream()
         if msg.message is not None:
             self.history.append(msg.message)

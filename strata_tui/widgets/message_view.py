@@ -60,6 +60,7 @@ class MessageView(Vertical, can_focus=True):
         self._live_text = ""  # text of the segment being streamed into
         self._live_reasoning = ""
         self._segmented = False
+        self.pieces = 0  # streamed pieces this reply arrived in (0 when loaded from the store)
 
     def compose(self) -> ComposeResult:
         yield Static(_LABELS.get(self.role, self.role), classes="role")
