@@ -154,9 +154,9 @@ class MessageView(Vertical, can_focus=True):
 
     def set_footer(self, text: str) -> None:
         self._footer_text = text
-        f = self.query_one(".footer", Static)
-        f.update(text)
-        f.display = bool(text)
+        for f in self.query(".footer").results(Static):  # none yet before compose: compose uses the text
+            f.update(text)
+            f.display = bool(text)
 
     def action_copy(self) -> None:
         self.post_message(self.Action(self, "copy"))

@@ -135,7 +135,8 @@ async def _measure(server_url: str, tmp_db: Any, streaming: bool) -> tuple[dict[
                 if chat.reply is None:
                     last = chat.log_view.messages()[-1:]
                     info["pieces"] += sum(v.pieces for v in last)
-                    await chat.action_regenerate()  # the next reply; the message box is left alone
+                    chat.call_next(chat.action_regenerate)  # the next reply; the message box is left alone
+                    await pilot.pause(0.05)
                 elif in_flight:
                     streamed_s += time.perf_counter() - t0
         info["streaming_share"] = streamed_s / (time.perf_counter() - t_start)
