@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "cpu/quant_blocks.h"
 #include "strata.h"
 
 /* ---- block geometry of every GGUF type (whether or not strata has kernels for it) -------------- */
@@ -48,7 +49,10 @@ int64_t quant_row_bytes(int32_t type, int64_t n) {
 /* ---- the families ------------------------------------------------------------------------------ */
 
 static const quant_register_fn k_families[] = {
-    quant_register_base, /* F32 F16 BF16 Q8_0 */
+    quant_register_base,   /* F32 F16 BF16 Q8_0 */
+    quant_register_legacy, /* Q4_0 Q4_1 Q5_0 Q5_1 */
+    quant_register_k,      /* Q2_K Q3_K Q4_K Q5_K Q6_K, Q8_K activations */
+    quant_register_iq,     /* IQ4_NL IQ4_XS IQ3_XXS IQ3_S IQ2_XS */
 };
 
 /* ---- CPU features ------------------------------------------------------------------------------ */
