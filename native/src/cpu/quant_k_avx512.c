@@ -111,23 +111,24 @@ static inline __m256i mins_pairs(const uint8_t m[8]) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
 }
 
-/* Unpacked Q4_K block: nibbles of its two 128-value halves and the scale vectors of its sub-blocks. */
+/* Unpacked Q4_K block in the activations' order: w[q] holds values 64q .. 64q + 63 (sub-block 2q
+ * from the low nibbles of bytes 32q .. 32q + 31, sub-block 2q + 1 from their high nibbles), so each
+ * activation row is read with four plain 64-byte loads; s[q] the matching int16 scale lanes. */
 typedef struct {
-    __m512i lo[2], hi[2], s_lo[2], s_hi[2];
+    __m512i w[4], s[4];
     __m256i mpair; /* int16 lanes 2j, 2j + 1 = m_j */
     float d, dmin;
 } q4k_unpacked;
 
 static inline void q4k_unpack(const block_q4_K *b, q4k_unpacked *u) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     uint8_t sc[8], m[8];
     k_scale_words(b->scales, sc, m);
-    for (int p = 0; p < 2; p++) {
-        const __m512i bits = _mm512_loadu_si512((const void *)(b->qs + 64 * p));
-        u->lo[p] = _mm512_and_si512(bits, m4);
-        u->hi[p] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
-        u->s_lo[p] = scale_pair(sc[4 * p], sc[4 * p + 2]);
-        u->s_hi[p] = scale_pair(sc[4 * p + 1], sc[4 * p + 3]);
+    for (int q = 0; q < 4; q++) {
+        const __m256i bits = load256(b->qs + 32 * q);
+        const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        u->w[q] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        u->s[q] = scale_pair(sc[2 * q], sc[2 * q + 1]);
     }
     const __m256i mm = mins_pairs(m);
     u->mpair = _mm256_or_si256(mm, _mm256_slli_epi32(mm, 16));
@@ -138,12 +139,9 @@ static inline void q4k_unpack(const block_q4_K *b, q4k_unpacked *u) {
 /* A's lanes of one unpacked block against one activation block */
 static inline __m512i q4k_acc(const q4k_unpacked *u, const int8_t *q8) {
     __m512i acc = _mm512_setzero_si512();
-    for (int p = 0; p < 2; p++) {
-        const __m512i a_lo = load2x256(q8 + 128 * p, q8 + 128 * p + 64);
-        const __m512i a_hi = load2x256(q8 + 128 * p + 32, q8 + 128 * p + 96);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->lo[p], a_lo), u->s_lo[p]);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->hi[p], a_hi), u->s_hi[p]);
-    }
+    for (int q = 0; q < 4; q++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->w[q], _mm512_loadu_si512((const void *)(q8 + 64 * q))),
+                                  u->s[q]);
     return acc;
 }
 
@@ -307,7 +305,50 @@ static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
     }
 }
 
+/* ---- Q8_K activations --------------------------------------------------------------------------- */
+
+/* The scalar q8k_quantize_act's operations on 16 lanes: the same IEEE multiplies and adds (the
+ * magic-number round), the same max, so the same bytes. */
+static void q8k_quantize_act_avx512(const float *x, void *dst, int64_t n) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
+    block_q8_K *b = dst;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m512 mx = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (int j = 0; j < QK_K; j += 16) {
+            const __m512 v = _mm512_loadu_ps(x + j);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        }
+        const float amax = _mm512_reduce_max_ps(mx);
+        if (nan || !(amax <= 3.4028235e38f)) { /* NaN or inf inputs: the scalar kernel's path */
+            quant_q8k_quantize_act_scalar(x, &b[i], QK_K);
+            continue;
+        }
+        if (amax == 0.0f) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        const __m512 id = _mm512_set1_ps(127.0f / amax);
+        b[i].d = amax / 127.0f;
+        for (int j = 0; j < QK_K; j += 16) {
+            __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), id), magic), magic);
+            v = _mm512_min_ps(_mm512_max_ps(v, nlim), lim);
+            const __m512i q = _mm512_cvttps_epi32(v);
+            _mm_storeu_si128((__m128i *)(b[i].qs + j), _mm512_cvtepi32_epi8(q));
+            const __m256i q16 = _mm512_cvtepi32_epi16(q);
+            /* bsums[j / 16]: the 16 values of this step */
+            __m128i s = _mm_add_epi16(_mm256_castsi256_si128(q16), _mm256_extracti128_si256(q16, 1));
+            s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+            s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+            s = _mm_add_epi16(s, _mm_srli_epi32(s, 16));
+            b[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(s);
+        }
+    }
+}
+
 void quant_k_avx512(quant_traits t[]) {
+    t[STRATA_TYPE_Q8_K].quantize_act = q8k_quantize_act_avx512;
     t[STRATA_TYPE_Q4_K].vec_dot = q4k_vec_dot_avx512;
     t[STRATA_TYPE_Q5_K].vec_dot = q5k_vec_dot_avx512;
     t[STRATA_TYPE_Q6_K].vec_dot = q6k_vec_dot_avx512;
