@@ -175,10 +175,13 @@ def _weights(name: str, rows: int, cols: int, seed: int) -> tuple[np.ndarray, np
     return q, wd
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["narrow", "wide"])
 @pytest.mark.parametrize("name", TYPES)
-def test_products_levels_threads_batch(name: str) -> None:
+def test_products_levels_threads_batch(name: str, wide: bool) -> None:
     bs, _ = _geom(name)
-    rows, cols, n_tok = 37, 3 * 256 if bs == 256 else 26 * 32, 5
+    # wide rows span several chunks of blocks in the many-token kernels
+    blocks = (19 if wide else 3) if bs == 256 else (75 if wide else 26)
+    rows, cols, n_tok = 37, blocks * bs, 6 if wide else 5
     q, wd = _weights(name, rows, cols, 7)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)

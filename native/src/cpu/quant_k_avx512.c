@@ -150,32 +150,43 @@ static inline __m256i q4k_bacc(const q4k_unpacked *u, const int16_t *bsums) {
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), u->mpair);
 }
 
-/* Q4_K against several activation rows: each block's weights are unpacked once and dotted with every
- * row, four rows' integer sums reduced together; each row's float sum runs over the blocks in order
+/* Blocks unpacked at once by the many-token kernels (kept on the stack, in L1). */
+#define XN_CHUNK 8
+
+/* Q4_K against several activation rows: a chunk of the row's blocks is unpacked once for all the rows;
+ * four rows' integer sums are reduced together; each row's float sum runs over the blocks in order
  * with vec_dot's expression (lane k of the 4-wide float ops is exactly the scalar sequence), so
  * out[k] is bit for bit vec_dot(n, w, act[k]). */
 static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
     const block_q4_K *x = w;
-    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
-        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
-        const block_q8_K *y[4];
-        for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[k0 + (k < kn ? k : 0)];
-        __m128 sum = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            q4k_unpacked u;
-            q4k_unpack(&x[i], &u);
-            const __m128i A = reduce4(q4k_acc(&u, y[0][i].qs), q4k_acc(&u, y[1][i].qs), q4k_acc(&u, y[2][i].qs),
-                                      q4k_acc(&u, y[3][i].qs));
-            const __m128i B = reduce4_256(q4k_bacc(&u, y[0][i].bsums), q4k_bacc(&u, y[1][i].bsums),
-                                          q4k_bacc(&u, y[2][i].bsums), q4k_bacc(&u, y[3][i].bsums));
-            const __m128 yd = _mm_setr_ps(y[0][i].d, y[1][i].d, y[2][i].d, y[3][i].d);
-            const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(u.d), yd), _mm_cvtepi32_ps(A));
-            const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(u.dmin), yd), _mm_cvtepi32_ps(B));
-            sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            q4k_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) q4k_unpack(&x[c0 + c], &u[c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const q4k_unpacked *uc = &u[c];
+                    const __m128i A = reduce4(q4k_acc(uc, y[0][c].qs), q4k_acc(uc, y[1][c].qs), q4k_acc(uc, y[2][c].qs),
+                                              q4k_acc(uc, y[3][c].qs));
+                    const __m128i B = reduce4_256(q4k_bacc(uc, y[0][c].bsums), q4k_bacc(uc, y[1][c].bsums),
+                                                  q4k_bacc(uc, y[2][c].bsums), q4k_bacc(uc, y[3][c].bsums));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A));
+                    const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->dmin), yd), _mm_cvtepi32_ps(B));
+                    sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+                }
+                _mm_storeu_ps(sums + k0, sum);
+            }
         }
-        float r[4];
-        _mm_storeu_ps(r, sum);
-        for (int32_t k = 0; k < kn; k++) out[k0 + k] = r[k];
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
     }
 }
 
@@ -253,55 +264,75 @@ static float q6k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     return sum;
 }
 
-/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512): C = sum_j sc_j bsum_j per row. */
-static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
-    const block_q6_K *x = w;
+/* Unpacked Q6_K block: values 64q .. 64q + 63 (biased by 32, 0..63) and their int16 scale lanes. */
+typedef struct {
+    __m512i q[4], s[4];
+    __m256i sc16; /* the 16 scales as int16 */
+    float d;
+} q6k_unpacked;
+
+static inline void q6k_unpack(const block_q6_K *b, q6k_unpacked *u) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
                                          0, 0, 0, 0, 0, 0);
     const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi64(0), _mm256_set1_epi64x(2), 1);
     const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi64(4), _mm256_set1_epi64x(6), 1);
-    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
-        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
-        const block_q8_K *y[4];
-        for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[k0 + (k < kn ? k : 0)];
-        __m128 sum = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-            const __m512i scv = _mm512_castsi256_si512(sc16);
-            __m512i q01[2], q23[2], sc01[2], sc23[2];
-            for (int g = 0; g < 2; g++) {
-                const __m512i l = _mm512_loadu_si512((const void *)(x[i].ql + 64 * g));
-                const __m512i h = _mm512_broadcast_i64x4(load256(x[i].qh + 32 * g));
-                q01[g] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
-                q23[g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
-                sc01[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
-                sc23[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
-            }
-            __m512i acc[4];
-            __m256i c[4];
-            for (int k = 0; k < 4; k++) {
-                const int8_t *q8 = y[k][i].qs;
-                c[k] = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[k][i].bsums));
-                acc[k] = _mm512_setzero_si512();
-                for (int g = 0; g < 2; g++) {
-                    acc[k] = _mm512_dpwssd_epi32(
-                        acc[k], _mm512_maddubs_epi16(q01[g], _mm512_loadu_si512((const void *)(q8 + 128 * g))), sc01[g]);
-                    acc[k] = _mm512_dpwssd_epi32(
-                        acc[k], _mm512_maddubs_epi16(q23[g], _mm512_loadu_si512((const void *)(q8 + 128 * g + 64))),
-                        sc23[g]);
+    u->sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i scv = _mm512_castsi256_si512(u->sc16);
+    for (int g = 0; g < 2; g++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * g));
+        const __m512i h = _mm512_broadcast_i64x4(load256(b->qh + 32 * g));
+        u->q[2 * g] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                      _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
+        u->q[2 * g + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
+        u->s[2 * g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
+        u->s[2 * g + 1] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
+    }
+    u->d = quant_f16_lut[b->d];
+}
+
+static inline __m512i q6k_acc(const q6k_unpacked *u, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->q[q], _mm512_loadu_si512((const void *)(q8 + 64 * q))),
+                                  u->s[q]);
+    return acc;
+}
+
+/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512): A = acc - 32 sum_j sc_j bsum_j. */
+static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    const block_q6_K *x = w;
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            q6k_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) q6k_unpack(&x[c0 + c], &u[c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const q6k_unpacked *uc = &u[c];
+                    __m256i cc[4];
+                    for (int k = 0; k < 4; k++)
+                        cc[k] = _mm256_madd_epi16(uc->sc16, _mm256_loadu_si256((const __m256i *)y[k][c].bsums));
+                    const __m128i C = reduce4_256(cc[0], cc[1], cc[2], cc[3]);
+                    const __m128i A =
+                        _mm_sub_epi32(reduce4(q6k_acc(uc, y[0][c].qs), q6k_acc(uc, y[1][c].qs), q6k_acc(uc, y[2][c].qs),
+                                              q6k_acc(uc, y[3][c].qs)),
+                                      _mm_slli_epi32(C, 5));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A)));
                 }
+                _mm_storeu_ps(sums + k0, sum);
             }
-            const __m128i C = reduce4_256(c[0], c[1], c[2], c[3]);
-            const __m128i A = _mm_sub_epi32(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_slli_epi32(C, 5));
-            const __m128 yd = _mm_setr_ps(y[0][i].d, y[1][i].d, y[2][i].d, y[3][i].d);
-            sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(quant_f16_lut[x[i].d]), yd), _mm_cvtepi32_ps(A)));
         }
-        float r[4];
-        _mm_storeu_ps(r, sum);
-        for (int32_t k = 0; k < kn; k++) out[k0 + k] = r[k];
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
     }
 }
 
