@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# The test suite also compares against Hugging Face transformers (torch CPU; the wheel is local).
+REF_STAMP := $(VENV)/.reference-stamp
+$(REF_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,reference]' || \
+	  echo "note: the reference extra (torch, transformers) did not install; tests/test_transformers.py will skip"
+	touch $@
+
 # Incremental build of libstrata.so into strata/lib (the loader looks there first).
 native: $(STAMP)
 	cmake -S native -B $(NATIVE_BUILD) -DCMAKE_BUILD_TYPE=Release -DSTRATA_OUTPUT_DIR=$(CURDIR)/strata/lib $(CMAKE_ARGS) >/dev/null
@@ -26,7 +33,7 @@ native: $(STAMP)
 run: native
 	$(BIN)/strata chat
 
-test: native
+test: native $(REF_STAMP)
 	$(BIN)/python -m pytest -m "not gpu and not bench" $(PYTEST_ARGS)
 
 # The engine tests against a build with AddressSanitizer and UBSan.
@@ -39,7 +46,7 @@ test-asan: $(STAMP)
 	$(BIN)/python -m pytest -m "asan" -p no:cacheprovider $(PYTEST_ARGS)
 
 # GPU tests and GPU benchmarks in one command (one device call); prints a short table last.
-gpu-test: native
+gpu-test: native $(REF_STAMP)
 	$(BIN)/python -m pytest -m gpu -v $(PYTEST_ARGS)
 
 bench: native

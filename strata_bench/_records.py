@@ -142,6 +142,11 @@ def base_record(**fields: Any) -> dict[str, Any]:
     """A record with the schema version, the UTC time and the environment, updated by ``fields``."""
     rec: dict[str, Any] = {"schema": SCHEMA, "time_utc": utc_now()}
     rec.update(environment())
+    try:
+        # other work on the machine while this row was measured (a busy host widens the spread)
+        rec["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    except OSError:
+        rec["load_avg_1m"] = None
     rec.update(fields)
     return rec
 

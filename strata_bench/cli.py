@@ -161,7 +161,9 @@ def _header(records: Sequence[dict[str, Any]]) -> str:
             if x.get("peer")
         }
     )
-    line = f"strata {commit} · {r.get('cpu')} ×{r.get('n_cpu')} · {gpu} · {', '.join(models)}"
+    loads = [x["load_avg_1m"] for x in records if x.get("load_avg_1m") is not None]
+    load = f" · load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    line = f"strata {commit} · {r.get('cpu')} ×{r.get('n_cpu')}{load} · {gpu} · {', '.join(models)}"
     return line + (" · " + ", ".join(peers) if peers else "")
 
 
@@ -415,6 +417,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `strata-bench show runs.jsonl | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         writer = getattr(args, "_writer", None)
         if writer is not None and writer.path is not None:

@@ -96,6 +96,7 @@ class StrataChat(App[None]):
         yield SystemCommand("Thinking on/off", "Toggle thinking for this conversation (/think)", chat.action_toggle_thinking)
         yield SystemCommand("Search conversations", "Search titles and messages (/search)", chat.action_search)
         yield SystemCommand("Model and server", "Show the server and model (/model)", lambda: self._slash("/model"))
+        yield SystemCommand("Reconnect", "Try the server again now (/reconnect)", chat.action_reconnect)
         yield SystemCommand("Toggle sidebar", "Show or hide the conversation list", chat.action_toggle_sidebar)
         yield SystemCommand("Toggle engine panel", "Show or hide the engine panel", chat.action_toggle_engine)
         yield SystemCommand("Help", "Every key and command (F1)", chat.action_help)

@@ -65,6 +65,7 @@ SLASH_COMMANDS: list[SlashCommand] = [
     SlashCommand("/edit", "", "edit the last message and send it again"),
     SlashCommand("/search", "TEXT", "search conversations"),
     SlashCommand("/model", "[NAME]", "show the server and model, or pick a model the server offers"),
+    SlashCommand("/reconnect", "", "try the server again now (restarts the server this chat started)"),
     SlashCommand("/help", "", "keys and commands"),
     SlashCommand("/quit", "", "quit"),
 ]

@@ -36,11 +36,13 @@ class ServerProcess:
         *,
         api_key: str | None = None,
         host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.model = model
         self.engine_args = list(engine_args or [])
         self.api_key = api_key
         self.host = host
+        self.port = port  # 0: a free port, chosen by the server
         self.url: str | None = None
         self.log: collections.deque[str] = collections.deque(maxlen=200)
         self._proc: subprocess.Popen[str] | None = None
@@ -52,7 +54,7 @@ class ServerProcess:
         return self._proc.pid if self._proc else None
 
     def command(self, model: Path) -> list[str]:
-        cmd = [sys.executable, "-m", "strata.cli", "serve", "--model", str(model), "--host", self.host, "--port", "0"]
+        cmd = [sys.executable, "-m", "strata.cli", "serve", "--model", str(model), "--host", self.host, "--port", str(self.port)]
         cmd += self.engine_args
         if self.api_key:
             cmd += ["--api-key", self.api_key]
@@ -63,6 +65,10 @@ class ServerProcess:
 
         Blocking: call it from a worker thread. Returns the server's URL.
         """
+        if self._proc is not None and self._proc.poll() is None:
+            raise ServerStartError("strata serve is already running")
+        self.url = None
+        self._ready.clear()
         model = self.model
         if model is None:
             if on_line:

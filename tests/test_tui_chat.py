@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from textual.pilot import Pilot
 from strata_tui.app import StrataChat
 from strata_tui.server_process import ServerProcess
 from strata_tui.store import Store
-from strata_tui.widgets import ConversationList, MessageView
+from strata_tui.widgets import ConnectionBanner, ConversationList, MessageView
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -115,6 +116,8 @@ def test_send_streams_the_servers_reply(server: ServerProcess, tmp_path: Path) -
             assert reply.content.strip() == expected.strip()
             assert "tokens" in reply.footer_text
             assert views(app, "user")[0].content == "Tell me about experts."
+            await pilot.press("f5")  # copy the reply (OSC 52 in a terminal; kept by the app here)
+            assert app.clipboard == reply.content
     asyncio.run(run())
 
 
@@ -255,6 +258,28 @@ def test_engine_restart_is_shown_and_recovered(server: ServerProcess, tmp_path: 
                            and views(app, "assistant")[-1].content != "", "the reply after the restart", timeout=120)
             assert views(app, "assistant")[-1].footer_text != "cancelled"
     asyncio.run(run())
+
+
+def test_unreachable_server_is_retried_until_it_answers(tmp_path: Path) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    proc = ServerProcess(None, ["--threads", "2"], port=port)
+
+    async def run() -> None:
+        app = StrataChat(server_url=f"http://127.0.0.1:{port}", db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            banner = app.chat.query_one("#banner", ConnectionBanner)
+            await wait_for(pilot, lambda: banner.display and "retrying in" in str(banner.render()), "the countdown")
+            await asyncio.to_thread(proc.start, None, 240)
+            await wait_for(pilot, lambda: app.chat.connected and not banner.display, "connected", timeout=60)
+            assert app.chat.is_strata and app.chat.engine.display
+
+    try:
+        asyncio.run(run())
+    finally:
+        proc.stop()
 
 
 def test_chat_starts_and_stops_its_own_server(tmp_path: Path) -> None:

@@ -115,14 +115,8 @@ strata_status strata_plan_get(const strata_engine *e, strata_plan *out) {
 }
 
 strata_status strata_chunk_layout(const strata_engine *e, int32_t n_tokens, strata_layout *out) {
-    if (!e || !out || n_tokens < 1) return STRATA_ERR_INVALID_ARGUMENT;
-    memset(out, 0, sizeof *out);
-    out->n_tokens = n_tokens;
-    out->buffer_bytes = chunk_buffers_bytes(e, n_tokens);
-    out->ring_slots = 0;
-    out->slots_needed = 0;
-    out->host_bytes = out->buffer_bytes;
-    return STRATA_OK;
+    if (!e || !out) return STRATA_ERR_INVALID_ARGUMENT;
+    return plan_layout(&e->mp, n_tokens, out, (errbuf *)&e->err);
 }
 
 strata_status strata_prefill(strata_engine *e, const int32_t *tokens, int32_t n_tokens, strata_progress_fn progress,
@@ -213,6 +207,7 @@ void strata_stats_reset(strata_engine *e) {
     if (!e) return;
     int32_t state = e->stats.state;
     memset(&e->stats, 0, sizeof e->stats);
+    mem_reset_stats(e);
     e->stats.state = state;
     e->stats.n_past = e->n_past;
 }
@@ -221,16 +216,15 @@ strata_status strata_cache_residency(const strata_engine *e, int32_t *slot_of, i
     if (!e || !slot_of) return STRATA_ERR_INVALID_ARGUMENT;
     int64_t n = (int64_t)e->hp.n_layer * e->hp.n_expert;
     if (cap < n) return STRATA_ERR_INVALID_ARGUMENT;
-    for (int64_t i = 0; i < n; i++) slot_of[i] = -1; /* no expert cache in the engine core */
+    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of ? e->cache.slot_of[i] : -1;
     return STRATA_OK;
 }
 
 strata_status strata_profile_save(strata_engine *e, const char *path) {
     if (!e || !path) return STRATA_ERR_INVALID_ARGUMENT;
-    FILE *f = fopen(path, "w");
-    if (!f) return err_set(&e->err, STRATA_ERR_IO, "cannot write the expert profile to '%s'", path);
-    fclose(f);
-    return STRATA_OK;
+    if (!e->cache.slot_of)
+        return err_set(&e->err, STRATA_ERR_STATE, "this engine has no expert cache (--expert-cache 0): no profile to save");
+    return cache_profile_save(&e->cache, path, &e->err);
 }
 
 /* ---- kernels ----------------------------------------------------------------------------------- */

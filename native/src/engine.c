@@ -14,7 +14,6 @@
 #include "engine_internal.h"
 #include "matmul.h"
 
-#define DEFAULT_CHUNK 256
 #define DEFAULT_MAX_CONTEXT 4096
 
 double engine_now_ms(void) {
@@ -95,54 +94,47 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     return n;
 }
 
-int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
-    chunk_buffers tmp;
-    buf_spec s[32];
-    int n = fill_specs((strata_engine *)e, &tmp, T, s);
-    int64_t total = 0;
-    for (int i = 0; i < n; i++) total += (int64_t)STRATA_ALIGN_UP(s[i].bytes, 64);
-    return total;
-}
-
-void chunk_buffers_free(strata_engine *e) {
-    chunk_buffers *cb = &e->cb;
-    buf_spec s[32];
-    int n = fill_specs(e, cb, 1, s);
-    for (int i = 0; i < n; i++) {
-        free(*s[i].ptr);
-        *s[i].ptr = NULL;
-    }
-    cb->cap = 0;
-}
-
-strata_status chunk_buffers_alloc(strata_engine *e, int32_t T) {
-    if (T <= e->cb.cap) return STRATA_OK;
-    chunk_buffers_free(e);
+strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T) {
     chunk_buffers *cb = &e->cb;
     buf_spec s[32];
     int n = fill_specs(e, cb, T, s);
+    cb->cap = 0;
     for (int i = 0; i < n; i++) {
-        *s[i].ptr = aligned_alloc(64, STRATA_ALIGN_UP(s[i].bytes ? s[i].bytes : 1, 64));
-        if (!*s[i].ptr) {
-            int64_t total = chunk_buffers_bytes(e, T);
-            chunk_buffers_free(e);
-            return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY,
-                           "out of host memory for the buffers of a %d-token prompt chunk (%lld MiB); use a "
-                           "smaller --prefill chunk",
-                           T, (long long)(total >> 20));
-        }
+        /* the name of each buffer goes into the arena's failure record */
+        static const char *names[] = {"x", "xn", "act", "q", "k", "v", "att", "o", "scores", "rope", "router", "sel",
+                                      "wsel", "grp_off", "grp_tok", "grp_slot", "g", "u", "hact", "ye", "segs", "views"};
+        *s[i].ptr = arena_alloc(a, (int64_t)s[i].bytes, i < (int)(sizeof names / sizeof names[0]) ? names[i] : "buffer");
+        if (!*s[i].ptr) return STRATA_ERR_BUDGET;
     }
     cb->cap = T;
     return STRATA_OK;
 }
+
+int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
+    /* the layout itself, run against a measuring arena, with the live pointers put back afterwards */
+    strata_engine *m = (strata_engine *)e;
+    chunk_buffers saved = m->cb;
+    arena a;
+    arena_init_measure(&a);
+    strata_status s = chunk_buffers_alloc(m, &a, T);
+    m->cb = saved;
+    return s == STRATA_OK ? a.used : -1;
+}
+
+strata_status chunk_buffers_use_scratch(strata_engine *e) {
+    arena_reset(&e->scratch);
+    return chunk_buffers_alloc(e, &e->scratch, 1);
+}
+
+void chunk_buffers_free(strata_engine *e) { memset(&e->cb, 0, sizeof e->cb); }
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits) {
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
-    STRATA_TRY(chunk_buffers_alloc(e, T));
     chunk_buffers *cb = &e->cb;
+    STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
     STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
 
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
@@ -167,60 +159,10 @@ strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T,
     return STRATA_OK;
 }
 
-static strata_status check_tokens(strata_engine *e, const int32_t *tokens, int32_t n) {
-    for (int32_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= e->hp.n_vocab)
-            return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT,
-                           "token %d at position %d is not in the vocabulary (0..%d)", tokens[i], i,
-                           e->hp.n_vocab - 1);
-    return STRATA_OK;
-}
-
-strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
-                             void *user) {
-    if (n < 0 || (n > 0 && !tokens))
-        return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "prefill: no tokens given");
-    if (n == 0) return STRATA_OK;
-    STRATA_TRY(check_tokens(e, tokens, n));
-    if ((int64_t)e->n_past + n > e->n_ctx)
-        return err_set(&e->err, STRATA_ERR_CONTEXT,
-                       "the prompt does not fit in the context: %d tokens already in it + %d new > %d "
-                       "(raise --max-context or shorten the prompt)",
-                       e->n_past, n, e->n_ctx);
-    const int32_t start = e->n_past;
-    double t0 = engine_now_ms();
-    e->stats.state = 1;
-    e->stats.prompt_done = 0;
-    e->stats.prompt_total = n;
-    e->stats.last_chunk = n < e->chunk ? n : e->chunk;
-    strata_status s = STRATA_OK;
-    for (int32_t done = 0; done < n;) {
-        int32_t T = n - done < e->chunk ? n - done : e->chunk;
-        s = engine_forward(e, tokens + done, T, MOE_PHASE_PREFILL, done + T == n);
-        if (s != STRATA_OK) break;
-        e->n_past += T;
-        done += T;
-        e->stats.prompt_done = done;
-        if (progress && progress(user, done, n) != 0 && done < n) {
-            s = err_set(&e->err, STRATA_ERR_CANCELLED, "prefill cancelled after %d of %d prompt tokens", done, n);
-            break;
-        }
-    }
-    if (s != STRATA_OK) {
-        /* roll back: the cache rows past start are simply forgotten */
-        e->n_past = start;
-        e->has_logits = 0;
-    } else {
-        e->stats.prompt_tokens += n;
-    }
-    e->stats.prompt_ms += engine_now_ms() - t0;
-    e->stats.state = 0;
-    e->stats.n_past = e->n_past;
-    return s;
-}
-
 strata_status engine_decode(strata_engine *e, int32_t token) {
-    STRATA_TRY(check_tokens(e, &token, 1));
+    if (token < 0 || token >= e->hp.n_vocab)
+        return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "token %d is not in the vocabulary (0..%d)", token,
+                       e->hp.n_vocab - 1);
     if (e->n_past + 1 > e->n_ctx)
         return err_set(&e->err, STRATA_ERR_CONTEXT,
                        "the context is full (%d tokens); raise --max-context or start a new conversation", e->n_ctx);
@@ -229,11 +171,13 @@ strata_status engine_decode(strata_engine *e, int32_t token) {
     if (s == STRATA_OK) {
         e->n_past++;
         e->stats.decode_tokens++;
+        cache_token_done(&e->cache);
     } else {
         e->has_logits = 0;
     }
     e->stats.decode_ms += engine_now_ms() - t0;
     e->stats.n_past = e->n_past;
+    mem_sync_stats(e);
     return s;
 }
 
@@ -263,32 +207,6 @@ static strata_status check_params(const strata_params *p, errbuf *err) {
     return STRATA_OK;
 }
 
-/* The plan of the engine core: everything resident in host memory, no expert cache yet. The memory
- * plan (plan.c) replaces this with the budgeted one. */
-static void plan_basic(strata_engine *e) {
-    strata_plan *p = &e->plan;
-    memset(p, 0, sizeof *p);
-    p->device = STRATA_DEVICE_CPU;
-    p->resident_bytes = e->w.resident_bytes;
-    p->kv_bytes = kv_bytes(e->params.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim);
-    p->scratch_bytes = chunk_buffers_bytes(e, 1);
-    p->reserve_bytes = (int64_t)e->params.vram_reserve_mib << 20;
-    p->slot_bytes = STRATA_ALIGN_UP(e->w.expert_bytes, 256);
-    p->n_experts_total = e->hp.n_layer * e->hp.n_expert;
-    p->n_slots = 0;
-    p->max_context = e->n_ctx;
-    p->kv_type = e->params.kv_type;
-    p->auto_chunk = e->chunk;
-    p->lend_policy = e->params.lend_policy;
-    p->miss_policy = STRATA_MISS_HOST;
-    p->cache_policy = e->params.cache_policy;
-    p->host_expert_bytes = e->w.expert_bytes * e->hp.n_expert * e->hp.n_layer;
-    p->host_borrow_bytes = chunk_buffers_bytes(e, e->chunk);
-    p->budget_bytes = e->params.vram_budget;
-    p->n_threads = pool_size(e->pool);
-    p->simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
-}
-
 strata_status engine_open(const char *path, const strata_params *params, strata_engine **out, errbuf *err) {
     *out = NULL;
     strata_params p = params ? *params : strata_default_params();
@@ -314,34 +232,24 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
 
     e->n_ctx = p.max_context > 0 ? p.max_context
                                  : (e->hp.n_ctx_train < DEFAULT_MAX_CONTEXT ? e->hp.n_ctx_train : DEFAULT_MAX_CONTEXT);
-    e->chunk = p.prefill_chunk > 0 ? p.prefill_chunk : (p.prefill_max > 0 ? p.prefill_max : DEFAULT_CHUNK);
-    if (e->chunk > e->n_ctx) e->chunk = e->n_ctx;
     int nt = p.n_threads > 0 ? p.n_threads : pool_cpu_count();
     s = pool_create(nt, &e->pool, err);
     if (s != STRATA_OK) goto fail;
-    if (p.kv_type != STRATA_KV_F16) {
-        s = err_set(err, STRATA_ERR_UNSUPPORTED, "--kv int8 is not available in this build; use --kv f16");
-        goto fail;
-    }
-    s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim, err);
+    trace_emit(&e->trace, "model %s: D=%d layers=%d heads=%d/%d hd=%d experts=%d used=%d F=%d vocab=%d; %d threads",
+               e->hp.arch, e->hp.n_embd, e->hp.n_layer, e->hp.n_head, e->hp.n_head_kv, e->hp.head_dim,
+               e->hp.n_expert, e->hp.n_expert_used, e->hp.n_ff_exp, e->hp.n_vocab, nt);
+    /* the memory plan decides the context, the chunk, the device arena and the cache */
+    s = mem_open(e, err);
+    if (s != STRATA_OK) goto fail;
+    s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
+                p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
     if (s != STRATA_OK) goto fail;
     e->logits = calloc((size_t)e->hp.n_vocab, sizeof(float));
     if (!e->logits) {
         s = err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the logits");
         goto fail;
     }
-    s = chunk_buffers_alloc(e, 1);
-    if (s != STRATA_OK) {
-        memcpy(err, &e->err, sizeof *err);
-        goto fail;
-    }
-    plan_basic(e);
-    trace_emit(&e->trace,
-               "model %s: D=%d layers=%d heads=%d/%d hd=%d experts=%d used=%d F=%d vocab=%d; context %d, chunk %d, "
-               "%d threads, kernels %s",
-               e->hp.arch, e->hp.n_embd, e->hp.n_layer, e->hp.n_head, e->hp.n_head_kv, e->hp.head_dim,
-               e->hp.n_expert, e->hp.n_expert_used, e->hp.n_ff_exp, e->hp.n_vocab, e->n_ctx, e->chunk, nt,
-               e->plan.simd == STRATA_SIMD_AVX512 ? "avx512" : e->plan.simd == STRATA_SIMD_AVX2 ? "avx2" : "scalar");
+    trace_emit(&e->trace, "ready in %.1f ms", engine_now_ms() - t0);
     *out = e;
     return STRATA_OK;
 fail:
@@ -354,6 +262,7 @@ void engine_close(strata_engine *e) {
     chunk_buffers_free(e);
     free(e->logits);
     kv_free(&e->kv);
+    mem_close(e);
     pool_destroy(e->pool);
     model_free(&e->w);
     gguf_close(&e->file);

@@ -19,10 +19,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
+#include "cache.h"
 #include "error.h"
 #include "gguf.h"
 #include "kv.h"
 #include "model.h"
+#include "plan.h"
 #include "quant.h"
 #include "strata.h"
 #include "threads.h"
@@ -38,7 +41,8 @@ typedef struct expert_view {
 } expert_view;
 
 /* Buffers of one prompt chunk of up to cap tokens (a decode step uses the first row of each).
- * Allocated only by chunk_buffers_alloc, freed only by chunk_buffers_free. */
+ * Laid out only by chunk_buffers_alloc, inside an arena: the decode scratch (T = 1), the slots lent
+ * to a prompt, or a measuring arena (layout(T)). */
 typedef struct chunk_buffers {
     int32_t cap;          /* T the buffers hold */
     size_t act_stride;    /* bytes of one quantized activation row (the largest any weight needs) */
@@ -80,11 +84,22 @@ struct strata_engine {
     const quant_traits *qt;   /* kernel table of the level in use */
     int32_t n_ctx;            /* KV positions */
     int32_t chunk;            /* prompt chunk in tokens */
+    plan mp;                  /* the memory plan (plan.c); plan above is its public part */
+    uint8_t *dev_mem;         /* CPU backend: the host block standing in for device memory [dev_len] */
+    size_t dev_len;
+    arena dev;                /* the device budget over dev_mem */
+    arena scratch;            /* decode scratch inside dev: the layout of one token */
+    uint8_t *own_chunk;       /* --expert-cache 0: the prompt path's own buffers inside dev */
+    expert_cache cache;       /* slots inside dev, residency, counters */
 
     /* ---- 4. run state: owned ---- */
     pool *pool;
     kv_cache kv;
     chunk_buffers cb;
+    uint8_t *ring;            /* while a prompt is read: ring_slots staging slots inside the loan */
+    int32_t ring_slots;
+    int64_t ring_next;        /* next ring slot to fill (mod ring_slots) */
+    int32_t moe_batch;        /* experts fetched together by moe_block (ring depth while reading a prompt) */
     float *logits;            /* [V] of the last processed token */
     int32_t has_logits;
     int32_t n_past;           /* tokens in the KV cache */
@@ -100,10 +115,13 @@ typedef enum moe_phase {
     MOE_PHASE_DECODE = 1,  /* one generated token */
 } moe_phase;
 
-/* Ensure the chunk buffers hold T tokens (the one place they are allocated). */
-strata_status chunk_buffers_alloc(strata_engine *e, int32_t T);
+/* Lay the chunk buffers of T tokens out in arena a (the one place they are laid out). BUDGET without a
+ * message when a buffer does not fit: the arena records which and by how much. */
+strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T);
+/* Point the chunk buffers back at the decode scratch (after a prompt gave its loan back). */
+strata_status chunk_buffers_use_scratch(strata_engine *e);
 void chunk_buffers_free(strata_engine *e);
-/* Bytes chunk_buffers_alloc takes for T tokens. */
+/* Bytes chunk_buffers_alloc takes for T tokens (it, run against a measuring arena). */
 int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T);
 
 /* RMSNorm of n rows of D values: out[i] = x[i] / rms(x) * w[i]. Sum of squares in double, in order. */
@@ -116,6 +134,9 @@ strata_status moe_block(strata_engine *e, int32_t layer, int32_t T, moe_phase ph
 /* moe.c: the ONE way to reach a routed expert's weights (gate, up, down and their types) during a
  * phase. The memory plan points it at a cache slot, a ring slot or the mapped file. */
 strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_phase phase, expert_view *out);
+/* moe.c: copy an expert's gate, up and down from the mapped file into dst (a slot); returns the bytes.
+ * ctx is the engine (the expert cache's copy function). */
+int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst);
 /* engine.c: embed T tokens, run every layer, compute the logits of the last token when want_logits. */
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits);
 
@@ -125,6 +146,14 @@ void engine_close(strata_engine *e);
 strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
                              void *user);
 strata_status engine_decode(strata_engine *e, int32_t token);
+/* prefill.c: the memory plan, device arena and expert cache at open (after the model and the thread
+ * pool), and their end at close. */
+strata_status mem_open(strata_engine *e, errbuf *err);
+void mem_close(strata_engine *e);
+/* prefill.c: counters of the cache copied into e->stats. */
+void mem_sync_stats(strata_engine *e);
+/* prefill.c: zero the cache's counters (strata_stats_reset). */
+void mem_reset_stats(strata_engine *e);
 double engine_now_ms(void);
 
 #endif

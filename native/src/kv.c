@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "quant.h"
+#include "strata.h"
 
 static int64_t row_bytes(int32_t type, int32_t n) {
     switch (type) {
@@ -24,8 +25,22 @@ int64_t kv_bytes(int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv
     return 2 * rb * n_layer * (int64_t)n_ctx;
 }
 
+/* Scalar kernels: 8 partial sums by index mod 8, combined pairwise. */
+static float dot_f16_scalar(int32_t n, const uint16_t *k, const float *q) {
+    float acc[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += quant_f16_lut[k[i + j]] * q[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += quant_f16_lut[k[i]] * q[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static void axpy_f16_scalar(int32_t n, float a, const uint16_t *v, float *out) {
+    for (int32_t i = 0; i < n; i++) out[i] += a * quant_f16_lut[v[i]];
+}
+
 strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv,
-                      int32_t head_dim, errbuf *err) {
+                      int32_t head_dim, int32_t simd, errbuf *err) {
     memset(kv, 0, sizeof *kv);
     int64_t rb = row_bytes(type, n_head_kv * head_dim);
     if (rb < 0)
@@ -46,6 +61,8 @@ strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx
     kv->n_head_kv = n_head_kv;
     kv->head_dim = head_dim;
     kv->row_bytes = (size_t)rb;
+    kv->kern = (kv_kernels){dot_f16_scalar, axpy_f16_scalar};
+    if (simd >= STRATA_SIMD_AVX2) kv_kernels_avx2(&kv->kern);
     return STRATA_OK;
 }
 
@@ -69,18 +86,12 @@ void kv_store(kv_cache *kv, int32_t layer, int32_t pos, const float *k, const fl
     }
 }
 
-/* Fixed order: 8 partial sums by index mod 8, combined pairwise (independent of threads and T). */
 float kv_dot_k(const kv_cache *kv, int32_t layer, int32_t pos, int32_t head, const float *q) {
     const uint16_t *kr = (const uint16_t *)(kv->k + row_off(kv, layer, pos)) + (size_t)head * kv->head_dim;
-    float acc[8] = {0};
-    int32_t d = kv->head_dim, i = 0;
-    for (; i + 8 <= d; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += quant_f16_lut[kr[i + j]] * q[i + j];
-    for (int j = 0; i < d; i++, j++) acc[j] += quant_f16_lut[kr[i]] * q[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return kv->kern.dot_f16(kv->head_dim, kr, q);
 }
 
 void kv_acc_v(const kv_cache *kv, int32_t layer, int32_t pos, int32_t head, float p, float *out) {
     const uint16_t *vr = (const uint16_t *)(kv->v + row_off(kv, layer, pos)) + (size_t)head * kv->head_dim;
-    for (int32_t i = 0; i < kv->head_dim; i++) out[i] += p * quant_f16_lut[vr[i]];
+    kv->kern.axpy_f16(kv->head_dim, p, vr, out);
 }

@@ -35,10 +35,24 @@ static void mm_item(void *ctx, int64_t item, int thread) {
     int64_t r0 = (item - j->first_item[lo]) * j->rows_per_item;
     int64_t r1 = r0 + j->rows_per_item;
     if (r1 > s->w.rows) r1 = s->w.rows;
+    const size_t rb = s->w.row_bytes;
     for (int32_t t0 = 0; t0 < s->n; t0 += MM_TOKEN_TILE) {
         int32_t t1 = t0 + MM_TOKEN_TILE < s->n ? t0 + MM_TOKEN_TILE : s->n;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *wr = s->w.data + (size_t)r * s->w.row_bytes;
+        int64_t r = r0;
+        /* four rows at a time where the type has a kernel for it (bit-identical per row to vec_dot) */
+        quant_dot_x4_fn x4 = quant_get_x4(s->qt);
+        if (x4) {
+            for (; r + 4 <= r1; r += 4) {
+                const uint8_t *wr = s->w.data + (size_t)r * rb;
+                for (int32_t t = t0; t < t1; t++) {
+                    const uint8_t *a = s->act + (size_t)(s->act_idx ? s->act_idx[t] : t) * s->act_stride;
+                    float *y = s->y + (int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld;
+                    x4(s->w.cols, wr, rb, a, y + r);
+                }
+            }
+        }
+        for (; r < r1; r++) {
+            const uint8_t *wr = s->w.data + (size_t)r * rb;
             for (int32_t t = t0; t < t1; t++) {
                 const uint8_t *a = s->act + (size_t)(s->act_idx ? s->act_idx[t] : t) * s->act_stride;
                 float *y = s->y + (int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld;

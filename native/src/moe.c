@@ -21,10 +21,8 @@
 
 /* ---- expert access (the seam of the memory plan) ----------------------------------------------- */
 
-/* Today: slices of the mapped file. */
-strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_phase phase, expert_view *out) {
-    (void)phase;
-    STRATA_ASSERT(&e->err, layer >= 0 && layer < e->hp.n_layer && expert >= 0 && expert < e->hp.n_expert);
+/* The expert's slices in the mapped file (host memory). */
+static void host_view(const strata_engine *e, int32_t layer, int32_t expert, expert_view *out) {
     const layer_weights *L = &e->w.layers[layer];
     const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd;
     out->gate = L->gate_exps;
@@ -36,6 +34,53 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
     out->down = L->down_exps;
     out->down.rows = D;
     out->down.data += (size_t)expert * (size_t)D * L->down_exps.row_bytes;
+}
+
+/* A slot holds gate, up and down back to back, each in the file's own layout. */
+static void slot_view(const expert_view *host, const uint8_t *slot, expert_view *out) {
+    *out = *host;
+    size_t gb = (size_t)host->gate.rows * host->gate.row_bytes, ub = (size_t)host->up.rows * host->up.row_bytes;
+    out->gate.data = slot;
+    out->up.data = slot + gb;
+    out->down.data = slot + gb + ub;
+}
+
+int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst) {
+    const strata_engine *e = ctx;
+    expert_view h;
+    host_view(e, layer, expert, &h);
+    size_t gb = (size_t)h.gate.rows * h.gate.row_bytes, ub = (size_t)h.up.rows * h.up.row_bytes;
+    size_t db = (size_t)h.down.rows * h.down.row_bytes;
+    memcpy(dst, h.gate.data, gb);
+    memcpy(dst + gb, h.up.data, ub);
+    memcpy(dst + gb + ub, h.down.data, db);
+    return (int64_t)(gb + ub + db);
+}
+
+/* Decode: a hit runs from its slot; a miss from host memory, or from the victim slot it was copied
+ * into (--miss copy). Prefill: a resident expert runs from its slot, any other is copied from the
+ * mapped file into the next ring slot (the ring is laid out in the loan; moe_block fetches at most
+ * ring-depth experts before computing them, so a ring slot is never reused while in use). */
+strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_phase phase, expert_view *out) {
+    STRATA_ASSERT(&e->err, layer >= 0 && layer < e->hp.n_layer && expert >= 0 && expert < e->hp.n_expert);
+    host_view(e, layer, expert, out);
+    expert_cache *c = &e->cache;
+    if (c->n_slots == 0) return STRATA_OK; /* no expert cache: host memory */
+    if (phase == MOE_PHASE_DECODE) {
+        int32_t s = cache_decode_lookup(c, layer, expert);
+        if (s >= 0) slot_view(out, cache_slot_ptr(c, s), out);
+        return STRATA_OK;
+    }
+    int32_t s = cache_prefill_lookup(c, layer, expert);
+    if (s >= 0) {
+        slot_view(out, cache_slot_ptr(c, s), out);
+        return STRATA_OK;
+    }
+    STRATA_ASSERT(&e->err, e->ring && e->ring_slots > 0);
+    uint8_t *dst = e->ring + (size_t)(e->ring_next++ % e->ring_slots) * (size_t)c->slot_bytes;
+    int64_t n = moe_expert_copy(e, layer, expert, dst);
+    e->stats.bytes_streamed += (uint64_t)n;
+    slot_view(out, dst, out);
     return STRATA_OK;
 }
 
@@ -103,42 +148,49 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
                 }
     }
 
-    /* gate and up of every active expert in one job */
+    /* Experts in batches: all active experts at once, except while a prompt streams experts through
+     * the ring, where a batch holds at most ring-depth experts. Each (token, k) row is computed the same
+     * way whatever the batch, so the batching never changes a result. */
     mm_quantize(e->qt, L->gate_exps.type, cb->xn, D, T, D, cb->act, cb->act_stride);
     const quant_traits *qg = quant_lookup(e->qt, L->gate_exps.type);
     const quant_traits *qd = quant_lookup(e->qt, L->down_exps.type);
-    int32_t n_active = 0;
-    for (int32_t x = 0; x < E; x++) n_active += cb->grp_off[x + 1] > cb->grp_off[x];
-    STRATA_ASSERT(&e->err, n_active <= E);
-    mm_seg *segs = cb->segs;          /* [2 * n_active] */
-    expert_view *views = cb->views;   /* [n_active] */
-    int32_t ns = 0, a = 0;
-    for (int32_t x = 0; x < E; x++) {
-        int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;
-        if (n == 0) continue;
-        STRATA_TRY(moe_expert(e, l, x, phase, &views[a]));
-        segs[ns++] = (mm_seg){qg, views[a].gate, cb->act, cb->act_stride, cb->grp_tok + off, n, cb->g + (int64_t)off * F, F, NULL};
-        segs[ns++] = (mm_seg){qg, views[a].up, cb->act, cb->act_stride, cb->grp_tok + off, n, cb->u + (int64_t)off * F, F, NULL};
-        a++;
-    }
-    mm_run(e->pool, segs, ns);
+    const int32_t batch = phase == MOE_PHASE_PREFILL && e->moe_batch > 0 ? e->moe_batch : E;
+    mm_seg *segs = cb->segs;          /* [2 * batch] */
+    expert_view *views = cb->views;   /* [batch] */
+    for (int32_t x0 = 0; x0 < E;) {
+        cache_step_begin(&e->cache); /* the slots of this batch are pinned until the next one */
+        int32_t ns = 0, a = 0, x = x0;
+        for (; x < E && a < batch; x++) {
+            int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;
+            if (n == 0) continue;
+            STRATA_TRY(moe_expert(e, l, x, phase, &views[a]));
+            segs[ns++] = (mm_seg){qg, views[a].gate, cb->act, cb->act_stride, cb->grp_tok + off, n, cb->g + (int64_t)off * F, F, NULL};
+            segs[ns++] = (mm_seg){qg, views[a].up, cb->act, cb->act_stride, cb->grp_tok + off, n, cb->u + (int64_t)off * F, F, NULL};
+            a++;
+        }
+        const int32_t x1 = x, r0 = cb->grp_off[x0], r1 = cb->grp_off[x1]; /* rows [r0, r1) of this batch */
+        if (a > 0) {
+            mm_run(e->pool, segs, ns);
 
-    /* SwiGLU, quantized per row for the down products */
-    int64_t n_pairs = (int64_t)T * K;
-    for (int64_t i = 0; i < n_pairs * F; i++) cb->g[i] = silu(cb->g[i]) * cb->u[i];
-    mm_quantize(e->qt, L->down_exps.type, cb->g, F, (int32_t)n_pairs, F, cb->hact, cb->act_stride);
+            /* SwiGLU, quantized per row for the down products */
+            for (int64_t i = (int64_t)r0 * F; i < (int64_t)r1 * F; i++) cb->g[i] = silu(cb->g[i]) * cb->u[i];
+            mm_quantize(e->qt, L->down_exps.type, cb->g + (int64_t)r0 * F, F, r1 - r0, F,
+                        cb->hact + (size_t)r0 * cb->act_stride, cb->act_stride);
 
-    /* down of every active expert in one job, each output row going to its (token, k) slot */
-    ns = 0;
-    a = 0;
-    for (int32_t x = 0; x < E; x++) {
-        int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;
-        if (n == 0) continue;
-        segs[ns++] = (mm_seg){qd, views[a].down, cb->hact + (size_t)off * cb->act_stride, cb->act_stride, NULL, n,
-                              cb->ye, D, cb->grp_slot + off};
-        a++;
+            /* down of every expert of the batch, each output row going to its (token, k) slot */
+            ns = 0;
+            a = 0;
+            for (x = x0; x < x1; x++) {
+                int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;
+                if (n == 0) continue;
+                segs[ns++] = (mm_seg){qd, views[a].down, cb->hact + (size_t)off * cb->act_stride, cb->act_stride, NULL,
+                                      n, cb->ye, D, cb->grp_slot + off};
+                a++;
+            }
+            mm_run(e->pool, segs, ns);
+        }
+        x0 = x1;
     }
-    mm_run(e->pool, segs, ns);
 
     /* weighted sum in k order (best expert first), then into the residual stream */
     for (int32_t t = 0; t < T; t++) {

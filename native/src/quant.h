@@ -27,6 +27,17 @@ typedef struct quant_traits {
     float (*vec_dot)(int64_t n, const void *w, const void *act);
 } quant_traits;
 
+/*
+ * Optional four-row kernels: four weight rows, w_stride bytes apart, against one activation row.
+ * out[i] must be bit-identical to vec_dot(n, w + i * w_stride, act): the same operations in the same
+ * order for each output, only interleaved, so that the four share the activation loads. A family sets
+ * one from its register function with quant_set_x4(table, type, fn); types without one use vec_dot.
+ */
+typedef void (*quant_dot_x4_fn)(int64_t n, const void *w, size_t w_stride, const void *act, float out[4]);
+void quant_set_x4(const quant_traits table[], int32_t type, quant_dot_x4_fn fn);
+/* The four-row kernel of a type's traits (as returned by quant_lookup), or NULL. */
+quant_dot_x4_fn quant_get_x4(const quant_traits *traits);
+
 /* Type ids are GGUF's; tables are indexed by them. */
 #define QUANT_N_TYPES 40
 

@@ -7,6 +7,7 @@ the ``tiny`` preset at its default quant, Q8_0, seed 0.
 from __future__ import annotations
 
 from ._presets import PRESETS, Preset, get_preset
+from ._weights import tensor_specs
 from ._writer import (
     MAKER_VERSION,
     QUANTS,
@@ -14,6 +15,7 @@ from ._writer import (
     ensure_model,
     make_model,
     model_cache_path,
+    write_weights,
 )
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "get_preset",
     "make_model",
     "model_cache_path",
+    "tensor_specs",
+    "write_weights",
 ]
 
 

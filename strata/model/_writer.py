@@ -35,6 +35,7 @@ __all__ = [
     "model_cache_path",
     "quantize",
     "tensor_types",
+    "write_weights",
 ]
 
 # Bump when the bytes a (preset, quant, seed) makes change: cached files are keyed by it.
@@ -242,10 +243,18 @@ def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-u
     w.add_chat_template(CHAT_TEMPLATE)
 
 
-def _write(path: Path, p: Preset, quant: str, seed: int) -> None:
+def _write(
+    path: Path, p: Preset, quant: str, seed: int, weights: dict[str, np.ndarray] | None = None
+) -> None:
     from gguf import GGML_QUANT_SIZES, GGUFWriter
 
     specs = tensor_specs(p)
+    if weights is not None:
+        want = {n: s for n, s in specs}
+        got = {n: tuple(a.shape) for n, a in weights.items()}
+        if got != want:
+            diff = sorted(set(got.items()) ^ set(want.items()))
+            raise ValueError(f"weights do not match the preset's tensors (name, shape) at: {diff[:6]}")
     types = tensor_types(p, quant)
     if any(t not in _GGUF_PY_QUANTIZES for t in types.values()):
         _quants_module(next(t for t in types.values() if t not in _GGUF_PY_QUANTIZES))
@@ -264,7 +273,9 @@ def _write(path: Path, p: Preset, quant: str, seed: int) -> None:
         w.write_ti_data_to_file()
         for name, shape in specs:
             t = types[name]
-            if pools is not None and t != "F32":
+            if weights is not None:
+                data = quantize(weights[name], t)
+            elif pools is not None and t != "F32":
                 data = pools.rows(name, shape, t)
             else:
                 data = quantize(gen.tensor(name, shape), t)
@@ -330,6 +341,20 @@ def make_model(
         if check:
             _check_routing(tmp, p, say)
             say(f"routing checked in {time.perf_counter() - t1:.1f} s")
+    return target
+
+
+def write_weights(
+    path: str | Path, preset: Preset, weights: dict[str, np.ndarray], quant: str = "f32", seed: int = 0
+) -> Path:
+    """Write given float weights (GGUF names, NumPy shapes as in ``tensor_specs``) as a model file.
+
+    The metadata, tokenizer and chat template are the same as ``make_model``'s; no routing check.
+    """
+    preset.validate()
+    target = Path(path)
+    with atomic_path(target) as tmp:
+        _write(tmp, preset, _check_quant(quant), seed, weights)
     return target
 
 

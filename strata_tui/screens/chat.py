@@ -19,6 +19,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header, ListView, Static
 
 from ..client import ApiError, Delta, Finished, Unreachable, friendly_error
@@ -51,6 +52,13 @@ __all__ = ["ChatScreen"]
 
 _NEW_TITLE = "New conversation"
 _BUSY_STATES = ("loading", "reading", "generating", "restarting")
+# Streamed text is drawn at most this often: every draw of a growing reply lays out and repaints the
+# conversation, and at one draw per token a fast model would keep the event loop busy enough to delay
+# the keys the user types. Batches of ~80 ms still read as a smooth stream; while the user is typing,
+# the stream is drawn less often still, so that keys rarely have to wait behind a draw.
+_DRAW_INTERVAL_S = 0.08
+_DRAW_INTERVAL_TYPING_S = 0.3
+_TYPING_S = 0.5
 
 
 class _Reply:
@@ -64,6 +72,8 @@ class _Reply:
         self.t0 = time.perf_counter()
         self.t_first: float | None = None
         self.n_pieces = 0
+        self.pending = Delta()  # text received but not drawn yet (drawn in batches, see _flush)
+        self.flush_timer: Timer | None = None
 
 
 class ChatScreen(Screen[None]):
@@ -132,7 +142,7 @@ class ChatScreen(Screen[None]):
     async def _connect(self) -> None:
         app = self.chat_app
         proc = app.server_process
-        if proc is not None and proc.url is None:
+        if proc is not None and (proc.url is None or proc.exited() is not None):
             self.post_message(ServerStarting("starting strata serve…"))
             try:
                 url = await asyncio.to_thread(proc.start, lambda line: self.post_message(ServerStarting(line)))
@@ -185,7 +195,7 @@ class ChatScreen(Screen[None]):
             await asyncio.sleep(0.25 if busy else 1.0)
 
     def on_server_starting(self, msg: ServerStarting) -> None:
-        self.engine.set_starting(msg.detail[-60:])
+        self.engine.set_starting(msg.detail[:96])
         self.sub_title = "starting the server…"
 
     def on_server_connected(self, msg: ServerConnected) -> None:
@@ -306,7 +316,8 @@ class ChatScreen(Screen[None]):
             await log.mount_all(views)
         log.scroll_end(animate=False)
         self._show_conv_title()
-        self.engine.set_live(context_used=_context_used(msg.messages))
+        last = next((m for m in reversed(msg.messages) if m.role == "assistant"), None)
+        self.engine.set_live(context_used=_context_used(msg.messages), ttft_s=_ttft(last.meta) if last else None)
 
     def _show_conv_title(self) -> None:
         if self.conv is None:
@@ -430,8 +441,23 @@ class ChatScreen(Screen[None]):
             r.view.set_footer("")
             self.engine.set_live(ttft_s=now - r.t0)
         r.n_pieces += 1
-        await r.view.append(msg.delta)
-        if r.n_pieces > 1 and now > r.t_first and r.n_pieces % 4 == 0:
+        r.pending.content += msg.delta.content
+        r.pending.reasoning += msg.delta.reasoning
+        if r.n_pieces == 1:
+            await self._flush(r)  # the first words show at once
+        elif r.flush_timer is None:
+            typing = time.monotonic() - self.input.last_key_at < _TYPING_S
+            r.flush_timer = self.set_timer(_DRAW_INTERVAL_TYPING_S if typing else _DRAW_INTERVAL_S, lambda: self._flush(r))
+
+    async def _flush(self, r: _Reply) -> None:
+        """Draw what arrived since the last draw."""
+        r.flush_timer = None
+        if self.reply is not r or not (r.pending.content or r.pending.reasoning):
+            return
+        piece, r.pending = r.pending, Delta()
+        await r.view.append(piece)
+        now = time.perf_counter()
+        if r.n_pieces > 1 and r.t_first is not None and now > r.t_first:
             self.engine.set_live(tps=(r.n_pieces - 1) / (now - r.t_first))
         self.log_view.follow()
 
@@ -439,6 +465,7 @@ class ChatScreen(Screen[None]):
         r = self.reply
         if r is None or r.rid != msg.reply_id:
             return
+        await self._flush(r)
         self.reply = None
         await r.view.end_stream()
         if msg.message is not None:
@@ -462,6 +489,7 @@ class ChatScreen(Screen[None]):
         r = self.reply
         if r is None or r.rid != msg.reply_id:
             return
+        await self._flush(r)
         self.reply = None
         await r.view.end_stream()
         if not r.view.content and not r.view.reasoning:
@@ -695,6 +723,15 @@ class ChatScreen(Screen[None]):
         if self.is_strata:
             self.engine.display = not self.engine.display
 
+    def action_reconnect(self) -> None:
+        """Try the server again now (and start it again when this chat started it and it stopped)."""
+        if self._worker_running("server"):
+            self.workers.cancel_group(self, "server")
+        proc = self.chat_app.server_process
+        if proc is not None and proc.exited() is not None:
+            proc.url = None
+        self._connect()
+
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())
 
@@ -767,6 +804,8 @@ class ChatScreen(Screen[None]):
             sidebar.query_one("#search").value = arg  # type: ignore[attr-defined]
         elif name == "/model":
             await self._model(arg)
+        elif name == "/reconnect":
+            self.action_reconnect()
         else:
             raise ValueError(f"unknown command {name} — /help lists them")
 
@@ -845,10 +884,7 @@ def _footer_for(m: StoredMessage, fin: Finished | None = None) -> str:
 
 
 def _ttft(meta: dict[str, Any]) -> float | None:
-    """Time to the first token: the server's own prompt time when it reports one, else what the client saw."""
-    t = meta.get("timings") or {}
-    if t.get("prompt_ms") is not None:
-        return float(t["prompt_ms"]) / 1000.0
+    """Time to the first token as the user saw it: from sending the request to the first text."""
     v = meta.get("ttft_s")
     return None if v is None else float(v)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from textual import events
@@ -23,12 +24,14 @@ class ChatInput(TextArea):
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)  # type: ignore[arg-type]
         self.newline_keys = newline_keys
         self.last_sent = ""
+        self.last_key_at = 0.0  # time.monotonic() of the last key typed here
 
     def on_mount(self) -> None:
         if self.app.is_headless:
             self.cursor_blink = False  # screenshots in tests must not depend on the blink phase
 
     async def _on_key(self, event: events.Key) -> None:
+        self.last_key_at = time.monotonic()
         if event.key == "enter":
             event.stop()
             event.prevent_default()

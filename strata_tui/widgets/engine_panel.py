@@ -76,6 +76,7 @@ class EnginePanel(Vertical):
 
     def set_unreachable(self) -> None:
         self.state = "unreachable"
+        self.detail = ""
         self.refresh_view()
 
     def set_status(self, status: dict[str, Any]) -> None:
@@ -98,7 +99,7 @@ class EnginePanel(Vertical):
             return
         label, style = _STATES.get(self.state, (self.state, ""))
         st = Text.assemble(("● ", _rich_style(style)), (label, "bold"))
-        self.query_one("#engine-state", Static).update(st)
+        self.query_one("#engine-state", Static).update(st, layout=False)
 
         s = self.status
         prompt = s.get("prompt") if self.state == "reading" else None
@@ -109,7 +110,7 @@ class EnginePanel(Vertical):
             tps = float(prompt.get("tokens_per_second") or 0.0)
             bar.update(total=total, progress=done)
             left = f" · {_eta((total - done) / tps)} left" if tps > 0 else ""
-            plabel.update(f"prompt {done:,} / {total:,} tokens\n{tps:,.0f} tok/s{left}")
+            plabel.update(f"prompt {done:,} / {total:,} tokens\n{tps:,.0f} tok/s{left}", layout=False)
             bar.display = plabel.display = True
         else:
             bar.display = plabel.display = False
@@ -117,9 +118,9 @@ class EnginePanel(Vertical):
         lines: list[tuple[str, str]] = []
         if self.detail:
             lines.append(("", self.detail))
-        model = s.get("model")
+        model = str(s.get("model") or "")
         if model:
-            lines.append(("model", str(model)))
+            lines.append(("model", model if len(model) <= 22 else model[:21] + "…"))
         lr = ((s.get("last_request") or {}).get("timings")) or {}
         tps = self.live_tps if self.state == "generating" and self.live_tps else lr.get("predicted_per_second")
         if tps is None:
@@ -153,8 +154,11 @@ class EnginePanel(Vertical):
             lines.append(("memory", mem + (f" · {int(util)}%" if util is not None else "")))
         elif budget:
             dev = budget.get("device", "cpu")
-            size = _gib(float(budget.get("budget_bytes") or 0))
-            lines.append(("memory", f"{size}" + (" emulated" if dev == "cpu" else " budget")))
+            nbytes = float(budget.get("budget_bytes") or 0)
+            if nbytes <= 0:
+                lines.append(("memory", "no cache budget"))
+            else:
+                lines.append(("memory", f"{_gib(nbytes)}" + (" emulated" if dev == "cpu" else " budget")))
         eng = s.get("engine") or {}
         if eng.get("restarts"):
             code = eng.get("last_exit_code")
@@ -169,7 +173,8 @@ class EnginePanel(Vertical):
             if k:
                 text.append(f"{k:<9}", style="dim")
             text.append(v)
-        self.query_one("#engine-lines", Static).update(text)
+        # fixed height in the stylesheet: a new figure repaints the panel without a layout of the screen
+        self.query_one("#engine-lines", Static).update(text, layout=False)
 
 
 def _rich_style(kind: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from textual.app import ComposeResult
@@ -15,6 +16,8 @@ from ..client import Delta
 from ..store import StoredMessage
 
 __all__ = ["MessageView"]
+
+_SEAL_CHARS = 1200  # longest segment of a streaming reply that is redrawn on each draw
 
 _LABELS = {"user": "You", "assistant": "Assistant", "error": "Error", "note": "strata"}
 
@@ -54,6 +57,9 @@ class MessageView(Vertical, can_focus=True):
         self._streaming = streaming
         self._stream: MarkdownStream | None = None
         self.stored = stored  # the history entry this view shows (None for notes and errors)
+        self._live_text = ""  # text of the segment being streamed into
+        self._live_reasoning = ""
+        self._segmented = False
 
     def compose(self) -> ComposeResult:
         yield Static(_LABELS.get(self.role, self.role), classes="role")
@@ -75,27 +81,71 @@ class MessageView(Vertical, can_focus=True):
         return f"Reasoning ({words} words)" if words else "Reasoning"
 
     async def append(self, delta: Delta) -> None:
-        """Add a streamed piece (called by the screen for each ReplyDelta)."""
+        """Add a streamed piece (called by the screen with what arrived since its last draw)."""
         if delta.reasoning:
-            self.reasoning += delta.reasoning
-            box = self.query_one(".reasoning-box", Collapsible)
-            box.display = True
-            box.title = self._reasoning_title()
-            self.query_one(".reasoning", Static).update(self.reasoning)
+            await self._append_reasoning(delta.reasoning)
         if delta.content:
             if not self.content and self.reasoning:
                 # the answer has started: fold the reasoning away (it stays one click away)
                 self.query_one(".reasoning-box", Collapsible).collapsed = True
             self.content += delta.content
-            md = self.query_one(".body", Markdown)
-            if self._stream is None:
-                self._stream = Markdown.get_stream(md)
-            await self._stream.write(delta.content)
+            await self._append_content(delta.content)
+
+    # While a reply streams, its text is drawn in segments of at most _SEAL_CHARS: a finished segment
+    # never changes again, so its size and lines stay cached, and each draw costs the same however
+    # long the reply has grown. When the stream ends the segments are replaced by one document.
+
+    def _live_md(self) -> Markdown:
+        return list(self.query(".body").results(Markdown))[-1]
+
+    async def _append_content(self, text: str) -> None:
+        md = self._live_md()
+        if self._stream is None:
+            self._stream = Markdown.get_stream(md)
+        self._live_text += text
+        await self._stream.write(text)
+        if len(self._live_text) >= _SEAL_CHARS:
+            fence = _open_fence(self._live_text)
+            await self._stream.stop()
+            self._stream = None
+            if fence is not None:
+                await md.append("\n" + _closer(fence) + "\n")
+            head = fence + "\n" if fence is not None else ""
+            nxt = Markdown(head, classes="body")
+            await self.mount(nxt, after=md)
+            self._live_text = head
+            self._segmented = True
+
+    async def _append_reasoning(self, text: str) -> None:
+        self.reasoning += text
+        box = self.query_one(".reasoning-box", Collapsible)
+        box.display = True
+        box.title = self._reasoning_title()
+        parts = list(box.query(".reasoning").results(Static))
+        live = parts[-1]
+        self._live_reasoning += text
+        live.update(self._live_reasoning)
+        if len(self._live_reasoning) >= _SEAL_CHARS:
+            self._live_reasoning = ""
+            await parts[-1].parent.mount(Static("", classes="reasoning", markup=False), after=live)  # type: ignore[union-attr]
 
     async def end_stream(self) -> None:
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        if self._segmented:
+            bodies = list(self.query(".body").results(Markdown))
+            await self.mount(Markdown(self.content, classes="body"), after=bodies[-1])
+            for b in bodies:
+                await b.remove()
+            self._segmented = False
+        parts = list(self.query(".reasoning").results(Static))
+        if len(parts) > 1:
+            parts[0].update(self.reasoning)
+            for p in parts[1:]:
+                await p.remove()
+        self._live_text = ""
+        self._live_reasoning = ""
 
     @property
     def footer_text(self) -> str:
@@ -119,3 +169,22 @@ class MessageView(Vertical, can_focus=True):
     def action_toggle_reasoning(self) -> None:
         box = self.query_one(".reasoning-box", Collapsible)
         box.collapsed = not box.collapsed
+
+
+def _closer(opener: str) -> str:
+    """The line that closes the fence ``opener`` opens: same indent, same run of ` or ~."""
+    m = re.match(r"(\s*)(`{3,}|~{3,})", opener)
+    return (m.group(1) + m.group(2)) if m else "```"
+
+
+def _open_fence(text: str) -> str | None:
+    """The opening line of a code fence that ``text`` leaves open, or None."""
+    opener: str | None = None
+    for line in text.split("\n"):
+        stripped = line.lstrip()
+        if opener is None:
+            if stripped.startswith("```") or stripped.startswith("~~~"):
+                opener = line
+        elif stripped.startswith(opener.lstrip()[:3]) and not stripped[3:].strip():
+            opener = None
+    return opener

@@ -65,7 +65,7 @@ def test_matvec(benchmark, weights, threads: int) -> None:  # type: ignore[no-un
 def test_matmul(benchmark, weights) -> None:  # type: ignore[no-untyped-def]
     name, type_id, w = weights
     x = np.random.default_rng(2).standard_normal((N_TOKENS, COLS)).astype(np.float32)
-    y = benchmark(engine.matmul, type_id, w, ROWS, COLS, x, N_TOKENS, threads=2)
+    y = benchmark(engine.matmul, type_id, w, ROWS, COLS, x, threads=2)
     assert np.asarray(y).reshape(N_TOKENS, ROWS).shape == (N_TOKENS, ROWS)
     flops = 2 * N_TOKENS * ROWS * COLS
     benchmark.extra_info.update(type=name, gflops=round(flops / benchmark.stats.stats.min / 1e9, 2))

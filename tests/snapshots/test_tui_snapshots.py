@@ -15,7 +15,8 @@ from fake_server import FakeServer, reading_status
 from textual.pilot import Pilot
 
 from strata_tui.app import StrataChat
-from strata_tui.widgets import MessageView
+from strata_tui.store import Settings, Store, StoredMessage
+from strata_tui.widgets import ConversationList, MessageView
 
 SIZE = (120, 36)
 
@@ -47,12 +48,25 @@ def roles(app: StrataChat) -> list[str]:
 
 
 def test_main_screen(snap_compare, fake: FakeServer, tmp_path: Path) -> None:
+    # a stored conversation (its timings fixed, unlike a live reply's), opened from the sidebar
+    store = Store(tmp_path / "chat.sqlite3")
+    conv = store.create("Show me some code", settings=Settings(temperature=0.2, max_tokens=256))
+    store.add_message(conv.id, StoredMessage("user", "Show me some code"))
+    store.add_message(conv.id, StoredMessage(
+        "assistant", "Here is **bold** text and code:\n\n```python\nfor i in range(3):\n    print(i)\n```\n",
+        reasoning="The user wants a short example.",
+        meta={"ttft_s": 0.21, "timings": {"predicted_n": 18, "predicted_per_second": 40.0},
+              "usage": {"total_tokens": 38}, "finish_reason": "stop"}))
+    store.close()
     app = make_app(fake, tmp_path)
 
     async def run_before(pilot: Pilot[None]) -> None:
         await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None)
-        await pilot.press(*"Show me some code", "enter")
-        await wait_for(pilot, lambda: app.chat is not None and app.chat.reply is None and roles(app) == ["user", "assistant"])
+        sidebar = app.chat.query_one("#sidebar", ConversationList)
+        await wait_for(pilot, lambda: len(sidebar.titles()) == 2)
+        sidebar.query_one("#conversations").focus()
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: roles(app) == ["user", "assistant"])
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 

@@ -1,0 +1,99 @@
+/*
+ * cache.h — the expert cache: a slab of equal slots, a residency table (layer, expert) -> slot, the
+ * decode policy that learns which experts to keep, and the loan of the slab's tail to the prompt path.
+ *
+ * Slots [0, n_usable) serve lookups; during a prompt the tail [n_usable, n_slots) is on loan and holds
+ * the prompt path's ring and buffers. Lent slots are taken out of the residency table and put back,
+ * expert for expert, by the refill.
+ *
+ * Policies (decode only; the prompt path never changes what is cached):
+ *   adaptive  every lookup adds 1 to the expert's routing count; every adapt_every tokens the counts
+ *             are multiplied by adapt_decay and up to adapt_swaps experts whose count beats the
+ *             weakest resident's are brought in. With miss=copy a miss is also copied into the slot of
+ *             the weakest resident.
+ *   lru       every miss is brought in over the least recently used slot (counted as a swap); with
+ *             miss=host the token's math still runs from host memory.
+ * A slot used by the current layer step is pinned (never a victim), so a step's K experts can be
+ * fetched first and computed together.
+ */
+#ifndef STRATA_CACHE_H
+#define STRATA_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "error.h"
+
+/* Copy expert (layer, expert) — gate, up, down — from host memory into dst[slot_bytes]; returns the
+ * bytes copied. */
+typedef int64_t (*cache_copy_fn)(void *ctx, int32_t layer, int32_t expert, uint8_t *dst);
+
+typedef struct expert_cache {
+    int32_t n_slots;          /* slots in the slab */
+    int32_t n_layer;
+    int32_t n_expert;         /* E */
+    int64_t slot_bytes;
+    uint8_t *slab;            /* [n_slots, slot_bytes], not owned (device arena) */
+    int32_t *slot_of;         /* [n_layer * E] slot or -1 */
+    int32_t *expert_in;       /* [n_slots] layer * E + expert, or -1 */
+    float *score;             /* [n_layer * E] decayed routing counts */
+    uint64_t *last_use;       /* [n_slots] LRU clock of the last hit or fill */
+    uint32_t *pin;            /* [n_slots] == stamp: used by the current layer step */
+    uint32_t stamp;
+    uint64_t clock;
+    int32_t n_usable;         /* slots serving lookups; the rest are on loan */
+    int32_t *displaced;       /* [n_slots] expert that slot n_usable + i held before the loan, or -1 */
+    int32_t policy;           /* strata_cache_policy */
+    int32_t miss;             /* strata_miss_policy (HOST or COPY) */
+    int32_t adapt_every;
+    int32_t adapt_swaps;
+    float adapt_decay;
+    int32_t tokens_since;     /* decode tokens since the last adaptation */
+    cache_copy_fn copy;
+    void *copy_ctx;
+    /* counters */
+    uint64_t lookups, hits, misses, swaps, bytes_copied, host_runs;
+} expert_cache;
+
+typedef struct cache_config {
+    int32_t policy, miss, adapt_every, adapt_swaps;
+    float adapt_decay;
+} cache_config;
+
+strata_status cache_init(expert_cache *c, uint8_t *slab, int32_t n_slots, int64_t slot_bytes, int32_t n_layer,
+                         int32_t n_expert, const cache_config *cfg, cache_copy_fn copy, void *copy_ctx, errbuf *err);
+void cache_free(expert_cache *c);
+
+/* Fill empty slots, in order, with the ranked ids (layer * E + expert); ids already resident are
+ * skipped. Returns the number of experts placed. */
+int32_t cache_fill_ranked(expert_cache *c, const int32_t *ids, int32_t n);
+/* Fill every empty slot with an even spread: rank r is layer r % n_layer, expert r / n_layer. */
+int32_t cache_fill_default(expert_cache *c);
+/* Read a profile ("layer expert score" per line, best first, '#' comments) and fill the cache with it.
+ * IO when the file cannot be read, FORMAT with the line number when a line is malformed or out of range. */
+strata_status cache_profile_load(expert_cache *c, const char *path, errbuf *err);
+/* Write every expert ranked by learned count (residents first on ties). */
+strata_status cache_profile_save(const expert_cache *c, const char *path, errbuf *err);
+
+/* Start a layer step (unpins the previous step's slots). */
+void cache_step_begin(expert_cache *c);
+/* Decode lookup of (layer, expert): the slot to run from, or -1 to run from host memory. */
+int32_t cache_decode_lookup(expert_cache *c, int32_t layer, int32_t expert);
+/* Prefill lookup: the slot when resident (and usable), else -1 (the caller streams it through the ring). */
+int32_t cache_prefill_lookup(expert_cache *c, int32_t layer, int32_t expert);
+/* One decode token finished: adapt when it is time. */
+void cache_token_done(expert_cache *c);
+
+/* Lend the last k slots (0 < k <= n_slots): they leave the residency table. Returns their first byte. */
+uint8_t *cache_lend(expert_cache *c, int32_t k);
+/* Give the loan back: copy every displaced expert back into its slot. Returns the slots refilled. */
+int32_t cache_refill(expert_cache *c);
+/* Slots on loan now. */
+int32_t cache_lent(const expert_cache *c);
+
+/* Slot memory. */
+static inline uint8_t *cache_slot_ptr(const expert_cache *c, int32_t slot) {
+    return c->slab + (size_t)slot * (size_t)c->slot_bytes;
+}
+
+#endif

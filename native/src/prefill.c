@@ -1,0 +1,268 @@
+/*
+ * prefill.c — the memory plan at open, and reading a prompt with slots borrowed from the expert cache.
+ *
+ * At open (mem_open): the plan (plan.c), then the device budget laid out in order — resident weights,
+ * KV cache, decode scratch, reserve, the slab of slots — and the cache filled (a profile, or an even
+ * spread over the layers). On the CPU backend a host block stands in for device memory; the resident
+ * weights and the KV cache are only accounted there (the mapped file and the KV allocation hold them),
+ * while the decode scratch, the slots and everything laid out inside a loan live in the block itself.
+ *
+ * A prompt of n tokens (engine_prefill):
+ *   1. its chunk t = min(auto chunk, n rounded up to the granularity) (plan_request_chunk);
+ *   2. the loan: under the current policy, layout(t)'s slots — and when they exceed what the cache
+ *      may lend, t is halved for this request (traced) until they fit; under the legacy policy the loan
+ *      is the auto chunk's, whatever t is;
+ *   3. relayout: the ring (ring_slots(t) whole slots) and then the chunk buffers of t are laid out in
+ *      an arena over the lent slots; under legacy a layout larger than the loan fails here with
+ *      STRATA_ERR_LEND and the arena's message, after the loan is given back;
+ *   4. chunk-major, layer-major forward passes; experts that are not resident are streamed through
+ *      the ring (moe_expert);
+ *   5. refill: every displaced expert is copied back into its slot, the residency table is as before,
+ *      and the chunk buffers point at the decode scratch again.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "engine_internal.h"
+
+/* ---- open / close ------------------------------------------------------------------------------- */
+
+static int64_t layout_bytes(void *ctx, int32_t T) { return chunk_buffers_bytes((const strata_engine *)ctx, T); }
+
+static void say(void *ctx, const char *line) { trace_emit(&((strata_engine *)ctx)->trace, "%s", line); }
+
+#define MIB(b) ((double)(b) / (1024.0 * 1024.0))
+
+strata_status mem_open(strata_engine *e, errbuf *err) {
+    const hparams *hp = &e->hp;
+    strata_params prm = e->params;
+    prm.max_context = e->n_ctx; /* decided by the engine: the attention scratch depends on it */
+    plan_inputs in;
+    memset(&in, 0, sizeof in);
+    in.n_layer = hp->n_layer;
+    in.n_expert = hp->n_expert;
+    in.n_expert_used = hp->n_expert_used;
+    in.n_embd = hp->n_embd;
+    in.n_vocab = hp->n_vocab;
+    in.n_head_kv = hp->n_head_kv;
+    in.head_dim = hp->head_dim;
+    in.n_ctx_train = hp->n_ctx_train;
+    in.resident_bytes = e->w.resident_bytes;
+    in.expert_bytes = e->w.expert_bytes;
+    in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * hp->n_layer;
+    in.kv_bytes = kv_bytes;
+    in.scratch_bytes = chunk_buffers_bytes(e, 1);
+    in.chunk_bytes = layout_bytes;
+    in.chunk_ctx = e;
+    in.device = STRATA_DEVICE_CPU;
+    in.n_threads = pool_size(e->pool);
+    in.simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
+    if (in.scratch_bytes < 0) return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch could not be sized");
+    STRATA_TRY(plan_make(&e->mp, &in, &prm, say, e, err));
+    e->plan = e->mp.pub;
+    e->chunk = e->plan.auto_chunk;
+
+    /* the device budget: a host block, mapped lazily so that untouched room costs nothing */
+    e->dev_len = (size_t)e->plan.budget_bytes;
+    void *m = mmap(NULL, e->dev_len ? e->dev_len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) {
+        e->dev_mem = NULL;
+        return err_set(err, STRATA_ERR_OUT_OF_MEMORY,
+                       "cannot reserve %.1f MiB of host memory to stand in for the device budget; lower --vram-budget",
+                       MIB(e->plan.budget_bytes));
+    }
+    e->dev_mem = m;
+    arena_init(&e->dev, e->dev_mem, (int64_t)e->dev_len);
+    const strata_plan *pp = &e->plan;
+    int ok = arena_alloc(&e->dev, pp->resident_bytes, "resident weights") != NULL;
+    ok = ok && arena_alloc(&e->dev, pp->kv_bytes, "KV cache") != NULL;
+    uint8_t *scr = arena_alloc(&e->dev, pp->scratch_bytes, "decode scratch");
+    ok = ok && scr && arena_alloc(&e->dev, pp->reserve_bytes, "reserve") != NULL;
+    if (ok && e->mp.no_cache) {
+        e->own_chunk = arena_alloc(&e->dev, e->mp.own_chunk_bytes, "prompt buffers");
+        ok = e->own_chunk != NULL;
+    }
+    uint8_t *slab = ok ? arena_alloc(&e->dev, (int64_t)pp->n_slots * pp->slot_bytes, "expert cache") : NULL;
+    STRATA_ASSERT(err, ok && slab); /* the plan fitted all of these into the budget */
+    arena_init(&e->scratch, scr, pp->scratch_bytes);
+
+    cache_config cc = {prm.cache_policy, pp->miss_policy, prm.adapt_every, prm.adapt_swaps, prm.adapt_decay};
+    STRATA_TRY(cache_init(&e->cache, slab, pp->n_slots, pp->slot_bytes, hp->n_layer, hp->n_expert, &cc, moe_expert_copy,
+                          e, err));
+    if (prm.expert_profile && prm.expert_profile[0]) {
+        STRATA_TRY(cache_profile_load(&e->cache, prm.expert_profile, err));
+    } else {
+        cache_fill_default(&e->cache);
+    }
+    int32_t resident = 0;
+    for (int32_t s = 0; s < e->cache.n_slots; s++) resident += e->cache.expert_in[s] >= 0;
+    trace_emit(&e->trace, "expert cache filled: %d of %d experts in %d slots (%s), %.1f MiB copied", resident,
+               pp->n_experts_total, pp->n_slots, prm.expert_profile && prm.expert_profile[0] ? "from the profile" : "even spread",
+               MIB(e->cache.bytes_copied));
+    e->cache.bytes_copied = 0; /* counters start after the fill */
+    if (chunk_buffers_use_scratch(e) != STRATA_OK)
+        return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch does not hold the layout of one token");
+    char line[768];
+    plan_line(&e->mp, line, sizeof line);
+    trace_emit(&e->trace, "%s", line);
+    return STRATA_OK;
+}
+
+void mem_close(strata_engine *e) {
+    cache_free(&e->cache);
+    if (e->dev_mem) munmap(e->dev_mem, e->dev_len ? e->dev_len : 1);
+    e->dev_mem = NULL;
+}
+
+void mem_sync_stats(strata_engine *e) {
+    const expert_cache *c = &e->cache;
+    strata_stats *s = &e->stats;
+    s->lookups = c->lookups;
+    s->hits = c->hits;
+    s->misses = c->misses;
+    s->swaps = c->swaps;
+    s->bytes_copied = c->bytes_copied;
+    s->host_expert_runs = c->host_runs;
+    s->slots_lent_now = cache_lent(c);
+}
+
+void mem_reset_stats(strata_engine *e) {
+    expert_cache *c = &e->cache;
+    c->lookups = c->hits = c->misses = c->swaps = c->bytes_copied = c->host_runs = 0;
+}
+
+/* ---- the loan ----------------------------------------------------------------------------------- */
+
+/* Lend the slots for chunk *t (halving it under the current policy when it cannot be lent), lay the
+ * ring and the chunk buffers out in them. */
+static strata_status lend(strata_engine *e, int32_t *t) {
+    plan *p = &e->mp;
+    strata_layout lay;
+    if (p->no_cache) {
+        arena a;
+        arena_init(&a, e->own_chunk, p->own_chunk_bytes);
+        if (chunk_buffers_alloc(e, &a, *t) != STRATA_OK) {
+            char msg[400];
+            arena_chunk_fail_msg(&a, *t, msg, sizeof msg);
+            return err_set(&e->err, STRATA_ERR_INTERNAL, "%s", msg);
+        }
+        e->stats.last_loan_slots = 0;
+        return STRATA_OK;
+    }
+    STRATA_TRY(plan_layout(p, *t, &lay, &e->err));
+    int32_t k;
+    if (p->pub.lend_policy == STRATA_LEND_CURRENT) {
+        while (lay.slots_needed > p->pub.max_lend_slots) {
+            if (*t <= 1) {
+                /* cannot happen with a plan that fitted its auto chunk; kept so that a request is always served */
+                trace_emit(&e->trace, "chunk %d: no smaller chunk fits; using the auto chunk %d", *t, p->pub.auto_chunk);
+                *t = p->pub.auto_chunk;
+                STRATA_TRY(plan_layout(p, *t, &lay, &e->err));
+                break;
+            }
+            trace_emit(&e->trace, "chunk %d halved to %d: it needs %d slots, the cache lends at most %d", *t, *t / 2,
+                       lay.slots_needed, p->pub.max_lend_slots);
+            e->stats.halvings++;
+            *t /= 2;
+            STRATA_TRY(plan_layout(p, *t, &lay, &e->err));
+        }
+        k = lay.slots_needed;
+    } else {
+        k = p->pub.auto_loan_slots; /* legacy: sized once, for the auto chunk */
+    }
+    uint8_t *mem = cache_lend(&e->cache, k);
+    STRATA_ASSERT(&e->err, mem != NULL);
+    trace_emit(&e->trace, "lent %d slots for %d tokens", k, *t);
+    e->stats.last_loan_slots = k;
+    e->stats.slots_lent_now = k;
+
+    arena a;
+    arena_init(&a, mem, (int64_t)k * p->pub.slot_bytes);
+    int32_t ring = plan_ring_slots(p, *t);
+    e->ring = arena_alloc(&a, (int64_t)ring * p->pub.slot_bytes, "ring");
+    strata_status s = e->ring ? chunk_buffers_alloc(e, &a, *t) : STRATA_ERR_BUDGET;
+    if (s != STRATA_OK) {
+        char msg[400];
+        arena_chunk_fail_msg(&a, *t, msg, sizeof msg);
+        e->ring = NULL;
+        return err_set(&e->err, p->pub.lend_policy == STRATA_LEND_LEGACY ? STRATA_ERR_LEND : STRATA_ERR_INTERNAL,
+                       "lending the prompt path its slots failed: %s", msg);
+    }
+    e->ring_slots = ring;
+    e->ring_next = 0;
+    e->moe_batch = ring;
+    return STRATA_OK;
+}
+
+/* Give the loan back: displaced experts are copied back, the chunk buffers return to the scratch. */
+static void give_back(strata_engine *e) {
+    int32_t k = cache_lent(&e->cache);
+    if (k > 0) {
+        int32_t n = cache_refill(&e->cache);
+        e->stats.refills++;
+        trace_emit(&e->trace, "refilled %d slots (%d experts copied back)", k, n);
+    }
+    e->ring = NULL;
+    e->ring_slots = 0;
+    e->moe_batch = 0;
+    e->stats.slots_lent_now = 0;
+    chunk_buffers_use_scratch(e); /* cannot fail: it did at open */
+}
+
+/* ---- prefill ------------------------------------------------------------------------------------ */
+
+strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
+                             void *user) {
+    if (n < 0 || (n > 0 && !tokens))
+        return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "prefill: no tokens given");
+    if (n == 0) return STRATA_OK;
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->hp.n_vocab)
+            return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT,
+                           "token %d at position %d is not in the vocabulary (0..%d)", tokens[i], i, e->hp.n_vocab - 1);
+    if ((int64_t)e->n_past + n > e->n_ctx)
+        return err_set(&e->err, STRATA_ERR_CONTEXT,
+                       "the prompt does not fit in the context: %d tokens already in it + %d new > %d "
+                       "(raise --max-context or shorten the prompt)",
+                       e->n_past, n, e->n_ctx);
+    const int32_t start = e->n_past;
+    double t0 = engine_now_ms();
+    int32_t t = plan_request_chunk(&e->mp, n);
+    strata_status s = lend(e, &t);
+    if (s != STRATA_OK) {
+        give_back(e);
+        mem_sync_stats(e);
+        return s;
+    }
+    e->stats.state = 1;
+    e->stats.prompt_done = 0;
+    e->stats.prompt_total = n;
+    e->stats.last_chunk = t;
+    for (int32_t done = 0; done < n;) {
+        int32_t T = n - done < t ? n - done : t;
+        s = engine_forward(e, tokens + done, T, MOE_PHASE_PREFILL, done + T == n);
+        if (s != STRATA_OK) break;
+        e->n_past += T;
+        done += T;
+        e->stats.prompt_done = done;
+        if (progress && progress(user, done, n) != 0 && done < n) {
+            s = err_set(&e->err, STRATA_ERR_CANCELLED, "prefill cancelled after %d of %d prompt tokens", done, n);
+            break;
+        }
+    }
+    give_back(e);
+    if (s != STRATA_OK) {
+        /* roll back: the cache rows past start are simply forgotten */
+        e->n_past = start;
+        e->has_logits = 0;
+    } else {
+        e->stats.prompt_tokens += n;
+    }
+    e->stats.prompt_ms += engine_now_ms() - t0;
+    e->stats.state = 0;
+    e->stats.n_past = e->n_past;
+    mem_sync_stats(e);
+    return s;
+}
