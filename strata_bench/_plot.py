@@ -81,21 +81,21 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
         written.append(path)
 
     # ---- hit rate against cache size ------------------------------------------------------------
-    hits: dict[str, dict[int, float]] = defaultdict(dict)
+    hit_lines: dict[str, dict[int, float]] = defaultdict(dict)
     for r in speed:
         m = r.get("metrics") or {}
         slots = _cache_slots(r)
         if r.get("target") != "strata" or not r.get("n_gen") or m.get("hit_rate") is None or slots is None:
             continue
         other = [k for k in knobs if k not in ("expert_cache", "max_context")]
-        hits[f"{r['test']} " + _label(r, other).removeprefix("strata").strip()][slots] = 100 * float(
+        hit_lines[f"{r['test']} " + _label(r, other).removeprefix("strata").strip()][slots] = 100 * float(
             m["hit_rate"]
         )
-    if hits:
+    if hit_lines:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-        for label, pts in hits.items():
-            xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], marker="o", label=label.strip())
+        for label, rates in hit_lines.items():
+            slots_sorted = sorted(rates)
+            ax.plot(slots_sorted, [rates[x] for x in slots_sorted], marker="o", label=label.strip())
         ax.set_xlabel("expert-cache slots")
         ax.set_ylabel("decode hit rate (%)")
         ax.set_ylim(0, 100)

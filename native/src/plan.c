@@ -192,7 +192,10 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->resident_bytes = in->resident_bytes;
     pp->kv_bytes = in->kv_bytes(prm->kv_type, in->n_layer, ctx, in->n_head_kv, in->head_dim);
     if (pp->kv_bytes < 0)
-        return err_set(err, STRATA_ERR_UNSUPPORTED, "--kv %s is not supported by this build", kv_name(prm->kv_type));
+        return err_set(err, STRATA_ERR_UNSUPPORTED,
+                       "--kv %s cannot hold this model's keys and values (head dimension %d; int8 needs a multiple of "
+                       "32): use --kv f16",
+                       kv_name(prm->kv_type), in->head_dim);
     pp->scratch_bytes = in->scratch_bytes;
     pp->reserve_bytes = (int64_t)prm->vram_reserve_mib << 20;
     p->fixed_bytes = pp->resident_bytes + pp->kv_bytes + pp->scratch_bytes + pp->reserve_bytes;
