@@ -225,6 +225,9 @@ def test_ensure_model_is_safe_under_concurrency(tmp_path: Path) -> None:
     assert path.parent.parent == tmp_path
     assert len(GGUFReader(str(path)).tensors) == len(list(GGUFReader(str(tiny_q8_path(tmp_path))).tensors))
     assert not list(path.parent.glob("*.part"))
+    # made from scratch there (tokenizer trained anew): the same bytes as made here
+    here = make_model("tiny", "q8_0", 3, tmp_path / "here.gguf", check=False)
+    assert hashlib.sha256(here.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest()
 
 
 def tiny_q8_path(cache: Path) -> Path:
