@@ -186,6 +186,7 @@ def test_decode_counts_hits_and_misses(tiny: Path) -> None:
                     assert st.host_expert_runs == 0 and st.swaps >= st.misses and st.bytes_copied > 0
 
 
+@pytest.mark.asan
 def test_profile_save_and_load(tiny: Path, tmp_path: Path) -> None:
     path = tmp_path / "profile.txt"
     with Engine(tiny, EngineConfig(threads=1, expert_cache="64", adapt_every=4)) as eng:
@@ -207,6 +208,7 @@ def test_profile_save_and_load(tiny: Path, tmp_path: Path) -> None:
 # ---- bad input ------------------------------------------------------------------------------------
 
 
+@pytest.mark.asan
 def test_bad_input_is_a_clear_error_and_the_engine_stays_usable(tiny: Path, tmp_path: Path) -> None:
     with pytest.raises(BudgetError, match=r"missing.*--vram-budget"):
         Engine(tiny, EngineConfig(threads=1, vram_budget=1 << 20))
@@ -233,3 +235,21 @@ def test_bad_input_is_a_clear_error_and_the_engine_stays_usable(tiny: Path, tmp_
 def test_every_failure_is_a_strata_error(tiny: Path) -> None:
     with pytest.raises(StrataError):
         Engine(tiny, EngineConfig(threads=1, expert_cache="2"))
+
+
+@pytest.mark.asan
+def test_host_ram_plan_picks_the_chunk_and_names_the_flag(tiny: Path) -> None:
+    with Engine(tiny, EngineConfig(threads=1)) as roomy:
+        full = roomy.plan
+    assert full.auto_chunk == 4096
+    lines: list[str] = []
+    budget = 1 << 20  # less than a 4096-token chunk borrows on the host
+    with Engine(tiny, EngineConfig(threads=1, host_ram_budget=budget), trace=lines.append) as eng:
+        p = eng.plan
+        assert p.host_avail_bytes == budget
+        assert p.host_borrow_bytes <= budget < eng.layout(p.auto_chunk + 256).host_bytes
+        assert p.auto_chunk < full.auto_chunk  # the chunk was picked with the host in mind
+        assert any("mapped from the file" in ln for ln in lines)  # experts + borrow do not fit: mapped
+        eng.prefill(prompt(300))
+    with pytest.raises(BudgetError, match=r"host RAM.*--host-ram-budget"):
+        Engine(tiny, EngineConfig(threads=1, host_ram_budget=100))
