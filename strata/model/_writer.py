@@ -381,9 +381,11 @@ def write_weights(
     return target
 
 
-def model_cache_path(preset: str, quant: str, seed: int) -> Path:
-    """Where ``ensure_model`` keeps the model for these arguments."""
-    return cache_dir("models") / f"{preset}-{quant}-seed{seed}-v{MAKER_VERSION}.gguf"
+def model_cache_path(preset: str, quant: str, seed: int, **overrides: object) -> Path:
+    """Where ``ensure_model`` keeps the model for these arguments (overrides of preset fields, if
+    any, become part of the name)."""
+    extra = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    return cache_dir("models") / f"{preset}-{quant}-seed{seed}{extra}-v{MAKER_VERSION}.gguf"
 
 
 def ensure_model(preset: str = "tiny", quant: str | None = None, seed: int = 0) -> Path:
