@@ -12,7 +12,9 @@ the new cells through the same harness and appending them to the run's records.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -53,24 +55,41 @@ class BisectResult:
 
 
 def bisect_ranges(known: dict[int, bool], probe: Callable[[int], bool], *, knob: str = "value",
-                  group: dict[str, Any] | None = None) -> BisectResult:
-    """Bisect every pass/fail transition between neighbouring known values; the failing ranges."""
+                  group: dict[str, Any] | None = None, jobs: int = 1) -> BisectResult:
+    """Bisect every pass/fail transition between neighbouring known values; the failing ranges.
+
+    The transitions are independent: with ``jobs`` > 1 they are searched at the same time (``probe``
+    must then be safe to call from several threads).
+    """
     outcomes = dict(known)
     probes: list[int] = []
+    lock = threading.Lock()
     values = sorted(outcomes)
-    for a, b in zip(values, values[1:], strict=False):
-        if outcomes[a] == outcomes[b]:
-            continue
+    pairs = [(a, b) for a, b in zip(values, values[1:], strict=False) if outcomes[a] != outcomes[b]]
+
+    def search(a: int, b: int) -> None:
         lo, hi = a, b  # outcomes[lo] != outcomes[hi]; one transition assumed between them
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if mid not in outcomes:
-                outcomes[mid] = bool(probe(mid))
-                probes.append(mid)
-            if outcomes[mid] == outcomes[lo]:
+            with lock:
+                have = outcomes.get(mid)
+            if have is None:
+                have = bool(probe(mid))
+                with lock:
+                    outcomes[mid] = have
+                    probes.append(mid)
+            if have == outcomes[lo]:
                 lo = mid
             else:
                 hi = mid
+
+    if jobs > 1 and len(pairs) > 1:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for f in [pool.submit(search, a, b) for a, b in pairs]:
+                f.result()
+    else:
+        for a, b in pairs:
+            search(a, b)
     ranges: list[FailRange] = []
     vals = sorted(outcomes)
     i = 0

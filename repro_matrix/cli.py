@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--where", action="append", default=[], metavar="KNOB=VALUE",
                    help="only the groups with this setting")
     b.add_argument("--fail-on", help="comma list of verdicts that count as failing (default: those seen)")
-    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--jobs", type=int, default=1, help="boundaries searched at the same time")
     b.set_defaults(func=cmd_bisect)
 
     rp = sub.add_parser("report", help="write the Markdown bug report of a run")
@@ -171,6 +172,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     vs = verdicts(records, matrix)
     reference = next((r for r in records if r["cell"].get("reference")), None)
     groups = groups_of(records, knob, others, value_of)
+    lock = threading.Lock()
     results = []
     texts = []
     for key, recs in groups.items():
@@ -189,19 +191,22 @@ def cmd_bisect(args: argparse.Namespace) -> int:
                   key: tuple[Any, ...] = key) -> bool:
             settings = {**template.engine, **template.request, knob: _normalize(knob, v)}
             cell = Cell.make(settings, origin="bisect")
-            rec = by_id.get(cell.cell_id)
+            with lock:
+                rec = by_id.get(cell.cell_id)
             if rec is None:
                 print(f"bisect: running {knob}={v} ({', '.join(f'{k}={x}' for k, x in zip(others, key, strict=True))})",
                       file=sys.stderr)
                 rec = run_cell(matrix, cell)
                 rec["backend"] = "local"
                 rd.append(rec)
-                by_id[cell.cell_id] = rec
+                with lock:
+                    by_id[cell.cell_id] = rec
             verdict = judge(rec, reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
-            labels[v] = verdict.label
+            with lock:
+                labels[v] = verdict.label
             return any(lb in fail_on for lb in verdict.labels)
 
-        res = bisect_ranges(known, probe, knob=knob, group=group)
+        res = bisect_ranges(known, probe, knob=knob, group=group, jobs=max(1, args.jobs))
         results.append(res)
         texts.append(format_result(res, labels))
     if not results:

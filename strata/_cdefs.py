@@ -43,6 +43,9 @@ __all__ = [
     "strata_chunk_layout",
     "strata_cpu_features",
     "strata_cuda_available",
+    "strata_cuda_bench_matvec",
+    "strata_cuda_matvec",
+    "strata_cuda_mirror_matvec",
     "strata_decode",
     "strata_default_generate_params",
     "strata_default_params",
@@ -483,3 +486,33 @@ def strata_matmul(type: int, w: Any, rows: int, cols: int, x: Any, n: int, y: An
 # STRATA_API int32_t strata_simd_set(int32_t simd);
 @c_function("strata_simd_set", [c_int32], c_int32)
 def strata_simd_set(simd: int) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
+#                                             const float *x, int64_t n, float *y);
+@c_function(
+    "strata_cuda_matvec",
+    [c_int32, c_void_p, c_int64, c_int64, POINTER(c_float), c_int64, POINTER(c_float)],
+    c_int32,
+)
+def strata_cuda_matvec(type: int, w: Any, rows: int, cols: int, x: Any, n: int, y: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
+#                                                    const float *x, float *y);
+@c_function(
+    "strata_cuda_mirror_matvec",
+    [c_int32, c_void_p, c_int64, c_int64, POINTER(c_float), POINTER(c_float)],
+    c_int32,
+)
+def strata_cuda_mirror_matvec(type: int, w: Any, rows: int, cols: int, x: Any, y: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_bench_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
+#                                                   int64_t n, int32_t reps, double *median_us);
+@c_function(
+    "strata_cuda_bench_matvec",
+    [c_int32, c_void_p, c_int64, c_int64, c_int64, c_int32, POINTER(c_double)],
+    c_int32,
+)
+def strata_cuda_bench_matvec(type: int, w: Any, rows: int, cols: int, n: int, reps: int, median_us: Any) -> int: ...

@@ -15,6 +15,7 @@ are appended to the output file as each test finishes, so an interrupted run kee
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -170,7 +171,7 @@ def _header(records: Sequence[dict[str, Any]]) -> str:
 def _print_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
     import json
 
-    from ._records import _json_safe, to_csv
+    from ._records import _json_safe, _looks_numeric, to_csv
     from ._tables import tables
 
     if fmt == "jsonl":
@@ -193,9 +194,8 @@ def _print_records(records: Sequence[dict[str, Any]], fmt: str) -> None:
     for t in tables(records):
         rt = RichTable(title=t.title, title_justify="left", show_lines=False)
         for i, h in enumerate(t.headers):
-            rt.add_column(
-                h, justify="right" if i >= len(t.headers) - 1 or h.startswith(("pp", "tg")) else "left"
-            )
+            numeric = all(_looks_numeric(row[i]) or row[i] in ("", "-") for row in t.rows)
+            rt.add_column(h, justify="right" if numeric else "left")
         for row in t.rows:
             rt.add_row(*row, style="bold" if row and row[0].startswith("strata /") else None)
         console.print(rt)
@@ -310,7 +310,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         writer.append,
                         warmup=args.warmup,
                         seed=args.seed,
-                        advance=lambda k, t=task: prog.advance(t, k),
+                        advance=functools.partial(prog.advance, task),
                     )
                 else:
                     # one llama-bench run per distinct (threads, device, kv): the knobs it shares with strata
@@ -321,6 +321,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             seen.append(peer_knobs(cfg))
                             peer_cfgs.append(cfg)
                     task = prog.add_task("llama.cpp", total=len(peer_cfgs) * len(tests))
+                    assert exe is not None  # found before any work started
                     for cfg in peer_cfgs:
                         run_llama_bench(
                             exe,
@@ -328,11 +329,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                             model,
                             args.n_prompt,
                             args.n_gen,
-                            args.n_depth,  # type: ignore[arg-type]
+                            args.n_depth,
                             args.repetitions,
                             cfg,
                             writer.append,
-                            on_test=lambda t=task: prog.advance(t, 1),
+                            on_test=functools.partial(prog.advance, task, 1),
                             weights=weights,
                         )
     for target in targets:

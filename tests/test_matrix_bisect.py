@@ -64,3 +64,15 @@ def test_open_ended_range_says_so():
 def test_no_transition_runs_nothing():
     res = bisect_ranges({1: False, 9: False}, lambda v: (_ for _ in ()).throw(AssertionError("probed")))
     assert res.ranges == [] and res.probes == [] and res.not_run == 7
+
+
+def test_boundaries_searched_in_parallel_find_the_same_ranges():
+    known = {0: False, 50: True, 100: False, 150: True, 200: False}
+
+    def fails(v: int) -> bool:
+        return 33 <= v <= 71 or 140 <= v <= 170
+
+    one = bisect_ranges(known, fails)
+    many = bisect_ranges(known, fails, jobs=4)
+    assert [(r.first, r.last) for r in many.ranges] == [(r.first, r.last) for r in one.ranges] == [(33, 71), (140, 170)]
+    assert sorted(many.probes) == sorted(one.probes)

@@ -225,6 +225,9 @@ def test_ensure_model_is_safe_under_concurrency(tmp_path: Path) -> None:
     assert path.parent.parent == tmp_path
     assert len(GGUFReader(str(path)).tensors) == len(list(GGUFReader(str(tiny_q8_path(tmp_path))).tensors))
     assert not list(path.parent.glob("*.part"))
+    # made from scratch there (tokenizer trained anew): the same bytes as made here
+    here = make_model("tiny", "q8_0", 3, tmp_path / "here.gguf", check=False)
+    assert hashlib.sha256(here.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest()
 
 
 def tiny_q8_path(cache: Path) -> Path:
@@ -251,9 +254,16 @@ def test_k_quants_need_the_quants_module(tmp_path: Path) -> None:
         path = make_model("small", "q4_k_m", 0, tmp_path / "x.gguf", n_layer=2, n_vocab=1024)
         types = {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
         assert types["blk.0.ffn_gate_exps.weight"] == "Q4_K"
-        assert types["blk.0.ffn_down_exps.weight"] == "Q6_K"  # the first layers get more bits
+        # With 2 layers, llama.cpp's use_more_bits picks the last layer (i >= 7n/8) but not the first.
+        assert types["blk.0.ffn_down_exps.weight"] == "Q4_K"
+        assert types["blk.1.ffn_down_exps.weight"] == "Q6_K"
         assert types["output.weight"] == "Q6_K"
         assert types["blk.0.ffn_gate_inp.weight"] == "F32"
+        # tiny's rows of 128 and 64 values cannot hold 256-wide K blocks: llama.cpp's fallbacks
+        tiny = make_model("tiny", "q4_k_m", 0, tmp_path / "t.gguf", n_layer=2)
+        types = {t.name: t.tensor_type.name for t in GGUFReader(str(tiny)).tensors}
+        assert types["blk.0.ffn_gate_exps.weight"] == "Q5_0"  # Q4_K -> Q5_0
+        assert types["output.weight"] == "Q8_0"  # Q6_K -> Q8_0
 
 
 def test_model_info_reports_types_and_expert_bytes(tiny_q8: Path) -> None:
@@ -287,3 +297,91 @@ def test_model_info_rejects_a_file_that_is_not_gguf(tmp_path: Path) -> None:
     )
     assert r.returncode == 1
     assert "cannot read" in r.stderr
+
+
+def test_maker_routing_equals_the_reference_routing(tiny_f32: Path) -> None:
+    from reference import Reference
+
+    tokens = _gguf_tokenizer(tiny_f32).encode(PROMPT_TEXT).ids[:96]
+    ref = Reference(tiny_f32, kv_dtype=None)
+    ref.forward(tokens)
+    for layer, sel in enumerate(route_file(tiny_f32, tokens)):
+        same = (np.sort(sel, axis=1) == np.sort(ref.routing[0][layer], axis=1)).all(axis=1)
+        assert same.mean() > 0.98, f"layer {layer}: {same.mean():.3f} of tokens route the same"
+
+
+def test_pooled_writing_keeps_layout_and_routing(tmp_path: Path) -> None:
+    # the fast path of the qwen3-30b-a3b preset, at tiny dimensions
+    path = make_model("tiny", "q8_0", 0, tmp_path / "pooled.gguf", pooled=True)
+    r = GGUFReader(str(path))
+    t = {x.name: x for x in r.tensors}
+    ref = {x.name: x for x in GGUFReader(str(ensure_model("tiny", "q8_0", 0))).tensors}
+    assert {n: (x.tensor_type, tuple(x.shape)) for n, x in t.items()} == {
+        n: (x.tensor_type, tuple(x.shape)) for n, x in ref.items()
+    }
+    down = dequantize(t["blk.0.ffn_down_exps.weight"].data, t["blk.0.ffn_down_exps.weight"].tensor_type)
+    assert (down[:, 0, :] == 0).all() and down[:, 1:, :].std() > 0
+    emb = dequantize(t["token_embd.weight"].data, t["token_embd.weight"].tensor_type)
+    assert np.allclose(emb[:, 0], 1.0, atol=0.03)  # Q8_0 steps are max|block| / 127
+    assert len({row.tobytes() for row in emb[:512]}) > 500  # tokens keep distinct embeddings
+
+
+def test_write_weights_checks_names_and_shapes(tmp_path: Path) -> None:
+    from strata.model import tensor_specs, write_weights
+
+    p = TINY.with_overrides(n_layer=1)
+    weights = {n: np.zeros(s, np.float32) for n, s in tensor_specs(p)}
+    weights["blk.0.attn_q.weight"] = np.zeros((3, 3), np.float32)
+    with pytest.raises(ValueError, match="attn_q"):
+        write_weights(tmp_path / "w.gguf", p, weights)
+    assert not (tmp_path / "w.gguf").exists()
+
+
+def test_cli_make_writes_the_file_and_prints_its_path(tmp_path: Path) -> None:
+    out = tmp_path / "m.gguf"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strata.cli",
+            "model",
+            "make",
+            "--quant",
+            "f16",
+            "--seed",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out)
+    assert "layer  3: top-1 share" in r.stderr
+    assert {t.tensor_type.name for t in GGUFReader(str(out)).tensors} == {"F32", "F16"}
+    r = subprocess.run(
+        [sys.executable, "-m", "strata.cli", "model", "make", "--preset", "nope"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "invalid choice: 'nope'" in r.stderr
+
+
+def test_the_skew_sets_the_lru_hit_rate(tmp_path: Path, tiny_f32: Path) -> None:
+    from strata.model._routing import lru_hit_rates
+
+    uniform = make_model("tiny", "f32", 0, tmp_path / "uniform.gguf", zipf_alpha=0.0)
+    tokens = _gguf_tokenizer(tiny_f32).encode(PROMPT_TEXT * 3).ids[:600]
+    sel_u = route_file(uniform, tokens)
+    sel_s = route_file(tiny_f32, tokens)
+    for s in sel_u:
+        assert spread(s, TINY.n_expert).entropy > 0.95
+    hit_u = lru_hit_rates(sel_u, TINY.n_expert, [0.5])[0.5]
+    hit_s = lru_hit_rates(sel_s, TINY.n_expert, [0.5])[0.5]
+    assert abs(hit_u - 0.5) < 0.08  # uniform routing: the hit rate is about the cache share
+    assert hit_s > hit_u + 0.12  # the default skew makes a cache of half the experts hit far more often
+    # the LRU simulation itself: a sequence that cycles through 3 experts always hits a cache of 3
+    cyc = [np.array([[i % 3] for i in range(30)])]
+    assert lru_hit_rates(cyc, 10, [0.3])[0.3] == pytest.approx(27 / 30)
+    assert lru_hit_rates(cyc, 10, [0.2])[0.2] == 0.0  # 2 slots, 3 experts in a cycle: LRU always misses

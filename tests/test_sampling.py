@@ -72,6 +72,19 @@ def test_top_k_keeps_only_k() -> None:
     assert set(c) == {0, 1}
 
 
+def test_top_k_on_a_large_vocabulary() -> None:
+    logits = np.random.default_rng(4).standard_normal(5000).astype(np.float32)
+    best = set(np.argsort(-logits, kind="stable")[:10].tolist())
+    c = draws(4000, logits, temperature=2.0, top_k=10, seed=9)
+    assert set(c) <= best and len(c) >= 8  # flat at T=2: nearly all ten appear
+
+
+def test_nan_and_inf_logits_do_not_break_sampling() -> None:
+    logits = np.array([np.nan, 1.0, -np.inf, 2.0, np.nan], dtype=np.float32)
+    assert set(draws(500, logits, temperature=1.0, seed=2)) <= {1, 3}
+    assert set(draws(50, np.full(4, -np.inf, np.float32), temperature=1.0, seed=2)) <= {0, 1, 2, 3}
+
+
 def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
     assert set(draws(3000, LOGITS, temperature=1.0, top_p=0.7, seed=1)) == {0, 1}  # 0.5 + 0.3 >= 0.7
     assert set(draws(3000, LOGITS, temperature=1.0, top_p=0.5, seed=1)) == {0}
@@ -174,3 +187,30 @@ def test_sampled_generate_is_reproducible(model: Path) -> None:
             PROMPT, max_tokens=16, temperature=0.9, top_p=0.95, seed=11, stop_at_eos=False
         ).tokens
     assert a == b and len(a) == 16
+
+
+def test_a_full_context_ends_generation(model: Path, greedy: list[int]) -> None:
+    with Engine(model, EngineConfig(threads=1, max_context=16)) as eng:
+        assert eng.plan.max_context == 16
+        res = eng.generate(PROMPT, max_tokens=50, stop_at_eos=False)
+        # 7 prompt tokens + 9 decoded fill 16 positions; the 10th generated token needs no position
+        assert res.tokens == greedy[:10] and res.finish_reason == "length"
+        assert eng.n_past == 16
+        eng.kv_reset()
+        out = (ctypes.c_int32 * 50)()
+        n_out = ctypes.c_int32()
+        gp = C.strata_default_generate_params()
+        gp.max_tokens, gp.stop_at_eos = 50, 0
+        prompt = (ctypes.c_int32 * len(PROMPT))(*PROMPT)
+        st = C.strata_generate(
+            eng.handle,
+            prompt,
+            len(PROMPT),
+            ctypes.byref(gp),
+            C.TOKEN_FN(),
+            None,
+            out,
+            50,
+            ctypes.byref(n_out),
+        )
+        assert st == 0 and n_out.value == 10 and list(out[:10]) == greedy[:10]

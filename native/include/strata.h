@@ -321,7 +321,8 @@ STRATA_API strata_status strata_kv_truncate(strata_engine *eng, int32_t n_keep);
 STRATA_API void strata_kv_reset(strata_engine *eng);
 
 /* Prefill prompt (appended to the context), then sample up to max_tokens. Generated tokens are
- * written to out (up to out_cap) and counted in *n_out; on_token sees each one. */
+ * written to out (up to out_cap) and counted in *n_out; on_token sees each one. Generation also ends,
+ * with STRATA_OK, when the context is full (strata_n_past equals the plan's max_context). */
 STRATA_API strata_status strata_generate(strata_engine *eng, const int32_t *prompt, int32_t n_prompt,
                                          const strata_generate_params *gp, strata_token_fn on_token,
                                          void *user, int32_t *out, int32_t out_cap, int32_t *n_out);
@@ -359,6 +360,20 @@ STRATA_API strata_status strata_matmul(int32_t type, const void *w, int64_t rows
                                        const float *x, int64_t n, float *y, int32_t n_threads);
 /* Kernel level used by strata_dequantize/matvec/matmul in this process; returns the level in use. */
 STRATA_API int32_t strata_simd_set(int32_t simd);
+
+/* ---- CUDA kernels (GPU tests and benchmarks) ----------------------------------------------------- */
+
+/* y[n, rows] = X[n, cols] W^T with the CUDA matrix-vector kernel (host buffers in and out; the weights
+ * are copied to the device on each call). DEVICE when there is no CUDA device. */
+STRATA_API strata_status strata_cuda_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
+                                            const float *x, int64_t n, float *y);
+/* The host's bit-exact mirror of that kernel for one token (runs everywhere). */
+STRATA_API strata_status strata_cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
+                                                   const float *x, float *y);
+/* Time the device kernel: median microseconds of `reps` runs of y = W x over n tokens, with the
+ * weights resident on the device. */
+STRATA_API strata_status strata_cuda_bench_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
+                                                  int64_t n, int32_t reps, double *median_us);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_forward.h"
 #include "engine_internal.h"
 #include "matmul.h"
 #include "quant.h"
@@ -15,7 +16,6 @@
 
 const char *strata_cpu_features(void) { return quant_cpu_features(); }
 
-int32_t strata_cuda_available(void) { return 0; }
 
 strata_params strata_default_params(void) {
     strata_params p;
@@ -187,6 +187,7 @@ strata_status strata_generate(strata_engine *e, const int32_t *prompt, int32_t n
         if (n_out) *n_out = produced;
         if (on_token && on_token(user, tok, e->logits, e->hp.n_vocab) != 0) break;
         if (produced >= g.max_tokens) break;
+        if (e->n_past >= e->n_ctx) break; /* the context is full: the last token cannot be appended */
         s = engine_decode(e, tok);
     }
     e->stats.state = 0;
@@ -216,12 +217,18 @@ strata_status strata_cache_residency(const strata_engine *e, int32_t *slot_of, i
     if (!e || !slot_of) return STRATA_ERR_INVALID_ARGUMENT;
     int64_t n = (int64_t)e->hp.n_layer * e->hp.n_expert;
     if (cap < n) return STRATA_ERR_INVALID_ARGUMENT;
-    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of ? e->cache.slot_of[i] : -1;
+    for (int64_t i = 0; i < n; i++)
+        slot_of[i] = e->gpu ? cuda_forward_slot_of(e, (int32_t)(i / e->hp.n_expert), (int32_t)(i % e->hp.n_expert))
+                            : e->cache.slot_of ? e->cache.slot_of[i] : -1;
     return STRATA_OK;
 }
 
 strata_status strata_profile_save(strata_engine *e, const char *path) {
     if (!e || !path) return STRATA_ERR_INVALID_ARGUMENT;
+    if (e->gpu)
+        return err_set(&e->err, STRATA_ERR_STATE,
+                       "saving a learned profile is not available on --device cuda yet; run the workload with --device "
+                       "cpu to learn one");
     if (!e->cache.slot_of)
         return err_set(&e->err, STRATA_ERR_STATE, "this engine has no expert cache (--expert-cache 0): no profile to save");
     return cache_profile_save(&e->cache, path, &e->err);

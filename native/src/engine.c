@@ -11,6 +11,8 @@
 #include <time.h>
 
 #include "common.h"
+#include "cuda_backend.h"
+#include "cuda_forward.h"
 #include "engine_internal.h"
 #include "matmul.h"
 
@@ -133,6 +135,7 @@ void chunk_buffers_free(strata_engine *e) { memset(&e->cb, 0, sizeof e->cb); }
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits) {
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
+    if (e->gpu) return cuda_forward(e, tokens, T, e->n_past, want_logits);
     chunk_buffers *cb = &e->cb;
     STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
     STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
@@ -171,7 +174,7 @@ strata_status engine_decode(strata_engine *e, int32_t token) {
     if (s == STRATA_OK) {
         e->n_past++;
         e->stats.decode_tokens++;
-        cache_token_done(&e->cache);
+        if (!e->gpu) cache_token_done(&e->cache);
     } else {
         e->has_logits = 0;
     }
@@ -191,10 +194,14 @@ static strata_status check_params(const strata_params *p, errbuf *err) {
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--max-context %d is negative", p->max_context);
     if (p->prefill_chunk < 0)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--prefill %d is negative", p->prefill_chunk);
-    if (p->device == STRATA_DEVICE_CUDA)
-        return err_set(err, STRATA_ERR_DEVICE,
-                       "--device cuda: this build of strata has no CUDA backend; use --device cpu");
-    if (p->device != STRATA_DEVICE_CPU && p->device != STRATA_DEVICE_AUTO)
+    if (p->device == STRATA_DEVICE_CUDA && !cuda_device_present()) {
+        char why[512];
+        cuda_ctx *probe = NULL;
+        cuda_ctx_create(0, &probe, why, sizeof why); /* says why: no CUDA in this build, or no device */
+        cuda_ctx_destroy(probe);
+        return err_set(err, STRATA_ERR_DEVICE, "--device cuda: %s", why);
+    }
+    if (p->device != STRATA_DEVICE_CPU && p->device != STRATA_DEVICE_AUTO && p->device != STRATA_DEVICE_CUDA)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "device %d is not cpu, cuda or auto", p->device);
     if (p->kv_type != STRATA_KV_F16 && p->kv_type != STRATA_KV_INT8)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "KV type %d is not f16 or int8", p->kv_type);
@@ -259,6 +266,7 @@ fail:
 
 void engine_close(strata_engine *e) {
     if (!e) return;
+    cuda_forward_close(e);
     chunk_buffers_free(e);
     free(e->logits);
     kv_free(&e->kv);

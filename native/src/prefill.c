@@ -24,6 +24,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "cuda_backend.h"
+#include "cuda_forward.h"
 #include "engine_internal.h"
 
 /* ---- open / close ------------------------------------------------------------------------------- */
@@ -56,12 +58,39 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     in.chunk_bytes = layout_bytes;
     in.chunk_ctx = e;
     in.device = STRATA_DEVICE_CPU;
+    const int on_gpu = prm.device == STRATA_DEVICE_CUDA || (prm.device == STRATA_DEVICE_AUTO && cuda_device_present());
+    if (on_gpu) {
+        in.device = STRATA_DEVICE_CUDA;
+        if (cuda_forward_init(e, &in.device_free) != STRATA_OK) {
+            memcpy(err, &e->err, sizeof *err);
+            return err->status;
+        }
+    }
     in.n_threads = pool_size(e->pool);
     in.simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
     if (in.scratch_bytes < 0) return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch could not be sized");
     STRATA_TRY(plan_make(&e->mp, &in, &prm, say, e, err));
     e->plan = e->mp.pub;
     e->chunk = e->plan.auto_chunk;
+    if (on_gpu) {
+        /* The same plan on the device: the work buffers of the auto chunk take the place of the loan
+         * for good (the device keeps them laid out), so the slab gets the slots that are left. */
+        const int64_t work = cuda_forward_work_bytes(e, e->chunk);
+        const int64_t loan = (work + e->plan.slot_bytes - 1) / e->plan.slot_bytes;
+        const int32_t slots = (int32_t)(e->plan.n_slots - loan);
+        if (cuda_forward_open(e, slots) != STRATA_OK) {
+            memcpy(err, &e->err, sizeof *err);
+            return err->status;
+        }
+        e->plan.n_slots = cuda_forward_n_slots(e);
+        e->plan.auto_loan_slots = (int32_t)loan;
+        e->plan.device = STRATA_DEVICE_CUDA;
+        e->mp.pub = e->plan;
+        char line[768];
+        plan_line(&e->mp, line, sizeof line);
+        trace_emit(&e->trace, "%s", line);
+        return STRATA_OK;
+    }
 
     /* the device budget: a host block, mapped lazily so that untouched room costs nothing */
     e->dev_len = (size_t)e->plan.budget_bytes;
@@ -117,6 +146,7 @@ void mem_close(strata_engine *e) {
 }
 
 void mem_sync_stats(strata_engine *e) {
+    if (e->gpu) return; /* the device backend counts into e->stats itself */
     const expert_cache *c = &e->cache;
     strata_stats *s = &e->stats;
     s->lookups = c->lookups;
@@ -230,7 +260,8 @@ strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n,
     const int32_t start = e->n_past;
     double t0 = engine_now_ms();
     int32_t t = plan_request_chunk(&e->mp, n);
-    strata_status s = lend(e, &t);
+    /* on the device the auto chunk's buffers stay laid out from open: every chunk <= it fits */
+    strata_status s = e->gpu ? STRATA_OK : lend(e, &t);
     if (s != STRATA_OK) {
         give_back(e);
         mem_sync_stats(e);
@@ -252,7 +283,7 @@ strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n,
             break;
         }
     }
-    give_back(e);
+    if (!e->gpu) give_back(e);
     if (s != STRATA_OK) {
         /* roll back: the cache rows past start are simply forgotten */
         e->n_past = start;

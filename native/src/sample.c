@@ -3,7 +3,8 @@
  *
  * Order of the steps (the usual one): logits / temperature -> keep the top_k largest -> softmax ->
  * keep the smallest set whose probability reaches top_p -> drop tokens below min_p * (best
- * probability) -> draw. Ties between equal logits go to the lower token id, so greedy picks are
+ * probability) -> draw. Only top-k and top-p need the candidates in order: without them the draw walks
+ * the vocabulary in id order, so a step costs O(V) and not a sort of the whole vocabulary. Ties between equal logits go to the lower token id, so greedy picks are
  * reproducible. The generator is splitmix64-seeded xoshiro256**: a seed gives the same draws on
  * every machine.
  */
@@ -17,7 +18,8 @@ struct strata_sampler {
     strata_sampling s;
     uint64_t rng[4];
     int32_t cap;
-    float *p;       /* [cap] probabilities of the candidates, best first */
+    float *p;       /* [cap] probabilities of the candidates */
+    void *c;        /* [cap] candidates (value, token id) */
 };
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -63,6 +65,7 @@ strata_status strata_sampler_init(const strata_sampling *s, strata_sampler **out
 void strata_sampler_free(strata_sampler *smp) {
     if (!smp) return;
     free(smp->p);
+    free(smp->c);
     free(smp);
 }
 
@@ -78,11 +81,40 @@ typedef struct pair {
     int32_t i;
 } pair;
 
-static int cmp_pair(const void *a, const void *b) {
-    const pair *x = a, *y = b;
-    if (x->v > y->v) return -1;
-    if (x->v < y->v) return 1;
-    return (x->i > y->i) - (x->i < y->i);
+/* a before b: larger value first, lower id among equals */
+static inline int before(pair a, pair b) { return a.v > b.v || (a.v == b.v && a.i < b.i); }
+
+static int cmp_pair(const void *x, const void *y) {
+    const pair *a = x, *b = y;
+    return before(*a, *b) ? -1 : before(*b, *a) ? 1 : 0;
+}
+
+/* Keep the k best of c[0..n) in c[0..k), best first: a min-heap of the k best so far (O(n log k)). */
+static void keep_top_k(pair *c, int32_t n, int32_t k) {
+    /* heap over c[0..k): the worst kept candidate at the root */
+    for (int32_t i = k / 2 - 1; i >= 0; i--) {
+        for (int32_t j = i;;) {
+            int32_t l = 2 * j + 1, r = l + 1, w = j;
+            if (l < k && before(c[w], c[l])) w = l;
+            if (r < k && before(c[w], c[r])) w = r;
+            if (w == j) break;
+            pair t = c[j]; c[j] = c[w]; c[w] = t;
+            j = w;
+        }
+    }
+    for (int32_t i = k; i < n; i++) {
+        if (!before(c[i], c[0])) continue;
+        c[0] = c[i];
+        for (int32_t j = 0;;) {
+            int32_t l = 2 * j + 1, r = l + 1, w = j;
+            if (l < k && before(c[w], c[l])) w = l;
+            if (r < k && before(c[w], c[r])) w = r;
+            if (w == j) break;
+            pair t = c[j]; c[j] = c[w]; c[w] = t;
+            j = w;
+        }
+    }
+    qsort(c, (size_t)k, sizeof *c, cmp_pair);
 }
 
 int32_t strata_sampler_sample(strata_sampler *smp, const float *logits, int32_t n_vocab) {
@@ -91,53 +123,68 @@ int32_t strata_sampler_sample(strata_sampler *smp, const float *logits, int32_t 
     if (s->temperature <= 0.0f || s->top_k == 1) return argmax(logits, n_vocab);
     if (smp->cap < n_vocab) {
         free(smp->p);
+        free(smp->c);
         smp->p = malloc(sizeof(float) * (size_t)n_vocab);
-        smp->cap = smp->p ? n_vocab : 0;
-        if (!smp->cap) return argmax(logits, n_vocab);
+        smp->c = malloc(sizeof(pair) * (size_t)n_vocab);
+        smp->cap = smp->p && smp->c ? n_vocab : 0;
+        if (!smp->cap) return argmax(logits, n_vocab); /* out of memory: the most likely token */
     }
-    /* candidates sorted best first (ties: lower id) */
-    pair *c = (pair *)malloc(sizeof(pair) * (size_t)n_vocab);
-    if (!c) return argmax(logits, n_vocab);
-    for (int32_t i = 0; i < n_vocab; i++) c[i] = (pair){logits[i] / s->temperature, i};
-    int32_t n = n_vocab;
-    qsort(c, (size_t)n, sizeof *c, cmp_pair);
-    if (s->top_k > 0 && s->top_k < n) n = s->top_k;
-    /* softmax over the kept candidates, in double for a stable sum */
+    pair *c = smp->c;
+    float *p = smp->p;
+    /* candidates: every token in id order, or the top k best first; NaN logits count as -inf */
+    int32_t n = n_vocab, sorted = 0;
+    for (int32_t i = 0; i < n_vocab; i++) c[i] = (pair){isnan(logits[i]) ? -INFINITY : logits[i] / s->temperature, i};
+    if (s->top_k > 0 && s->top_k < n) {
+        keep_top_k(c, n, s->top_k);
+        n = s->top_k;
+        sorted = 1;
+    }
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++) mx = c[i].v > mx ? c[i].v : mx;
+    if (!isfinite(mx)) return argmax(logits, n_vocab);
+    /* softmax, in double for a stable sum */
     double sum = 0.0;
     for (int32_t i = 0; i < n; i++) {
-        smp->p[i] = (float)exp((double)c[i].v - (double)c[0].v);
-        sum += smp->p[i];
+        p[i] = (float)exp((double)c[i].v - (double)mx);
+        sum += p[i];
     }
-    for (int32_t i = 0; i < n; i++) smp->p[i] = (float)(smp->p[i] / sum);
+    for (int32_t i = 0; i < n; i++) p[i] = (float)(p[i] / sum);
     if (s->top_p < 1.0f) {
+        if (!sorted) {
+            /* sort candidates with their probabilities: probabilities follow the values' order */
+            qsort(c, (size_t)n, sizeof *c, cmp_pair);
+            for (int32_t i = 0; i < n; i++) p[i] = (float)(exp((double)c[i].v - (double)mx) / sum);
+            sorted = 1;
+        }
         double cum = 0.0;
-        int32_t keep = n;
         for (int32_t i = 0; i < n; i++) {
-            cum += smp->p[i];
+            cum += p[i];
             if (cum >= s->top_p) {
-                keep = i + 1;
+                n = i + 1;
                 break;
             }
         }
-        n = keep;
     }
     if (s->min_p > 0.0f) {
-        float floor_p = s->min_p * smp->p[0];
-        int32_t keep = 1;
-        while (keep < n && smp->p[keep] >= floor_p) keep++;
-        n = keep;
+        float pmax = 0.0f;
+        for (int32_t i = 0; i < n; i++) pmax = p[i] > pmax ? p[i] : pmax;
+        const float floor_p = s->min_p * pmax;
+        int32_t m = 0;
+        for (int32_t i = 0; i < n; i++)
+            if (p[i] >= floor_p) {
+                c[m] = c[i];
+                p[m] = p[i];
+                m++;
+            }
+        n = m;
     }
+    /* draw: walk the kept candidates in their order until the cumulative mass passes r */
     double total = 0.0;
-    for (int32_t i = 0; i < n; i++) total += smp->p[i];
+    for (int32_t i = 0; i < n; i++) total += p[i];
     double r = next_unit(smp->rng) * total, acc = 0.0;
-    int32_t pick = c[n - 1].i;
     for (int32_t i = 0; i < n; i++) {
-        acc += smp->p[i];
-        if (r < acc) {
-            pick = c[i].i;
-            break;
-        }
+        acc += p[i];
+        if (r < acc) return c[i].i;
     }
-    free(c);
-    return pick;
+    return c[n - 1].i;
 }

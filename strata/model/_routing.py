@@ -111,10 +111,11 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
         rep = H // Hkv
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)
-        s = np.einsum("thd,shd->hts", q, k) / np.float32(math.sqrt(hd)) + causal
+        qh, kh, vh = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, T, hd]
+        s = qh @ kh.transpose(0, 2, 1) / np.float32(math.sqrt(hd)) + causal  # [H, T, T]
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s /= s.sum(axis=-1, keepdims=True)
-        a = np.einsum("hts,shd->thd", s, v).reshape(T, H * hd)
+        a = (s @ vh).transpose(1, 0, 2).reshape(T, H * hd)
         x = x + a @ f.get(b + "attn_output.weight").T
 
         h = _rms_norm(x, f.get(b + "ffn_norm.weight"), eps)

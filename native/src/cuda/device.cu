@@ -1,0 +1,160 @@
+/* device.cu — the CUDA context: device selection, memory, pinned host memory, streams, copies. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+extern "C" {
+
+int32_t cuda_device_present(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return n > 0;
+}
+
+strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        snprintf(err, err_len,
+                 "no CUDA device is usable (%s); use --device cpu, or check the driver with nvidia-smi",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+        cudaGetLastError();
+        return STRATA_ERR_DEVICE;
+    }
+    if (device < 0 || device >= n) {
+        snprintf(err, err_len, "CUDA device %d does not exist (this machine has %d)", device, n);
+        return STRATA_ERR_INVALID_ARGUMENT;
+    }
+    cuda_ctx *ctx = (cuda_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx) {
+        snprintf(err, err_len, "out of host memory creating the CUDA context");
+        return STRATA_ERR_OUT_OF_MEMORY;
+    }
+    ctx->device = device;
+    strata_status s = STRATA_OK;
+    cudaDeviceProp prop;
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaGetDeviceProperties(&prop, device)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&ctx->stream[0], cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&ctx->stream[1], cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&ctx->order_event, cudaEventDisableTiming)) != cudaSuccess) {
+        snprintf(err, err_len, "CUDA: setting up device %d failed: %s", device, cudaGetErrorString(e));
+        s = STRATA_ERR_DEVICE;
+        cuda_ctx_destroy(ctx);
+        return s;
+    }
+    snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
+    *out = ctx;
+    return STRATA_OK;
+}
+
+void cuda_ctx_destroy(cuda_ctx *ctx) {
+    if (!ctx) return;
+    cudaSetDevice(ctx->device);
+    for (int i = 0; i < 2; i++)
+        if (ctx->stream[i]) {
+            cudaStreamSynchronize(ctx->stream[i]);
+            cudaStreamDestroy(ctx->stream[i]);
+        }
+    if (ctx->order_event) cudaEventDestroy(ctx->order_event);
+    cudaGetLastError();
+    free(ctx);
+}
+
+const char *cuda_ctx_error(const cuda_ctx *ctx) { return ctx ? ctx->err : ""; }
+const char *cuda_ctx_device_name(const cuda_ctx *ctx) { return ctx ? ctx->name : ""; }
+
+strata_status cuda_mem_info(cuda_ctx *ctx, int64_t *free_bytes, int64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    CU_TRY(ctx, cudaMemGetInfo(&f, &t), "reading free device memory");
+    *free_bytes = (int64_t)f;
+    *total_bytes = (int64_t)t;
+    return STRATA_OK;
+}
+
+strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *what) {
+    *dptr = NULL;
+    cudaError_t e = cudaMalloc(dptr, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        size_t f = 0, t = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&f, &t);
+        snprintf(ctx->err, sizeof ctx->err,
+                 "CUDA: allocating %.1f MiB of device memory for %s failed: %s (%.1f of %.1f MiB free); "
+                 "lower --vram-budget or --max-context",
+                 bytes / 1048576.0, what, cudaGetErrorString(e), f / 1048576.0, t / 1048576.0);
+        return STRATA_ERR_DEVICE;
+    }
+    return STRATA_OK;
+}
+
+void cuda_free(cuda_ctx *ctx, void *dptr) {
+    (void)ctx;
+    if (dptr) cudaFree(dptr);
+}
+
+strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes) {
+    CU_TRY(ctx, cudaHostRegister(ptr, bytes, cudaHostRegisterReadOnly | cudaHostRegisterPortable),
+           "page-locking %.1f MiB of host memory", bytes / 1048576.0);
+    return STRATA_OK;
+}
+
+void cuda_host_unregister(cuda_ctx *ctx, void *ptr) {
+    (void)ctx;
+    if (ptr) {
+        cudaHostUnregister(ptr);
+        cudaGetLastError();
+    }
+}
+
+strata_status cuda_host_alloc(cuda_ctx *ctx, size_t bytes, void **ptr) {
+    CU_TRY(ctx, cudaMallocHost(ptr, bytes ? bytes : 1), "allocating %.1f MiB of pinned host memory",
+           bytes / 1048576.0);
+    return STRATA_OK;
+}
+
+void cuda_host_free(cuda_ctx *ctx, void *ptr) {
+    (void)ctx;
+    if (ptr) cudaFreeHost(ptr);
+}
+
+strata_status cuda_h2d(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream) {
+    CU_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream[stream & 1]),
+           "copying %zu bytes to the device", bytes);
+    return STRATA_OK;
+}
+
+strata_status cuda_d2h(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream) {
+    CU_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream[stream & 1]),
+           "copying %zu bytes from the device", bytes);
+    return STRATA_OK;
+}
+
+strata_status cuda_d2d(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream) {
+    CU_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream[stream & 1]),
+           "copying %zu bytes on the device", bytes);
+    return STRATA_OK;
+}
+
+strata_status cuda_memset(cuda_ctx *ctx, void *dst, int value, size_t bytes) {
+    CU_TRY(ctx, cudaMemsetAsync(dst, value, bytes, CU_COMPUTE(ctx)), "clearing %zu bytes", bytes);
+    return STRATA_OK;
+}
+
+strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to) {
+    CU_TRY(ctx, cudaEventRecord(ctx->order_event, ctx->stream[from & 1]), "recording a stream event");
+    CU_TRY(ctx, cudaStreamWaitEvent(ctx->stream[to & 1], ctx->order_event, 0), "ordering streams");
+    return STRATA_OK;
+}
+
+strata_status cuda_sync(cuda_ctx *ctx) {
+    CU_TRY(ctx, cudaStreamSynchronize(ctx->stream[1]), "waiting for the copy stream");
+    CU_TRY(ctx, cudaStreamSynchronize(ctx->stream[0]), "waiting for the compute stream");
+    return STRATA_OK;
+}
+
+} /* extern "C" */

@@ -1,0 +1,280 @@
+/*
+ * matvec.cu — matrix-vector products for decode and for prompt chunks, on quantized rows.
+ *
+ * Legend: R rows, C cols (a multiple of 32), T tokens, G = C / 32 groups of 32 values per row.
+ *
+ * One warp computes one row for up to TOK tokens. Lane l owns slice s = l % 4 (8 values) of groups
+ * g = l / 4, l / 4 + 8, ...: it dequantizes its 8 values once and multiplies them into each token's
+ * accumulator (acc = acc + w * x, a multiply and an add, each rounded: no fusion), so that 32 lanes
+ * read 1 KiB of contiguous activations per step. The lanes are then combined by a butterfly
+ * (xor 16, 8, 4, 2, 1). The order depends on C alone: a token gets the same bits whether it is
+ * processed alone or with others, and cuda_mirror_matvec reproduces it on the host.
+ */
+#include "common.cuh"
+#include "../group_dequant.h"
+
+#define MV_WARPS 4 /* rows per block */
+
+template <int TYPE, int TOK>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_matvec(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, int64_t row_bytes, int64_t rows,
+         int64_t cols, const float *__restrict__ x, int64_t xs, const int32_t *__restrict__ tok,
+         const int32_t *__restrict__ outr, float *__restrict__ y, int64_t ys, int T, int accumulate) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    /* plain (w_ptrs == NULL): tokens unit*TOK .. of x into the same rows of y.
+     * segments: unit u has its own weights w_ptrs[u] and up to TOK tokens tok[u*TOK + t] (-1 = none)
+     * whose results go to rows outr[u*TOK + t] of y. */
+    const int64_t unit = blockIdx.y;
+    const uint8_t *row = (w_ptrs ? w_ptrs[unit] : W) + r * row_bytes;
+    int64_t xrow[TOK], yrow[TOK];
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        if (w_ptrs) {
+            xrow[t] = tok[unit * TOK + t];
+            yrow[t] = xrow[t] < 0 ? -1 : outr[unit * TOK + t];
+        } else {
+            const int64_t tt = unit * TOK + t;
+            xrow[t] = tt < T ? tt : -1;
+            yrow[t] = xrow[t];
+        }
+    }
+
+    float acc[TOK];
+#pragma unroll
+    for (int t = 0; t < TOK; t++) acc[t] = 0.0f;
+
+    const int64_t G = cols >> 5;
+    const int sl = lane & 3;
+    for (int64_t g = lane >> 2; g < G; g += 8) {
+        float w[8];
+        gq_dequant8(TYPE, row, g, sl, w);
+#pragma unroll
+        for (int t = 0; t < TOK; t++) {
+            if (xrow[t] >= 0) {
+                const float4 *xp = (const float4 *)(x + xrow[t] * xs + g * 32 + sl * 8);
+                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                float s = acc[t];
+                s = __fadd_rn(s, __fmul_rn(w[0], a.x));
+                s = __fadd_rn(s, __fmul_rn(w[1], a.y));
+                s = __fadd_rn(s, __fmul_rn(w[2], a.z));
+                s = __fadd_rn(s, __fmul_rn(w[3], a.w));
+                s = __fadd_rn(s, __fmul_rn(w[4], b.x));
+                s = __fadd_rn(s, __fmul_rn(w[5], b.y));
+                s = __fadd_rn(s, __fmul_rn(w[6], b.z));
+                s = __fadd_rn(s, __fmul_rn(w[7], b.w));
+                acc[t] = s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[t] = __fadd_rn(acc[t], __shfl_xor_sync(0xffffffffu, acc[t], off));
+    }
+    /* lane t writes token t (every lane holds every total after the butterfly) */
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        if (lane == t && yrow[t] >= 0) {
+            float *yp = y + yrow[t] * ys + r;
+            *yp = accumulate ? __fadd_rn(*yp, acc[t]) : acc[t];
+        }
+    }
+}
+
+/* Q8_0 / Q4_0 weights against activations quantized to 8 bits per block of 32 (the host engine's
+ * scheme: d = max|x| / 127 stored as f16, q = round(x / d)). Activation row layout: cols int8 values,
+ * then cols / 32 float scales. Lane l owns slice l % 4 of blocks l / 4, l / 4 + 8, ...: an exact
+ * integer dot of 8 values, then acc = acc + (dw * dx) * isum. */
+template <int TYPE, int TOK>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_matvec_q8(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, int64_t row_bytes, int64_t rows,
+            int64_t cols, const uint8_t *__restrict__ xq, int64_t xs, const int32_t *__restrict__ tok,
+            const int32_t *__restrict__ outr, float *__restrict__ y, int64_t ys, int T, int accumulate) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const int64_t unit = blockIdx.y;
+    const uint8_t *row = (w_ptrs ? w_ptrs[unit] : W) + r * row_bytes;
+    int64_t xrow[TOK], yrow[TOK];
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        if (w_ptrs) {
+            xrow[t] = tok[unit * TOK + t];
+            yrow[t] = xrow[t] < 0 ? -1 : outr[unit * TOK + t];
+        } else {
+            const int64_t tt = unit * TOK + t;
+            xrow[t] = tt < T ? tt : -1;
+            yrow[t] = xrow[t];
+        }
+    }
+    float acc[TOK];
+#pragma unroll
+    for (int t = 0; t < TOK; t++) acc[t] = 0.0f;
+    const int64_t G = cols >> 5;
+    const int sl = lane & 3;
+    for (int64_t g = lane >> 2; g < G; g += 8) {
+        int w0, w1;
+        float dw;
+        if (TYPE == STRATA_TYPE_Q8_0) {
+            const uint8_t *b = row + g * 34;
+            dw = gq_f16(b);
+            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * sl); /* blocks are 2-byte aligned */
+            w0 = (int)((uint32_t)p[0] | ((uint32_t)p[1] << 16));
+            w1 = (int)((uint32_t)p[2] | ((uint32_t)p[3] << 16));
+        } else { /* Q4_0: slices 0, 1 are low nibbles of qs[0..15], slices 2, 3 high nibbles */
+            const uint8_t *b = row + g * 18;
+            dw = gq_f16(b);
+            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * (sl & 1));
+            const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 16), hi = (uint32_t)p[2] | ((uint32_t)p[3] << 16);
+            const int shift = (sl & 2) ? 4 : 0;
+            w0 = (int)__vsub4((lo >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+            w1 = (int)__vsub4((hi >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+        }
+#pragma unroll
+        for (int t = 0; t < TOK; t++) {
+            if (xrow[t] >= 0) {
+                const uint8_t *xr = xq + xrow[t] * xs;
+                const int2 xv = *(const int2 *)(xr + g * 32 + 8 * sl);
+                const float dx = ((const float *)(xr + cols))[g];
+                const int isum = __dp4a(w1, xv.y, __dp4a(w0, xv.x, 0));
+                acc[t] = __fadd_rn(acc[t], __fmul_rn(__fmul_rn(dw, dx), (float)isum));
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[t] = __fadd_rn(acc[t], __shfl_xor_sync(0xffffffffu, acc[t], off));
+    }
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        if (lane == t && yrow[t] >= 0) {
+            float *yp = y + yrow[t] * ys + r;
+            *yp = accumulate ? __fadd_rn(*yp, acc[t]) : acc[t];
+        }
+    }
+}
+
+/* x [T, cols] f32 -> [T, cols int8 | cols/32 f32] with the host engine's Q8_0 activation rounding */
+__global__ void k_quantize_q8(const float *x, int64_t xs, uint8_t *q, int64_t qs_stride, int64_t cols) {
+    const int64_t t = blockIdx.y;
+    const int lane = threadIdx.x & 31;
+    const int64_t b = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (b >= cols / 32) return;
+    const float v = x[t * xs + b * 32 + lane];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t *row = q + t * qs_stride;
+    row[b * 32 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(v, id));
+    if (lane == 0) ((float *)(row + cols))[b] = __half2float(__float2half_rn(d));
+}
+
+template <int TOK>
+static strata_status launch(cuda_ctx *ctx, int32_t type, const void *w, const void *const *w_ptrs, int64_t rows,
+                            int64_t cols, const void *x, int64_t xs, const int32_t *tok, const int32_t *outr,
+                            float *y, int64_t ys, int64_t units, int32_t T, int32_t accumulate) {
+    /* xs counts floats for float activations, bytes for quantized ones */
+    const int64_t xrow_bytes = cuda_act_type(type) == STRATA_TYPE_F32 ? xs * 4 : xs;
+    const int64_t rb = gq_row_bytes(type, cols);
+    const uint8_t *W = (const uint8_t *)w;
+    const uint8_t *const *P = (const uint8_t *const *)w_ptrs;
+    cudaStream_t s = CU_COMPUTE(ctx);
+    /* grid.y is limited to 65535: launch in slices of units */
+    for (int64_t u0 = 0; u0 < units; u0 += 65535) {
+        const int64_t nu = units - u0 < 65535 ? units - u0 : 65535;
+        dim3 grid(cu_blocks(rows, MV_WARPS), (unsigned)nu);
+        const uint8_t *const *Pu = P ? P + u0 : NULL;
+        const int32_t *tu = tok ? tok + u0 * TOK : NULL;
+        const int32_t *ou = outr ? outr + u0 * TOK : NULL;
+        /* plain mode: shift x and y by the tokens of earlier slices */
+        const void *xu = P ? x : (const void *)((const uint8_t *)x + u0 * TOK * xrow_bytes);
+        float *yu = P ? y : y + u0 * TOK * ys;
+        const int Tu = P ? T : (int)(T - u0 * TOK);
+#define MV_CASE(TY)                                                                                          \
+    case TY:                                                                                                 \
+        k_matvec<TY, TOK><<<grid, MV_WARPS * 32, 0, s>>>(W, Pu, rb, rows, cols, (const float *)xu, xs, tu, ou, yu, \
+                                                         ys, Tu, accumulate);                                \
+        break;
+#define MV_CASE_Q8(TY)                                                                                       \
+    case TY:                                                                                                 \
+        k_matvec_q8<TY, TOK><<<grid, MV_WARPS * 32, 0, s>>>(W, Pu, rb, rows, cols, (const uint8_t *)xu, xs, tu, \
+                                                            ou, yu, ys, Tu, accumulate);                     \
+        break;
+        switch (type) {
+            MV_CASE(STRATA_TYPE_F32)
+            MV_CASE(STRATA_TYPE_F16)
+            MV_CASE(STRATA_TYPE_BF16)
+            MV_CASE_Q8(STRATA_TYPE_Q8_0)
+            MV_CASE_Q8(STRATA_TYPE_Q4_0)
+            MV_CASE(STRATA_TYPE_Q4_K)
+            MV_CASE(STRATA_TYPE_Q6_K)
+        default:
+            snprintf(ctx->err, sizeof ctx->err,
+                     "CUDA: the device kernels do not run tensor type %d (they run F32, F16, BF16, Q8_0, Q4_0, "
+                     "Q4_K and Q6_K)", type);
+            return STRATA_ERR_UNSUPPORTED;
+        }
+#undef MV_CASE
+#undef MV_CASE_Q8
+        CU_LAUNCHED(ctx, "matvec");
+    }
+    return STRATA_OK;
+}
+
+static int shape_ok(int32_t type, int64_t cols) {
+    const int blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
+    return cols > 0 && cols % blk == 0;
+}
+
+extern "C" {
+
+int32_t cuda_type_supported(int32_t type) { return gq_row_bytes(type, 256) > 0; }
+
+int32_t cuda_act_type(int32_t type) {
+    return (type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0) ? STRATA_TYPE_Q8_0 : STRATA_TYPE_F32;
+}
+
+int64_t cuda_act_row_bytes(int32_t type, int64_t cols) {
+    return cuda_act_type(type) == STRATA_TYPE_Q8_0 ? cols + cols / 8 : cols * 4;
+}
+
+strata_status cuda_quantize_act(cuda_ctx *ctx, int32_t type, const float *x, int64_t x_stride, void *q,
+                                int64_t q_stride, int64_t cols, int32_t T) {
+    if (T <= 0) return STRATA_OK;
+    if (cuda_act_type(type) != STRATA_TYPE_Q8_0) return STRATA_ERR_INVALID_ARGUMENT;
+    if (cols % 32) return STRATA_ERR_INVALID_ARGUMENT;
+    dim3 grid(cu_blocks(cols / 32, 8), (unsigned)T);
+    k_quantize_q8<<<grid, 256, 0, CU_COMPUTE(ctx)>>>(x, x_stride, (uint8_t *)q, q_stride, cols);
+    CU_LAUNCHED(ctx, "activation quantization");
+    return STRATA_OK;
+}
+
+strata_status cuda_matvec(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols, const void *x,
+                          int64_t x_stride, float *y, int64_t y_stride, int32_t T, int32_t accumulate) {
+    if (T <= 0 || rows <= 0) return STRATA_OK;
+    if (!shape_ok(type, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    if (T == 1) return launch<1>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, 1, T, accumulate);
+    return launch<8>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, (T + 7) / 8, T,
+                     accumulate);
+}
+
+strata_status cuda_matvec_segments(cuda_ctx *ctx, int32_t type, const void *const *w_ptrs, int64_t rows,
+                                   int64_t cols, const void *x, int64_t x_stride, const int32_t *tok,
+                                   const int32_t *out_rows, float *y, int64_t y_stride, int32_t n_segments,
+                                   int32_t seg_tokens) {
+    if (n_segments <= 0 || rows <= 0) return STRATA_OK;
+    if (!shape_ok(type, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    if (seg_tokens == 1)
+        return launch<1>(ctx, type, NULL, w_ptrs, rows, cols, x, x_stride, tok, out_rows, y, y_stride, n_segments, 0, 0);
+    if (seg_tokens == CUDA_SEG_TOKENS)
+        return launch<CUDA_SEG_TOKENS>(ctx, type, NULL, w_ptrs, rows, cols, x, x_stride, tok, out_rows, y, y_stride,
+                                       n_segments, 0, 0);
+    return STRATA_ERR_INVALID_ARGUMENT;
+}
+
+} /* extern "C" */

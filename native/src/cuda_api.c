@@ -1,0 +1,108 @@
+/* cuda_api.c — public entry points to the CUDA kernels for tests and benchmarks. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_backend.h"
+#include "group_dequant.h"
+#include "strata.h"
+
+static int shape_ok(int32_t type, int64_t rows, int64_t cols) {
+    const int blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
+    return rows > 0 && cols > 0 && cols % blk == 0 && gq_row_bytes(type, cols) > 0;
+}
+
+/* Upload W and X, run, download Y. */
+strata_status strata_cuda_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, int64_t n,
+                                 float *y) {
+    if (!w || !x || !y || n <= 0 || !shape_ok(type, rows, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    char err[512];
+    cuda_ctx *ctx = NULL;
+    strata_status s = cuda_ctx_create(0, &ctx, err, sizeof err);
+    if (s != STRATA_OK) return s;
+    const size_t wb = (size_t)(gq_row_bytes(type, cols) * rows), xb = (size_t)(n * cols * 4), yb = (size_t)(n * rows * 4);
+    const int64_t qrb = cuda_act_row_bytes(type, cols);
+    const int quant = cuda_act_type(type) != STRATA_TYPE_F32;
+    void *dw = NULL, *dx = NULL, *dy = NULL, *dq = NULL;
+    if ((s = cuda_alloc(ctx, wb, &dw, "weights")) || (s = cuda_alloc(ctx, xb, &dx, "x")) ||
+        (s = cuda_alloc(ctx, yb, &dy, "y")) || (s = cuda_alloc(ctx, (size_t)(qrb * n), &dq, "quantized x")))
+        goto done;
+    if ((s = cuda_h2d(ctx, dw, w, wb, CUDA_STREAM_COMPUTE)) || (s = cuda_h2d(ctx, dx, x, xb, CUDA_STREAM_COMPUTE)))
+        goto done;
+    if (quant && (s = cuda_quantize_act(ctx, type, (const float *)dx, cols, dq, qrb, cols, (int32_t)n))) goto done;
+    if ((s = cuda_matvec(ctx, type, dw, rows, cols, quant ? dq : dx, quant ? qrb : cols, dy, rows, (int32_t)n, 0)) ||
+        (s = cuda_d2h(ctx, y, dy, yb, CUDA_STREAM_COMPUTE)) || (s = cuda_sync(ctx)))
+        goto done;
+done:
+    cuda_free(ctx, dw);
+    cuda_free(ctx, dx);
+    cuda_free(ctx, dy);
+    cuda_free(ctx, dq);
+    cuda_ctx_destroy(ctx);
+    return s;
+}
+
+strata_status strata_cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
+                                        float *y) {
+    if (!w || !x || !y || !shape_ok(type, rows, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    cuda_mirror_matvec(type, w, rows, cols, x, y);
+    return STRATA_OK;
+}
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+strata_status strata_cuda_bench_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, int64_t n, int32_t reps,
+                                       double *median_us) {
+    if (!w || n <= 0 || reps <= 0 || !median_us || !shape_ok(type, rows, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    char err[512];
+    cuda_ctx *ctx = NULL;
+    strata_status s = cuda_ctx_create(0, &ctx, err, sizeof err);
+    if (s != STRATA_OK) return s;
+    const size_t wb = (size_t)(gq_row_bytes(type, cols) * rows), xb = (size_t)(n * cols * 4), yb = (size_t)(n * rows * 4);
+    void *dw = NULL, *dx = NULL, *dy = NULL, *dq = NULL;
+    double *t = (double *)calloc((size_t)reps, sizeof *t);
+    float *hx = (float *)malloc(xb);
+    if (!t || !hx) {
+        s = STRATA_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    for (size_t i = 0; i < xb / 4; i++) hx[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    const int64_t qrb = cuda_act_row_bytes(type, cols);
+    const int quant = cuda_act_type(type) != STRATA_TYPE_F32;
+    if ((s = cuda_alloc(ctx, wb, &dw, "weights")) || (s = cuda_alloc(ctx, xb, &dx, "x")) ||
+        (s = cuda_alloc(ctx, yb, &dy, "y")) || (s = cuda_alloc(ctx, (size_t)(qrb * n), &dq, "quantized x")))
+        goto done;
+    if ((s = cuda_h2d(ctx, dw, w, wb, CUDA_STREAM_COMPUTE)) || (s = cuda_h2d(ctx, dx, hx, xb, CUDA_STREAM_COMPUTE)) ||
+        (s = cuda_sync(ctx)))
+        goto done;
+    if (quant && (s = cuda_quantize_act(ctx, type, (const float *)dx, cols, dq, qrb, cols, (int32_t)n))) goto done;
+    for (int i = -3; i < reps; i++) { /* three warm-up runs */
+        const double t0 = now_us();
+        if ((s = cuda_matvec(ctx, type, dw, rows, cols, quant ? dq : dx, quant ? qrb : cols, dy, rows, (int32_t)n, 0)) ||
+            (s = cuda_sync(ctx)))
+            goto done;
+        if (i >= 0) t[i] = now_us() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_double);
+    *median_us = t[reps / 2];
+done:
+    free(t);
+    free(hx);
+    cuda_free(ctx, dq);
+    cuda_free(ctx, dw);
+    cuda_free(ctx, dx);
+    cuda_free(ctx, dy);
+    cuda_ctx_destroy(ctx);
+    return s;
+}
+
+int32_t strata_cuda_available(void) { return cuda_device_present(); }

@@ -1,0 +1,141 @@
+/*
+ * cuda_backend.h — the CUDA backend as the C side of the engine sees it.
+ *
+ * Legend: T tokens, D model dim, F expert ffn dim, E experts, K experts used per token,
+ *         H query heads, Hkv key/value heads, hd head dim.
+ *
+ * Every function returns a strata_status; on failure the context's message (cuda_ctx_error) says
+ * which call failed and why, in words (CUDA's own error string plus what strata was doing). Nothing
+ * here exits. When the library is built without CUDA, every function returns STRATA_ERR_DEVICE with
+ * "this build of strata has no CUDA backend" (cuda_stub.c), so callers need no #ifdefs.
+ *
+ * Numerics: the matrix-vector kernels compute each output as a fixed sequence of IEEE float
+ * operations (no fused multiply-add; the reduction order depends on the row length only), so that
+ * (a) a token's result does not depend on how many tokens are processed together, and (b) the host
+ * can reproduce a device result bit for bit (cuda_mirror_matvec), which is what makes a decode miss
+ * run on the host give the same reply as a miss copied to the device.
+ */
+#ifndef STRATA_CUDA_BACKEND_H
+#define STRATA_CUDA_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "strata.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_ctx cuda_ctx;
+
+/* streams of a context */
+enum { CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COPY = 1 };
+
+/* 1 when built with CUDA and at least one device is usable. */
+int32_t cuda_device_present(void);
+strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len);
+void cuda_ctx_destroy(cuda_ctx *ctx);
+const char *cuda_ctx_error(const cuda_ctx *ctx);
+/* name of the device, e.g. "NVIDIA H200" */
+const char *cuda_ctx_device_name(const cuda_ctx *ctx);
+strata_status cuda_mem_info(cuda_ctx *ctx, int64_t *free_bytes, int64_t *total_bytes);
+
+strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *what);
+void cuda_free(cuda_ctx *ctx, void *dptr);
+/* Page-lock host memory (e.g. the mapped model file) so that copies from it run at full PCIe speed. */
+strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes);
+void cuda_host_unregister(cuda_ctx *ctx, void *ptr);
+strata_status cuda_host_alloc(cuda_ctx *ctx, size_t bytes, void **ptr);
+void cuda_host_free(cuda_ctx *ctx, void *ptr);
+
+/* Asynchronous copies on a stream (CUDA_STREAM_*). */
+strata_status cuda_h2d(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream);
+strata_status cuda_d2h(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream);
+strata_status cuda_d2d(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream);
+strata_status cuda_memset(cuda_ctx *ctx, void *dst, int value, size_t bytes);
+/* An event recorded on `from` that `to` waits for (copies overlapping compute). */
+strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to);
+strata_status cuda_sync(cuda_ctx *ctx);
+
+/* ---- kernels (all on the compute stream) ---------------------------------------------------- */
+
+/* Types the device kernels run: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K. */
+int32_t cuda_type_supported(int32_t type);
+
+/* The activations a weight type is multiplied with: Q8_0 (8-bit blocks of 32, the host engine's
+ * rounding) for Q8_0 and Q4_0 weights, F32 for the others. A quantized activation row of cols values is
+ * cols int8 values followed by cols / 32 float scales (cuda_act_row_bytes). */
+int32_t cuda_act_type(int32_t type);
+int64_t cuda_act_row_bytes(int32_t type, int64_t cols);
+/* q[t] = x[t] quantized for weights of `type` (only when cuda_act_type(type) is not F32).
+ * x_stride in floats, q_stride in bytes. */
+strata_status cuda_quantize_act(cuda_ctx *ctx, int32_t type, const float *x, int64_t x_stride, void *q,
+                                int64_t q_stride, int64_t cols, int32_t T);
+
+/* y[t, r] = sum_c W[r, c] * x[t, c] for t < T.  W: [rows, cols] in `type`, row stride = row bytes.
+ * x: [T, x_stride] activations of cuda_act_type(type) (stride in floats for F32, in bytes for
+ * quantized rows; float rows 16-byte aligned), y: [T, y_stride] f32. accumulate: y += instead of y =. */
+strata_status cuda_matvec(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols,
+                          const void *x, int64_t x_stride, float *y, int64_t y_stride, int32_t T,
+                          int32_t accumulate);
+
+/* Tokens per segment of cuda_matvec_segments (prefill groups). */
+#define CUDA_SEG_TOKENS 8
+
+/* Expert matvec over segments: segment s has its own weights w_ptrs[s] (device pointer to a [rows, cols]
+ * matrix) and seg_tokens (1 or CUDA_SEG_TOKENS) token slots: for slot j = s*seg_tokens + t with
+ * tok[j] >= 0, y[out_rows[j], r] = W_s[r, :] . x[tok[j], :].  Decode: one segment per selected expert;
+ * prefill: the tokens routed to an expert, CUDA_SEG_TOKENS at a time, so its weights are read and
+ * dequantized once per segment. w_ptrs, tok, out_rows are device arrays. */
+strata_status cuda_matvec_segments(cuda_ctx *ctx, int32_t type, const void *const *w_ptrs, int64_t rows,
+                                   int64_t cols, const void *x, int64_t x_stride, const int32_t *tok,
+                                   const int32_t *out_rows, float *y, int64_t y_stride, int32_t n_segments,
+                                   int32_t seg_tokens);
+
+/* y[t] = x[t] / rms(x[t]) * w,  x, y: [T, D] (may alias). */
+strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D,
+                           float eps);
+/* Per-head RMSNorm of q and k, then NeoX RoPE at positions pos0 + t.
+ * q: [T, H*hd], k: [T, Hkv*hd]. */
+strata_status cuda_qk_norm_rope(cuda_ctx *ctx, float *q, float *k, const float *q_norm, const float *k_norm,
+                                int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0, float theta,
+                                float eps);
+/* Store k, v ([T, Hkv*hd] f32) into the layer's cache at positions pos0.. (f16, or int8 with a
+ * scale per block of 32 values). */
+strata_status cuda_kv_store(cuda_ctx *ctx, int32_t kv_type, const float *k, const float *v, void *k_cache,
+                            void *v_cache, int32_t T, int32_t kv_dim, int32_t pos0);
+/* Causal attention of T queries at positions pos0.. over the cache: out [T, H*hd]. The result of a
+ * query depends only on its position and the cache, never on T. */
+strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
+                             const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                             int32_t pos0);
+/* Router: softmax over E logits, top-K, weights renormalized to sum 1.
+ * logits [T, E] -> ids [T, K] (best first), weights [T, K]. */
+strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,
+                               int32_t *ids, float *weights);
+/* h[i] = silu(g[i]) * u[i] over n values. */
+strata_status cuda_swiglu(cuda_ctx *ctx, const float *g, const float *u, float *h, int64_t n);
+/* y[t] += sum_k weights[t, k] * e[t, k, :] in k order.  e: [T, K, D]. */
+strata_status cuda_moe_combine(cuda_ctx *ctx, const float *e, const float *weights, float *y, int32_t T,
+                               int32_t K, int32_t D);
+/* y += x over n values. */
+strata_status cuda_add(cuda_ctx *ctx, float *y, const float *x, int64_t n);
+
+/* ---- host mirror ------------------------------------------------------------------------------- */
+
+/* Bit-exact host copy of the device matvec for one token: y[r] = W[r, :] . x (same operation
+ * sequence as the device kernel). Used to run a decode miss on the host. */
+void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
+/* One expert on the host, bit-exact with the device: out[D] = down(swiglu(gate x, up x)).
+ * scratch: 2 * F floats. */
+void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
+                        int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch);
+/* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */
+void cuda_mirror_quantize_q8(const float *x, int64_t cols, uint8_t *q);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,565 @@
+/*
+ * cuda_forward.c — the forward pass on an NVIDIA GPU: the same blocks as the host engine (engine.c,
+ * attention.c, moe.c), with every weight that is not a routed expert, the KV cache and the expert
+ * cache in device memory, and the routed experts that are not cached streamed from host RAM.
+ *
+ * Legend: T tokens in a chunk (1 in decode), D model dim, E experts, K used per token, F expert ffn
+ *         dim, QD = H * hd, KD = Hkv * hd, V vocabulary, S slots in the expert cache.
+ *
+ * Device memory, laid out once at open from the plan:
+ *   resident   norms (f32) and wq/wk/wv/wo/router/output in the file's own types
+ *   kv         [L][n_ctx] rows of K and V (f16, or int8 + scales)
+ *   slab       S slots of slot_bytes: gate | up | down of one expert, in the file's layout
+ *   work       activations for the largest chunk
+ After the router, the choices come to the host, which groups the (token, expert) pairs into
+ * segments (each expert's tokens, CUDA_SEG_TOKENS at a time) pointing at the experts' slots, copies
+ * the experts that are not cached into the least recently used slots first, and launches one product
+ * per matrix (gate, up, down) for all segments of the layer.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "cuda_backend.h"
+#include "cuda_forward.h"
+#include "engine_internal.h"
+
+typedef struct dev_layer {
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [D], [D], [hd], [hd] */
+    void *wq, *wk, *wv, *wo, *router;              /* file types */
+    void *k_cache, *v_cache;                       /* [n_ctx, kv row] */
+} dev_layer;
+
+typedef struct exp_ptrs {
+    const void *gate, *up, *down;
+} exp_ptrs;
+
+struct cuda_state {
+    cuda_ctx *ctx;
+    dev_layer *layers;       /* [L] */
+    float *output_norm;      /* [D] */
+    void *output;            /* [V, D] */
+    uint8_t *slab;           /* [S, slot_bytes] */
+    int32_t n_slots;
+    int64_t slot_bytes;
+    int64_t gate_bytes, up_bytes, down_bytes; /* of one expert */
+    int32_t *slot_of;        /* host [L * E]: slot or -1 */
+    int32_t *expert_in;      /* host [S]: l * E + e held, or -1 */
+    uint64_t *last_use;      /* host [S]: decode step of last use (victim choice) */
+    uint64_t step;
+    exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down */
+    int32_t miss_policy;
+    int32_t kv_type;
+    int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
+    /* work buffers for up to cap tokens */
+    int32_t cap;
+    float *x, *xn, *q, *k, *v, *att, *logits_dev, *router, *wsel, *g, *u, *h, *ye; /* device */
+    int32_t *sel;            /* device [T, K] */
+    uint8_t *act, *hact;     /* device quantized activations [T, act_row], [T*K, hact_row] */
+    int64_t act_row, hact_row;
+    /* segment tables for the expert products (device) and their host staging (pinned) */
+    const void **seg_w;      /* device [3][n_seg] */
+    int32_t *seg_tok, *seg_out; /* device [2][n_seg * SEG] */
+    int32_t seg_cap;
+    void *stage;             /* pinned host staging */
+    size_t stage_bytes;
+    float *host_logits;      /* pinned [V] */
+    float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
+    uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
+};
+
+/* ---- helpers ----------------------------------------------------------------------------------- */
+
+static strata_status dev_fail(strata_engine *e, strata_status s) {
+    if (s == STRATA_OK) return s;
+    return err_set(&e->err, s, "%s", cuda_ctx_error(e->gpu->ctx));
+}
+#define DEV(e, call) STRATA_TRY(dev_fail((e), (call)))
+
+static strata_status upload(strata_engine *e, void **dst, const void *src, size_t bytes, const char *what) {
+    cuda_state *g = e->gpu;
+    DEV(e, cuda_alloc(g->ctx, bytes, dst, what));
+    DEV(e, cuda_h2d(g->ctx, *dst, src, bytes, CUDA_STREAM_COMPUTE));
+    return STRATA_OK;
+}
+
+static size_t wbytes(const wview *w) { return (size_t)w->rows * w->row_bytes; }
+
+static strata_status check_type(strata_engine *e, const wview *w, const char *name) {
+    if (!cuda_type_supported(w->type))
+        return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
+                       "--device cuda: tensor %s is %s, which the CUDA kernels do not run yet (they run F32, F16, "
+                       "BF16, Q8_0, Q4_0, Q4_K and Q6_K); use --device cpu for this file",
+                       name, strata_type_name(w->type) ? strata_type_name(w->type) : "an unknown type");
+    return STRATA_OK;
+}
+
+/* ---- open / close ------------------------------------------------------------------------------ */
+
+int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
+    const hparams *hp = &e->hp;
+    const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
+    const int64_t QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t act = cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D) + 64;
+    const int64_t hact = cuda_act_row_bytes(STRATA_TYPE_Q8_0, F) + 64;
+    const int64_t f = 4;
+    return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
+           hp->n_vocab * f + 4 * (T * K + E) * 16;
+}
+
+static strata_status work_alloc(strata_engine *e, int32_t T) {
+    cuda_state *g = e->gpu;
+    if (T <= g->cap) return STRATA_OK;
+    void *old[] = {g->x, g->xn, g->q, g->k, g->v, g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye,
+                   g->sel, g->act, g->hact, (void *)g->seg_w, g->seg_tok, g->seg_out};
+    /* x carries the residual stream between calls only within one forward; safe to drop */
+    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) cuda_free(g->ctx, old[i]);
+    const hparams *hp = &e->hp;
+    const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
+    const int64_t QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
+    g->act_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D), 16);
+    g->hact_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, F), 16);
+    /* at most T * K pairs, grouped by expert into segments of CUDA_SEG_TOKENS: <= T * K / SEG + E */
+    g->seg_cap = (int32_t)(T * K / CUDA_SEG_TOKENS + E + 1);
+    struct {
+        void **p;
+        int64_t bytes;
+        const char *what;
+    } b[] = {
+        {(void **)&g->x, T * D * 4, "the residual stream"},
+        {(void **)&g->xn, T * (QD > D ? QD : D) * 4, "normed activations"},
+        {(void **)&g->q, T * QD * 4, "queries"},
+        {(void **)&g->k, T * KD * 4, "keys"},
+        {(void **)&g->v, T * KD * 4, "values"},
+        {(void **)&g->att, T * QD * 4, "attention output"},
+        {(void **)&g->router, T * E * 4, "router logits"},
+        {(void **)&g->wsel, T * K * 4, "expert weights"},
+        {(void **)&g->g, T * K * F * 4, "gate products"},
+        {(void **)&g->u, T * K * F * 4, "up products"},
+        {(void **)&g->h, T * K * F * 4, "expert hidden states"},
+        {(void **)&g->ye, T * K * D * 4, "expert outputs"},
+        {(void **)&g->sel, T * K * 4, "expert choices"},
+        {(void **)&g->act, T * g->act_row, "quantized activations"},
+        {(void **)&g->hact, T * K * g->hact_row, "quantized expert activations"},
+        {(void **)&g->seg_w, 3 * (int64_t)g->seg_cap * (int64_t)sizeof(void *), "expert segment table"},
+        {(void **)&g->seg_tok, 2 * (int64_t)g->seg_cap * CUDA_SEG_TOKENS * 4, "segment tokens"},
+        {(void **)&g->seg_out, 2 * (int64_t)g->seg_cap * CUDA_SEG_TOKENS * 4, "segment rows"},
+    };
+    g->cap = 0;
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+        strata_status s = cuda_alloc(g->ctx, (size_t)b[i].bytes, b[i].p, b[i].what);
+        if (s != STRATA_OK)
+            return err_set(&e->err, s, "device buffers for a chunk of %d tokens: %s", T, cuda_ctx_error(g->ctx));
+    }
+    /* pinned staging: embeddings [T, D] f32, expert choices [T, K], and 3 tables of segments */
+    const size_t need = (size_t)(T * D * 4 + T * K * 8 + 3 * g->seg_cap * sizeof(void *) +
+                                 4 * g->seg_cap * CUDA_SEG_TOKENS * 4 + 4096);
+    if (need > g->stage_bytes) {
+        cuda_host_free(g->ctx, g->stage);
+        g->stage = NULL;
+        g->stage_bytes = 0;
+        DEV(e, cuda_host_alloc(g->ctx, need, &g->stage));
+        g->stage_bytes = need;
+    }
+    g->cap = T;
+    return STRATA_OK;
+}
+
+/* Put expert (l, ex) into slot s: copy its gate, up and down from the mapped file. */
+static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t ex, int32_t stream) {
+    cuda_state *g = e->gpu;
+    const layer_weights *L = &e->w.layers[l];
+    const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd;
+    uint8_t *dst = g->slab + (int64_t)s * g->slot_bytes;
+    DEV(e, cuda_h2d(g->ctx, dst, L->gate_exps.data + ex * F * L->gate_exps.row_bytes, (size_t)g->gate_bytes, stream));
+    DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, L->up_exps.data + ex * F * L->up_exps.row_bytes, (size_t)g->up_bytes,
+                    stream));
+    DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, L->down_exps.data + ex * D * L->down_exps.row_bytes,
+                    (size_t)g->down_bytes, stream));
+    const int32_t id = l * e->hp.n_expert + ex;
+    if (g->expert_in[s] >= 0) {
+        g->slot_of[g->expert_in[s]] = -1;
+        g->ptr_host[g->expert_in[s]] = (exp_ptrs){NULL, NULL, NULL};
+    }
+    g->expert_in[s] = id;
+    g->slot_of[id] = s;
+    g->ptr_host[id] = (exp_ptrs){dst, dst + g->gate_bytes, dst + g->gate_bytes + g->up_bytes};
+    return STRATA_OK;
+}
+
+strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
+    char err[512];
+    cuda_state *g = calloc(1, sizeof *g);
+    if (!g) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
+    e->gpu = g;
+    strata_status s = cuda_ctx_create(0, &g->ctx, err, sizeof err);
+    if (s != STRATA_OK) return err_set(&e->err, s, "--device cuda: %s", err);
+    int64_t total = 0;
+    DEV(e, cuda_mem_info(g->ctx, free_bytes, &total));
+    /* leave room for the runtime's own allocations (module images, stream and event state) */
+    *free_bytes -= 256LL << 20;
+    return STRATA_OK;
+}
+
+strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
+    const hparams *hp = &e->hp;
+    cuda_state *g = e->gpu;
+    const int64_t D = hp->n_embd, F = hp->n_ff_exp, E = hp->n_expert, L = hp->n_layer, hd = hp->head_dim;
+    const int64_t KD = (int64_t)hp->n_head_kv * hd;
+    /* every tensor must be one the kernels run */
+    STRATA_TRY(check_type(e, &e->w.output, "output.weight"));
+    for (int32_t l = 0; l < L; l++) {
+        const layer_weights *W = &e->w.layers[l];
+        const wview *ws[] = {&W->wq, &W->wk, &W->wv, &W->wo, &W->router, &W->gate_exps, &W->up_exps, &W->down_exps};
+        static const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps",
+                                      "ffn_up_exps", "ffn_down_exps"};
+        for (int i = 0; i < 8; i++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, names[i]);
+            STRATA_TRY(check_type(e, ws[i], nm));
+        }
+    }
+    g->kv_type = e->params.kv_type;
+    g->kv_row = g->kv_type == STRATA_KV_F16 ? KD * 2 : KD + KD / 8;
+    g->layers = calloc((size_t)L, sizeof *g->layers);
+    if (!g->layers) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
+    for (int32_t l = 0; l < L; l++) {
+        const layer_weights *W = &e->w.layers[l];
+        dev_layer *dl = &g->layers[l];
+        STRATA_TRY(upload(e, (void **)&dl->attn_norm, W->attn_norm, (size_t)D * 4, "attention norms"));
+        STRATA_TRY(upload(e, (void **)&dl->ffn_norm, W->ffn_norm, (size_t)D * 4, "ffn norms"));
+        if (W->q_norm) STRATA_TRY(upload(e, (void **)&dl->q_norm, W->q_norm, (size_t)hd * 4, "q norms"));
+        if (W->k_norm) STRATA_TRY(upload(e, (void **)&dl->k_norm, W->k_norm, (size_t)hd * 4, "k norms"));
+        STRATA_TRY(upload(e, &dl->wq, W->wq.data, wbytes(&W->wq), "attention weights"));
+        STRATA_TRY(upload(e, &dl->wk, W->wk.data, wbytes(&W->wk), "attention weights"));
+        STRATA_TRY(upload(e, &dl->wv, W->wv.data, wbytes(&W->wv), "attention weights"));
+        STRATA_TRY(upload(e, &dl->wo, W->wo.data, wbytes(&W->wo), "attention weights"));
+        STRATA_TRY(upload(e, &dl->router, W->router.data, wbytes(&W->router), "router weights"));
+        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->k_cache, "the KV cache"));
+        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->v_cache, "the KV cache"));
+    }
+    STRATA_TRY(upload(e, (void **)&g->output_norm, e->w.output_norm, (size_t)D * 4, "the output norm"));
+    STRATA_TRY(upload(e, &g->output, e->w.output.data, wbytes(&e->w.output), "the output head"));
+
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->host_logits));
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->logits_dev, "logits"));
+    STRATA_TRY(work_alloc(e, e->chunk));
+
+    const layer_weights *W0 = &e->w.layers[0];
+    g->gate_bytes = F * (int64_t)W0->gate_exps.row_bytes;
+    g->up_bytes = F * (int64_t)W0->up_exps.row_bytes;
+    g->down_bytes = D * (int64_t)W0->down_exps.row_bytes;
+    g->slot_bytes = STRATA_ALIGN_UP(g->gate_bytes + g->up_bytes + g->down_bytes, 256);
+    if (n_slots > L * E) n_slots = (int32_t)(L * E);
+    if (n_slots < hp->n_expert_used)
+        return err_set(&e->err, STRATA_ERR_BUDGET,
+                       "--device cuda: the plan leaves %d expert slots on the device after the prompt path's "
+                       "buffers, fewer than the %d experts one token uses; raise --vram-budget or lower --prefill",
+                       n_slots, hp->n_expert_used);
+    g->n_slots = (int32_t)n_slots;
+    g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST ? STRATA_MISS_HOST : STRATA_MISS_COPY;
+    g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
+    g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
+    g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
+    g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
+    g->host_tmp = malloc((size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float));
+    g->exp_state = malloc((size_t)E);
+    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->host_tmp || !g->exp_state)
+        return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
+    for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
+    for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
+    DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
+    /* fill: layer-major round robin over expert ids, so that every layer gets its share */
+    for (int32_t s2 = 0; s2 < g->n_slots; s2++) {
+        const int32_t l = (int32_t)(s2 % L), ex = (int32_t)(s2 / L);
+        STRATA_TRY(slot_fill(e, s2, l, ex, CUDA_STREAM_COMPUTE));
+    }
+    DEV(e, cuda_sync(g->ctx));
+    trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB", cuda_ctx_device_name(g->ctx),
+               g->n_slots, (long long)(L * E), g->n_slots, g->slot_bytes / 1048576.0,
+               2.0 * (double)g->kv_row * e->n_ctx * L / 1048576.0);
+    return STRATA_OK;
+}
+
+void cuda_forward_close(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (!g) return;
+    if (g->ctx) {
+        cuda_sync(g->ctx);
+        if (g->layers)
+            for (int32_t l = 0; l < e->hp.n_layer; l++) {
+                dev_layer *dl = &g->layers[l];
+                void *p[] = {dl->attn_norm, dl->ffn_norm, dl->q_norm, dl->k_norm, dl->wq, dl->wk, dl->wv, dl->wo,
+                             dl->router, dl->k_cache, dl->v_cache};
+                for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
+            }
+        void *p[] = {g->output_norm, g->output, g->slab, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
+                     g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
+                     g->seg_tok, g->seg_out};
+        for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
+        cuda_host_free(g->ctx, g->stage);
+        cuda_host_free(g->ctx, g->host_logits);
+        cuda_ctx_destroy(g->ctx);
+    }
+    free(g->layers);
+    free(g->slot_of);
+    free(g->expert_in);
+    free(g->last_use);
+    free(g->ptr_host);
+    free(g->host_tmp);
+    free(g->exp_state);
+    free(g);
+    e->gpu = NULL;
+}
+
+int32_t cuda_forward_n_slots(const strata_engine *e) { return e->gpu ? e->gpu->n_slots : 0; }
+
+int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expert) {
+    return e->gpu ? e->gpu->slot_of[layer * e->hp.n_expert + expert] : -1;
+}
+
+/* ---- blocks ------------------------------------------------------------------------------------ */
+
+/* y (+)= W x for T rows of x (f32, stride xs floats), quantizing x first when W's type wants it. */
+static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
+                            int64_t xs, float *y, int64_t ys, int32_t T, int32_t acc) {
+    cuda_state *g = e->gpu;
+    if (cuda_act_type(type) != STRATA_TYPE_F32) {
+        DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, T));
+        DEV(e, cuda_matvec(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
+    } else {
+        DEV(e, cuda_matvec(g->ctx, type, w, rows, cols, x, xs, y, ys, T, acc));
+    }
+    return STRATA_OK;
+}
+
+static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const dev_layer *dl = &g->layers[l];
+    const int64_t D = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
+    DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
+    STRATA_TRY(matvec(e, W->wq.type, dl->wq, QD, D, g->xn, D, g->q, QD, T, 0));
+    STRATA_TRY(matvec(e, W->wk.type, dl->wk, KD, D, g->xn, D, g->k, KD, T, 0));
+    STRATA_TRY(matvec(e, W->wv.type, dl->wv, KD, D, g->xn, D, g->v, KD, T, 0));
+    DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, T, hp->n_head, hp->n_head_kv, hp->head_dim,
+                             pos0, hp->rope_theta, hp->rms_eps));
+    DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0));
+    DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head, hp->n_head_kv,
+                          hp->head_dim, pos0));
+    /* x += Wo att */
+    return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, T, 1);
+}
+
+/* The three expert products over prepared segments (device tables seg_w[3][n], seg_tok/seg_out). */
+static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg, int32_t seg_tokens, int32_t T) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const int64_t D = hp->n_embd, F = hp->n_ff_exp, K = hp->n_expert_used;
+    const int64_t ns = (int64_t)n_seg * seg_tokens;
+    const void *const *wg = (const void *const *)g->seg_w, *const *wu = wg + g->seg_cap, *const *wd = wu + g->seg_cap;
+    int32_t *tok_in = g->seg_tok, *out_gu = g->seg_out, *tok_h = g->seg_tok + (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+    int32_t *out_d = g->seg_out + (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+    (void)ns;
+    /* gate and up: x rows are tokens of xn; outputs rows t * K + k of g and u */
+    const void *xin = g->xn;
+    int64_t xs = D;
+    if (cuda_act_type(W->gate_exps.type) != STRATA_TYPE_F32) {
+        DEV(e, cuda_quantize_act(g->ctx, W->gate_exps.type, g->xn, D, g->act, g->act_row, D, T));
+        xin = g->act;
+        xs = g->act_row;
+    }
+    DEV(e, cuda_matvec_segments(g->ctx, W->gate_exps.type, wg, F, D, xin, xs, tok_in, out_gu, g->g, F, n_seg, seg_tokens));
+    if (W->up_exps.type != W->gate_exps.type && cuda_act_type(W->up_exps.type) != cuda_act_type(W->gate_exps.type))
+        return err_set(&e->err, STRATA_ERR_UNSUPPORTED, "--device cuda: gate and up experts of layer %d need different "
+                       "activation types", l);
+    DEV(e, cuda_matvec_segments(g->ctx, W->up_exps.type, wu, F, D, xin, xs, tok_in, out_gu, g->u, F, n_seg, seg_tokens));
+    DEV(e, cuda_swiglu(g->ctx, g->g, g->u, g->h, (int64_t)T * K * F));
+    const void *hin = g->h;
+    int64_t hs = F;
+    if (cuda_act_type(W->down_exps.type) != STRATA_TYPE_F32) {
+        DEV(e, cuda_quantize_act(g->ctx, W->down_exps.type, g->h, F, g->hact, g->hact_row, F, (int32_t)(T * K)));
+        hin = g->hact;
+        hs = g->hact_row;
+    }
+    DEV(e, cuda_matvec_segments(g->ctx, W->down_exps.type, wd, D, F, hin, hs, tok_h, out_d, g->ye, D, n_seg, seg_tokens));
+    return STRATA_OK;
+}
+
+/* Count the cache lookups of the experts chosen in sel (host [T, K]). */
+static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32_t T) {
+    cuda_state *g = e->gpu;
+    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
+    for (int32_t i = 0; i < T * K; i++) {
+        if (g->slot_of[l * E + sel[i]] >= 0)
+            e->stats.hits++;
+        else
+            e->stats.misses++;
+        e->stats.lookups++;
+    }
+}
+
+/* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments. */
+enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3 };
+static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, uint8_t *state,
+                                   int32_t SEG, int32_t *n_out) {
+    cuda_state *g = e->gpu;
+    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
+    const void **sw = (const void **)(sel + T * K);
+    int32_t *stok = (int32_t *)(sw + 3 * g->seg_cap);
+    int32_t *sout = stok + (int64_t)g->seg_cap * SEG;
+    int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
+    int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
+    int32_t n_seg = 0;
+    for (int32_t ex = 0; ex < E; ex++) {
+        if (state[ex] != EXP_WAVE) continue;
+        state[ex] = EXP_IDLE;
+        const exp_ptrs *p = &g->ptr_host[l * E + ex];
+        int32_t fill = SEG;
+        for (int32_t i = 0; i < T * K; i++) {
+            if (sel[i] != ex) continue;
+            if (fill == SEG) {
+                STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
+                sw[n_seg] = p->gate;
+                sw[g->seg_cap + n_seg] = p->up;
+                sw[2 * g->seg_cap + n_seg] = p->down;
+                for (int32_t j = 0; j < SEG; j++) stok[n_seg * SEG + j] = stok_h[n_seg * SEG + j] = -1;
+                n_seg++;
+                fill = 0;
+            }
+            const int64_t j = (int64_t)(n_seg - 1) * SEG + fill++;
+            stok[j] = i / K; /* token row of xn */
+            sout[j] = i;     /* row t * K + k of g and u */
+            stok_h[j] = i;   /* row of h */
+            sout_d[j] = i;   /* row of ye */
+        }
+    }
+    const size_t nb = (size_t)n_seg * SEG * 4;
+    const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+    DEV(e, cuda_h2d(g->ctx, (void *)g->seg_w, sw, 3 * (size_t)g->seg_cap * sizeof(void *), CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_tok, stok, nb, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_out, sout, nb, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_tok + half, stok_h, nb, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_h2d(g->ctx, g->seg_out + half, sout_d, nb, CUDA_STREAM_COMPUTE));
+    *n_out = n_seg;
+    return STRATA_OK;
+}
+
+/* The routed experts of one layer for T tokens. The experts the tokens chose are processed in waves:
+ * a wave is every chosen expert already in the cache plus as many of the others as can be copied
+ * into slots that the wave does not use (least recently used first); its products run, and the next
+ * wave may then reuse those slots. With a cache large enough there is one wave; a small cache streams
+ * the rest through its slots. A decode miss under --miss host runs on the host instead. A pair's
+ * result does not depend on the wave it ran in, so neither does the reply. */
+static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const dev_layer *dl = &g->layers[l];
+    const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
+    DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->ffn_norm, g->xn, T, D, hp->rms_eps));
+    STRATA_TRY(matvec(e, W->router.type, dl->router, E, D, g->xn, D, g->router, E, T, 0));
+    DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
+
+    int32_t *sel = (int32_t *)g->stage;
+    DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_sync(g->ctx));
+    count_lookups(e, l, sel, T);
+    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST;
+    uint8_t *state = g->exp_state;
+    memset(state, EXP_IDLE, (size_t)E);
+    for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
+    const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
+    int32_t n_host = 0;
+    for (int pending = 1; pending;) {
+        g->step++;
+        pending = 0;
+        for (int32_t ex = 0; ex < E; ex++) {
+            if (state[ex] != EXP_PENDING) continue;
+            const int32_t s = g->slot_of[l * E + ex];
+            if (s >= 0) {
+                state[ex] = EXP_WAVE;
+                g->last_use[s] = g->step;
+            }
+        }
+        for (int32_t ex = 0; ex < E; ex++) {
+            if (state[ex] != EXP_PENDING) continue;
+            if (host_misses) {
+                state[ex] = EXP_HOST;
+                n_host++;
+                continue;
+            }
+            int32_t victim = -1;
+            for (int32_t s = 0; s < g->n_slots; s++)
+                if (g->last_use[s] < g->step && (victim < 0 || g->last_use[s] < g->last_use[victim])) victim = s;
+            if (victim < 0) { /* the wave is full: the rest goes in the next one */
+                pending = 1;
+                break;
+            }
+            STRATA_TRY(slot_fill(e, victim, l, ex, CUDA_STREAM_COMPUTE));
+            g->last_use[victim] = g->step;
+            e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
+            state[ex] = EXP_WAVE;
+        }
+        int32_t n_seg = 0;
+        STRATA_TRY(wave_segments(e, l, sel, T, state, SEG, &n_seg));
+        STRATA_TRY(expert_products(e, l, n_seg, SEG, T));
+        /* the next wave reuses this wave's slots and the staging of its tables */
+        DEV(e, cuda_sync(g->ctx));
+    }
+    if (n_host > 0) { /* decode: the missed experts on the host, bit-exact with the device */
+        const int64_t F = hp->n_ff_exp;
+        float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
+        DEV(e, cuda_d2h(g->ctx, xh, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
+        DEV(e, cuda_sync(g->ctx));
+        for (int32_t k = 0; k < K; k++) {
+            const int32_t ex = sel[k];
+            if (state[ex] != EXP_HOST) continue;
+            cuda_mirror_expert(W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
+                               W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
+                               W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F,
+                               xh, yh + (int64_t)k * D, scratch);
+            DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)k * D, yh + (int64_t)k * D, (size_t)D * 4, CUDA_STREAM_COMPUTE));
+            e->stats.host_expert_runs++;
+        }
+    }
+    /* x += sum_k w_k ye_k (in k order) */
+    DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
+    DEV(e, cuda_sync(g->ctx)); /* the staging is reused by the next layer */
+    return STRATA_OK;
+}
+
+/* ---- forward ----------------------------------------------------------------------------------- */
+
+strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int want_logits) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd;
+    STRATA_TRY(work_alloc(e, T));
+    /* embeddings on the host (one row per token), then up */
+    float *xe = (float *)g->stage;
+    const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
+    for (int32_t t = 0; t < T; t++)
+        te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
+    DEV(e, cuda_h2d(g->ctx, g->x, xe, (size_t)T * D * 4, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_sync(g->ctx)); /* the staging is reused by the first layer */
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        strata_status s = attention(e, l, T, pos0);
+        if (s == STRATA_OK) s = moe(e, l, T);
+        if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+    }
+    if (want_logits) {
+        float *xl = g->x + (int64_t)(T - 1) * D;
+        DEV(e, cuda_rmsnorm(g->ctx, xl, g->output_norm, g->xn, 1, D, hp->rms_eps));
+        STRATA_TRY(matvec(e, e->w.output.type, g->output, hp->n_vocab, D, g->xn, D, g->logits_dev, hp->n_vocab, 1, 0));
+        DEV(e, cuda_d2h(g->ctx, g->host_logits, g->logits_dev, (size_t)hp->n_vocab * 4, CUDA_STREAM_COMPUTE));
+        DEV(e, cuda_sync(g->ctx));
+        memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
+        e->has_logits = 1;
+    }
+    return STRATA_OK;
+}

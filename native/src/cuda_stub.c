@@ -1,0 +1,87 @@
+/* cuda_stub.c — the CUDA backend's functions in a build without CUDA: each says so and fails. */
+#ifndef STRATA_HAVE_CUDA
+#include <stdio.h>
+
+#include "cuda_backend.h"
+
+static const char NO_CUDA[] =
+    "this build of strata has no CUDA backend (nvcc was not found when it was built); "
+    "rebuild on a machine with the CUDA toolkit, or use --device cpu";
+
+int32_t cuda_device_present(void) { return 0; }
+strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len) {
+    (void)device;
+    *out = NULL;
+    if (err && err_len) snprintf(err, err_len, "%s", NO_CUDA);
+    return STRATA_ERR_DEVICE;
+}
+void cuda_ctx_destroy(cuda_ctx *ctx) { (void)ctx; }
+const char *cuda_ctx_error(const cuda_ctx *ctx) { (void)ctx; return NO_CUDA; }
+const char *cuda_ctx_device_name(const cuda_ctx *ctx) { (void)ctx; return ""; }
+strata_status cuda_mem_info(cuda_ctx *c, int64_t *f, int64_t *t) { (void)c; *f = *t = 0; return STRATA_ERR_DEVICE; }
+strata_status cuda_alloc(cuda_ctx *c, size_t n, void **p, const char *w) { (void)c; (void)n; (void)w; *p = NULL; return STRATA_ERR_DEVICE; }
+void cuda_free(cuda_ctx *c, void *p) { (void)c; (void)p; }
+strata_status cuda_host_register(cuda_ctx *c, void *p, size_t n) { (void)c; (void)p; (void)n; return STRATA_ERR_DEVICE; }
+void cuda_host_unregister(cuda_ctx *c, void *p) { (void)c; (void)p; }
+strata_status cuda_host_alloc(cuda_ctx *c, size_t n, void **p) { (void)c; (void)n; *p = NULL; return STRATA_ERR_DEVICE; }
+void cuda_host_free(cuda_ctx *c, void *p) { (void)c; (void)p; }
+strata_status cuda_h2d(cuda_ctx *c, void *d, const void *s, size_t n, int32_t st) { (void)c; (void)d; (void)s; (void)n; (void)st; return STRATA_ERR_DEVICE; }
+strata_status cuda_d2h(cuda_ctx *c, void *d, const void *s, size_t n, int32_t st) { (void)c; (void)d; (void)s; (void)n; (void)st; return STRATA_ERR_DEVICE; }
+strata_status cuda_d2d(cuda_ctx *c, void *d, const void *s, size_t n, int32_t st) { (void)c; (void)d; (void)s; (void)n; (void)st; return STRATA_ERR_DEVICE; }
+strata_status cuda_memset(cuda_ctx *c, void *d, int v, size_t n) { (void)c; (void)d; (void)v; (void)n; return STRATA_ERR_DEVICE; }
+strata_status cuda_stream_order(cuda_ctx *c, int32_t a, int32_t b) { (void)c; (void)a; (void)b; return STRATA_ERR_DEVICE; }
+strata_status cuda_sync(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVICE; }
+int32_t cuda_type_supported(int32_t t) { (void)t; return 0; }
+int32_t cuda_act_type(int32_t t) { (void)t; return STRATA_TYPE_F32; }
+int64_t cuda_act_row_bytes(int32_t t, int64_t cols) { (void)t; return cols * 4; }
+strata_status cuda_quantize_act(cuda_ctx *c, int32_t t, const float *x, int64_t xs, void *q, int64_t qs, int64_t cols,
+                                int32_t T) {
+    (void)c; (void)t; (void)x; (void)xs; (void)q; (void)qs; (void)cols; (void)T;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_matvec(cuda_ctx *c, int32_t ty, const void *w, int64_t r, int64_t co, const void *x, int64_t xs,
+                          float *y, int64_t ys, int32_t T, int32_t a) {
+    (void)c; (void)ty; (void)w; (void)r; (void)co; (void)x; (void)xs; (void)y; (void)ys; (void)T; (void)a;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_matvec_segments(cuda_ctx *c, int32_t ty, const void *const *w, int64_t r, int64_t co,
+                                   const void *x, int64_t xs, const int32_t *tok, const int32_t *o, float *y,
+                                   int64_t ys, int32_t n, int32_t st) {
+    (void)c; (void)ty; (void)w; (void)r; (void)co; (void)x; (void)xs; (void)tok; (void)o; (void)y; (void)ys; (void)n; (void)st;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float *y, int32_t T, int32_t D, float e) {
+    (void)c; (void)x; (void)w; (void)y; (void)T; (void)D; (void)e;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_qk_norm_rope(cuda_ctx *c, float *q, float *k, const float *qn, const float *kn, int32_t T,
+                                int32_t H, int32_t Hkv, int32_t hd, int32_t p, float th, float e) {
+    (void)c; (void)q; (void)k; (void)qn; (void)kn; (void)T; (void)H; (void)Hkv; (void)hd; (void)p; (void)th; (void)e;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_kv_store(cuda_ctx *c, int32_t kt, const float *k, const float *v, void *kc, void *vc, int32_t T,
+                            int32_t kd, int32_t p) {
+    (void)c; (void)kt; (void)k; (void)v; (void)kc; (void)vc; (void)T; (void)kd; (void)p;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_attention(cuda_ctx *c, int32_t kt, const float *q, const void *kc, const void *vc, float *o,
+                             int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t p) {
+    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)T; (void)H; (void)Hkv; (void)hd; (void)p;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_router_topk(cuda_ctx *c, const float *l, int32_t T, int32_t E, int32_t K, int32_t *i, float *w) {
+    (void)c; (void)l; (void)T; (void)E; (void)K; (void)i; (void)w;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_swiglu(cuda_ctx *c, const float *g, const float *u, float *h, int64_t n) {
+    (void)c; (void)g; (void)u; (void)h; (void)n;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_moe_combine(cuda_ctx *c, const float *e, const float *w, float *y, int32_t T, int32_t K, int32_t D) {
+    (void)c; (void)e; (void)w; (void)y; (void)T; (void)K; (void)D;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n) { (void)c; (void)y; (void)x; (void)n; return STRATA_ERR_DEVICE; }
+#else
+typedef int strata_cuda_stub_unused; /* ISO C forbids an empty translation unit */
+#endif

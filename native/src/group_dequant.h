@@ -1,0 +1,170 @@
+/*
+ * group_dequant.h — the values of one group of 32 consecutive weights of a row, for the CUDA
+ * matrix-vector kernels and their bit-exact host mirror. Included by C (cuda_mirror.c) and by CUDA
+ * (cuda/matvec.cu): the same source gives the same sequence of float operations on both sides
+ * (the build turns off fused multiply-add for both).
+ *
+ * Block layouts (GGUF facts):
+ *   Q8_0  32 values, 34 bytes:  f16 d, int8 q[32]                     w = d * q
+ *   Q4_0  32 values, 18 bytes:  f16 d, u8 qs[16] (low nibbles: values 0..15, high: 16..31)
+ *                                                                      w = d * (q - 8)
+ *   Q4_K 256 values, 144 bytes: f16 d, f16 dmin, u8 scales[12] (8 x 6-bit scale + 6-bit min),
+ *                               u8 qs[128] (64-value chunks: low nibbles sub-block 2i, high 2i+1)
+ *                                                                      w = (d * sc) * q - dmin * m
+ *   Q6_K 256 values, 210 bytes: u8 ql[128], u8 qh[64], i8 scales[16], f16 d
+ *                                                                      w = (d * sc) * (q - 32)
+ *
+ * A group is read in four slices of 8 values (one per lane of a quartet), so that a warp's loads of
+ * weights and activations are contiguous.
+ */
+#ifndef STRATA_GROUP_DEQUANT_H
+#define STRATA_GROUP_DEQUANT_H
+
+#include <stdint.h>
+
+#include "strata.h"
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#define GQ_FN static __host__ __device__ __forceinline__
+GQ_FN float gq_f16(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half(h));
+#else
+    return __half2float(*(const __half *)&h);
+#endif
+}
+#else
+#include <math.h>
+
+#include "common.h"
+#define GQ_FN static inline
+GQ_FN float gq_f16(const uint8_t *p) { return strata_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+#endif
+
+GQ_FN float gq_bf16(const uint8_t *p) {
+    uint32_t bits = (uint32_t)(p[0] | (p[1] << 8)) << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* 6-bit scale and min of sub-block j (0..7) of a Q4_K block. */
+GQ_FN void gq_q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* w[0..7] = values 8*s .. 8*s+7 (s = 0..3) of group g (the 32 values from column 32*g) of a row. */
+GQ_FN void gq_dequant8(int32_t type, const uint8_t *row, int64_t g, int s, float *w) {
+    const int e0 = 8 * s;
+    switch (type) {
+    case STRATA_TYPE_F32: {
+        const uint8_t *p = row + (g * 32 + e0) * 4;
+        for (int l = 0; l < 8; l++) memcpy(&w[l], p + 4 * l, 4);
+        break;
+    }
+    case STRATA_TYPE_F16: {
+        const uint8_t *p = row + (g * 32 + e0) * 2;
+        for (int l = 0; l < 8; l++) w[l] = gq_f16(p + 2 * l);
+        break;
+    }
+    case STRATA_TYPE_BF16: {
+        const uint8_t *p = row + (g * 32 + e0) * 2;
+        for (int l = 0; l < 8; l++) w[l] = gq_bf16(p + 2 * l);
+        break;
+    }
+    case STRATA_TYPE_Q8_0: {
+        const uint8_t *b = row + g * 34;
+        const float d = gq_f16(b);
+        for (int l = 0; l < 8; l++) w[l] = d * (float)(int8_t)b[2 + e0 + l];
+        break;
+    }
+    case STRATA_TYPE_Q4_0: {
+        /* values 0..15 are the low nibbles of qs[0..15], values 16..31 the high nibbles */
+        const uint8_t *b = row + g * 18;
+        const float d = gq_f16(b);
+        const uint8_t *qs = b + 2 + (e0 & 15);
+        const int shift = e0 >= 16 ? 4 : 0;
+        for (int l = 0; l < 8; l++) w[l] = d * (float)(((qs[l] >> shift) & 0xF) - 8);
+        break;
+    }
+    case STRATA_TYPE_Q4_K: {
+        const uint8_t *b = row + (g >> 3) * 144;
+        const int j = (int)(g & 7);
+        const float d = gq_f16(b), dmin = gq_f16(b + 2);
+        int sc, m;
+        gq_q4k_scale_min(b + 4, j, &sc, &m);
+        const float dsc = d * (float)sc, dm = dmin * (float)m;
+        const uint8_t *qs = b + 16 + 32 * (j >> 1) + e0;
+        const int shift = 4 * (j & 1);
+        for (int l = 0; l < 8; l++) w[l] = dsc * (float)((qs[l] >> shift) & 0xF) - dm;
+        break;
+    }
+    case STRATA_TYPE_Q6_K: {
+        const uint8_t *b = row + (g >> 3) * 210;
+        const int j = (int)(g & 7), h = j >> 2, qq = j & 3;
+        const uint8_t *ql = b + 64 * h + ((qq & 1) ? 32 : 0) + e0, *qh = b + 128 + 32 * h + e0;
+        const float dsc = gq_f16(b + 208) * (float)((const int8_t *)(b + 192 + 8 * h))[(e0 >> 4) + 2 * qq];
+        const int lshift = (qq & 2) ? 4 : 0, hshift = 2 * qq;
+        for (int l = 0; l < 8; l++) {
+            const int q = ((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4);
+            w[l] = dsc * (float)(q - 32);
+        }
+        break;
+    }
+    default:
+        for (int l = 0; l < 8; l++) w[l] = 0.0f;
+        break;
+    }
+}
+
+/* e^x from additions, multiplications and exponent bits only, so that the device and the host give
+ * the same bits (the libraries' expf differ in their last bits). Relative error below 2e-7 over the
+ * range that matters; saturates to 0 / inf outside [-87, 88]. */
+GQ_FN float gq_expf(float x) {
+    if (x < -87.0f) return 0.0f;
+    if (x > 88.0f) x = 88.0f;
+    /* x = n ln2 + r, |r| <= ln2 / 2, with ln2 split in two parts for an exact-ish reduction */
+    const float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693145752f;
+    r = r - n * 1.42860677e-06f;
+    /* e^r by its Taylor polynomial to degree 7 (Horner) */
+    float p = 1.98412698e-4f;
+    p = p * r + 1.38888889e-3f;
+    p = p * r + 8.33333333e-3f;
+    p = p * r + 4.16666667e-2f;
+    p = p * r + 1.66666667e-1f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+/* SwiGLU of one value: silu(g) * u. */
+GQ_FN float gq_swiglu(float g, float u) { return g / (1.0f + gq_expf(-g)) * u; }
+
+/* Bytes of a row of n values of a device type (0 for types the device does not run). */
+GQ_FN int64_t gq_row_bytes(int32_t type, int64_t n) {
+    switch (type) {
+    case STRATA_TYPE_F32: return n * 4;
+    case STRATA_TYPE_F16:
+    case STRATA_TYPE_BF16: return n * 2;
+    case STRATA_TYPE_Q8_0: return n / 32 * 34;
+    case STRATA_TYPE_Q4_0: return n / 32 * 18;
+    case STRATA_TYPE_Q4_K: return n / 256 * 144;
+    case STRATA_TYPE_Q6_K: return n / 256 * 210;
+    default: return 0;
+    }
+}
+
+#endif

@@ -1,0 +1,91 @@
+"""Helpers for the CUDA kernel tests: the library with the CUDA entry points, random quantized rows."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cuda_lib() -> ctypes.CDLL:
+    """libstrata with its CUDA test entry points declared; skips when no CUDA device is usable."""
+    path = os.environ.get("STRATA_LIB") or str(_ROOT / "strata" / "lib" / "libstrata.so")
+    lib = ctypes.CDLL(path)
+    for name, args in {
+        "strata_cuda_matvec": [
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+        ],
+        "strata_cuda_mirror_matvec": [
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ],
+        "strata_cuda_bench_matvec": [
+            ctypes.c_int32,
+            ctypes.c_void_p,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.c_double),
+        ],
+    }.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = ctypes.c_int
+    lib.strata_cuda_available.restype = ctypes.c_int32
+    if not lib.strata_cuda_available():
+        pytest.skip("no CUDA device")
+    return lib
+
+
+def _f16_bytes(v: np.ndarray) -> np.ndarray:
+    return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+def random_rows(name: str, rows: int, cols: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random rows of a type as raw bytes [rows, row_bytes] and their values [rows, cols] (float32).
+
+    The values come from gguf-py's dequantize, written independently of strata's kernels.
+    """
+    import gguf
+    from gguf.quants import dequantize
+
+    qt = getattr(gguf.GGMLQuantizationType, name)
+    if name in ("F32", "F16", "BF16"):
+        dense = rng.standard_normal((rows, cols)).astype(np.float32)
+        if name == "F32":
+            return dense.view(np.uint8).reshape(rows, -1).copy(), dense
+        if name == "F16":
+            h = dense.astype(np.float16)
+            return h.view(np.uint8).reshape(rows, -1).copy(), h.astype(np.float32)
+        b = (dense.view(np.uint32) >> 16).astype(np.uint16)
+        return b.view(np.uint8).reshape(rows, -1).copy(), (b.astype(np.uint32) << 16).view(np.float32)
+    blk, bb = gguf.GGML_QUANT_SIZES[qt]
+    nb = rows * cols // blk
+    raw = rng.integers(0, 256, size=(nb, bb), dtype=np.uint8)
+    scale = lambda n: _f16_bytes(rng.uniform(0.001, 0.05, n) * rng.choice([-1, 1], n))  # noqa: E731
+    if name in ("Q8_0", "Q4_0"):
+        raw[:, 0:2] = scale(nb)
+    elif name == "Q4_K":
+        raw[:, 0:2] = _f16_bytes(rng.uniform(0.001, 0.05, nb))
+        raw[:, 2:4] = _f16_bytes(rng.uniform(0.001, 0.05, nb))
+    elif name == "Q6_K":
+        raw[:, 208:210] = scale(nb)
+    w = raw.reshape(rows, -1)
+    dense = dequantize(w, qt).reshape(rows, cols).astype(np.float32)
+    return w, dense

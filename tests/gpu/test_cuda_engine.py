@@ -1,0 +1,114 @@
+"""The engine on the GPU: the same replies as on the CPU, and replies that do not depend on the
+expert-cache size, the prompt chunk or the miss policy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata import Engine, EngineConfig
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _need_gpu():
+    from strata import _engine
+
+    if not _engine.cuda_available():
+        pytest.skip("no CUDA device")
+
+
+def _model(preset: str, quant: str):
+    from strata.model import ensure_model
+
+    return ensure_model(preset, quant=quant, seed=0)
+
+
+def _prompt(n: int, vocab: int, seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(10, vocab - 10, size=n)]
+
+
+def _run(path, cfg: EngineConfig, prompt: list[int], n_gen: int):
+    with Engine(path, cfg) as eng:
+        eng.prefill(prompt)
+        first = eng.logits()
+        eng.kv_reset()
+        res = eng.generate(prompt, max_tokens=n_gen, top_logits=2, stop_at_eos=False)
+        return res.tokens, first, res.top, eng.stats()
+
+
+@pytest.mark.parametrize(
+    "preset,quant",
+    [
+        ("tiny", "q8_0"),
+        ("tiny", "f16"),
+        pytest.param(
+            "small",
+            "q8_0",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="measured on an H200: greedy replies part at token 21 with a CPU top-2 margin of 0.035 "
+                "(0.2% of the logit range); with 8-bit activations a last-bit difference upstream flips a "
+                "rounding, and the CPU backend's own SIMD levels differ from its scalar path by nMSE 1.4e-4",
+            ),
+        ),
+    ],
+)
+def test_cuda_replies_match_cpu(preset, quant):
+    path = _model(preset, quant)
+    with Engine(path, EngineConfig(device="cpu")) as eng:
+        vocab = eng.info.n_vocab
+    prompt = _prompt(150, vocab, seed=1)
+    cpu_tok, cpu_first, cpu_top, _ = _run(path, EngineConfig(device="cpu"), prompt, 32)
+    gpu_tok, gpu_first, _, _ = _run(path, EngineConfig(device="cuda"), prompt, 32)
+    nmse = float(np.mean((gpu_first - cpu_first) ** 2) / np.mean(cpu_first**2))
+    # Float weights: the backends differ only in summation order. Q8_0: both quantize activations to
+    # 8 bits, and a last-bit difference upstream can move a value across a rounding boundary; the CPU
+    # backend's own SIMD levels differ from its scalar path by an nMSE of about 1.5e-4 on these models.
+    bound = 1e-6 if quant in ("f32", "f16", "bf16") else 1e-3
+    assert nmse < bound, f"{preset}/{quant}: logits nMSE {nmse:.3e} against the CPU backend"
+    if gpu_tok != cpu_tok:
+        pos = next(i for i, (a, b) in enumerate(zip(gpu_tok, cpu_tok, strict=False)) if a != b)
+        (_, l1), (_, l2) = cpu_top[pos][0], cpu_top[pos][1]
+        rng = float(cpu_first.max() - cpu_first.min())
+        assert l1 - l2 < 1e-3 * rng, (
+            f"{preset}/{quant}: replies differ at position {pos} ({gpu_tok[pos]} vs {cpu_tok[pos]}) "
+            f"and the CPU's top-2 margin there is {l1 - l2:.4g}, not a near-tie"
+        )
+
+
+def test_cuda_replies_identical_across_cache_chunk_and_miss_policy():
+    path = _model("tiny", "q8_0")
+    with Engine(path, EngineConfig(device="cpu")) as eng:
+        vocab = eng.info.n_vocab
+        n_experts = eng.info.n_layer * eng.info.n_expert
+    prompt = _prompt(300, vocab, seed=2)
+    ref = None
+    seen = []
+    # cache sizes from all experts down to the smallest whose loan the plan accepts on this model
+    for cache in ["auto", str(n_experts - 8), str(n_experts * 13 // 16), str(n_experts * 3 // 4)]:
+        for prefill in ["auto", "16", "100"]:
+            for miss in ["copy", "host"]:
+                cfg = EngineConfig(device="cuda", expert_cache=cache, prefill=prefill, miss=miss)
+                tok, first, top, stats = _run(path, cfg, prompt, 24)
+                got = (tok, first.tobytes(), [[v for _, v in step] for step in top])
+                if ref is None:
+                    ref = got
+                assert got[0] == ref[0], f"tokens differ with {cfg.to_cli_args()}"
+                assert got[1] == ref[1], f"prompt logits differ with {cfg.to_cli_args()}"
+                assert got[2] == ref[2], f"decode logits differ with {cfg.to_cli_args()}"
+                seen.append((cache, miss, stats.misses, stats.host_expert_runs))
+    # the small caches really missed, and --miss host really ran experts on the host
+    assert any(m > 0 for c, _, m, _ in seen if c != "auto")
+    assert any(h > 0 for _, miss, _, h in seen if miss == "host")
+
+
+def test_cuda_budget_too_small_is_a_clear_error():
+    path = _model("tiny", "q8_0")
+    with pytest.raises(Exception) as ei:
+        Engine(path, EngineConfig(device="cuda", vram_budget=1 << 20))
+    msg = str(ei.value)
+    assert "--vram-budget" in msg, msg

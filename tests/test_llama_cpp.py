@@ -1,0 +1,62 @@
+"""llama.cpp reads the models strata makes: the same token ids, and logits that agree with the reference.
+
+Runs where llama.cpp's Python binding is importable and its library is found: set
+``STRATA_LLAMA_CPP_LIB`` to the folder holding ``libllama.so`` (a llama.cpp build, e.g. from the
+``llama-cpp-python`` source package) and put the ``llama_cpp`` package on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from reference import Reference
+
+from strata.model import ensure_model
+from strata.model._routing import PROMPT_TEXT
+from strata.model.cli import _gguf_tokenizer
+
+_LIB = os.environ.get("STRATA_LLAMA_CPP_LIB")
+if not _LIB:
+    pytest.skip(
+        "set STRATA_LLAMA_CPP_LIB to a folder with libllama.so to run llama.cpp", allow_module_level=True
+    )
+os.environ.setdefault("LLAMA_CPP_LIB_PATH", _LIB)
+llama_cpp = pytest.importorskip("llama_cpp", reason="the llama_cpp Python binding is not importable")
+
+
+@pytest.fixture(scope="module", params=["f32", "q8_0"])
+def llm(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    path = ensure_model("tiny", request.param, 0)
+    m = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=512, n_threads=2, verbose=False)
+    yield request.param, path, m
+    m.close()
+
+
+def test_llama_cpp_tokenizes_like_strata(llm) -> None:  # type: ignore[no-untyped-def]
+    _, path, m = llm
+    tok = _gguf_tokenizer(path)
+    for text in (
+        PROMPT_TEXT,
+        "def f(x):\n    return {'a': x ** 2}  # 123 4567 ünïcødé 日本語\r\n\t done",
+        "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    ):
+        assert m.tokenize(text.encode(), add_bos=False, special=True) == tok.encode(text).ids
+    assert m.detokenize([m.token_eos()], special=True) == b"<|im_end|>"
+
+
+def test_llama_cpp_logits_agree_with_the_reference(llm) -> None:  # type: ignore[no-untyped-def]
+    quant, path, m = llm
+    ids = _gguf_tokenizer(path).encode(PROMPT_TEXT).ids[:64]
+    m.eval(ids)
+    got = np.array(m.scores[: len(ids)])
+    want = Reference(path).forward(ids)
+    err = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+    print(f"llama.cpp vs reference, {quant}: worst {err.max():.2e}, median {np.median(err):.2e}")
+    if quant == "f32":
+        assert err.max() < 1e-3, f"worst position {int(err.argmax())}: {err.max():.2e}"
+    else:
+        # 8-bit activations move router logits; a near-tie can pick another expert at a few positions
+        assert np.median(err) < 3e-2 and (err < 5e-2).mean() > 0.8, f"median {np.median(err):.2e}"
+    assert (got.argmax(1) == want.argmax(1)).mean() > 0.9
