@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
                     return False
                 if tok is not None:
                     text = tok.decode(streamed)
+                    if text.endswith("\ufffd"):
+                        return False  # a character split across tokens: wait for its other bytes
                     sys.stdout.write(text[len(printed[0]) :])
                     printed[0] = text
                 else:
@@ -160,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
                 }
                 print(json.dumps(out))
             else:
+                if tok is not None:
+                    sys.stdout.write(tok.decode(streamed)[len(printed[0]) :])
                 sys.stdout.write("\n")
                 print(
                     f"prompt: {timings['prompt_n']} tokens in {timings['prompt_ms']:.1f} ms "

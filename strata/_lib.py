@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ._exceptions import LibraryNotFoundError
 
-__all__ = ["candidate_paths", "load_library"]
+__all__ = ["candidate_paths", "load_from", "load_library"]
 
 _LIB_NAME = "libstrata.so"
 _lock = threading.Lock()
@@ -46,29 +46,32 @@ def candidate_paths() -> list[Path]:
     return paths
 
 
+def load_from(paths: list[Path]) -> ctypes.CDLL:
+    """Load the first of paths that loads; the error lists every path tried and why it failed."""
+    tried: list[str] = []
+    for path in paths:
+        if not path.is_file():
+            tried.append(f"{path} (no such file)")
+            continue
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+    raise LibraryNotFoundError(
+        "libstrata.so could not be loaded. Tried:\n  "
+        + "\n  ".join(tried)
+        + "\nBuild it with `make native` (or `pip install .`), or point STRATA_LIB at a built libstrata.so."
+    )
+
+
 def load_library() -> ctypes.CDLL:
     """Load libstrata once per process and declare its functions (see ``_cdefs``)."""
     global _lib
     with _lock:
-        if _lib is not None:
-            return _lib
-        tried: list[str] = []
-        for path in candidate_paths():
-            if not path.is_file():
-                tried.append(f"{path} (no such file)")
-                continue
-            try:
-                lib = ctypes.CDLL(str(path))
-            except OSError as e:
-                tried.append(f"{path} ({e})")
-                continue
+        if _lib is None:
+            lib = load_from(candidate_paths())
             from ._cdefs import declare
 
             declare(lib)
             _lib = lib
-            return lib
-        raise LibraryNotFoundError(
-            "libstrata.so could not be loaded. Tried:\n  "
-            + "\n  ".join(tried)
-            + "\nBuild it with `make native` (or `pip install .`), or point STRATA_LIB at a built libstrata.so."
-        )
+        return _lib

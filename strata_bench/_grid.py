@@ -47,7 +47,8 @@ def add_grid_engine_args(p: argparse.ArgumentParser) -> None:
     for action in p._actions:
         if action.dest in ENGINE_FIELDS and action.option_strings:
             flag = action.option_strings[0]
-            action.type = _list_of(action.type, action.choices, flag)
+            parse = action.type if callable(action.type) else None
+            action.type = _list_of(parse, action.choices, flag)
             action.choices = None
             action.metavar = action.metavar or action.dest.upper()
             if action.help:

@@ -80,7 +80,7 @@ def _weights(path: str, size: int, mtime: float) -> dict[str, Any] | None:
     n_head_kv = meta(f"{arch}.attention.head_count_kv") or n_head
     n_embd = meta(f"{arch}.embedding_length")
     head_dim = meta(f"{arch}.attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
-    if not all((n_layer, n_expert, k_used, n_head_kv, head_dim)):
+    if n_layer is None or n_expert is None or k_used is None or n_head_kv is None or head_dim is None:
         return None
     names = {t.name for t in r.tensors}
     tied = "output.weight" not in names

@@ -119,10 +119,8 @@ def environment() -> dict[str, Any]:
 
     commit, dirty = git_state()
     gpu = gpu_info()
-    try:
-        from strata import __version__ as version
-    except ImportError:  # pragma: no cover - strata is always installed with strata_bench
-        version = None
+    from strata import __version__ as version
+
     return {
         "commit": commit,
         "dirty": dirty,
@@ -164,14 +162,13 @@ class RecordWriter:
     def __init__(self, path: str | os.PathLike[str] | None) -> None:
         self.path = Path(path) if path else None
         self.rows = []
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: dict[str, Any]) -> None:
         self.rows.append(record)
         if self.path is None:
             return
         line = json.dumps(_json_safe(record), sort_keys=False) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         # One write of one whole line, flushed and synced before the next test starts: an interrupted
         # run leaves only finished rows behind.
         with open(self.path, "a", encoding="utf-8") as f:

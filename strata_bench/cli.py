@@ -15,6 +15,7 @@ are appended to the output file as each test finishes, so an interrupted run kee
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -309,7 +310,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         writer.append,
                         warmup=args.warmup,
                         seed=args.seed,
-                        advance=lambda k, t=task: prog.advance(t, k),
+                        advance=functools.partial(prog.advance, task),
                     )
                 else:
                     # one llama-bench run per distinct (threads, device, kv): the knobs it shares with strata
@@ -320,6 +321,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                             seen.append(peer_knobs(cfg))
                             peer_cfgs.append(cfg)
                     task = prog.add_task("llama.cpp", total=len(peer_cfgs) * len(tests))
+                    assert exe is not None  # found before any work started
                     for cfg in peer_cfgs:
                         run_llama_bench(
                             exe,
@@ -327,11 +329,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                             model,
                             args.n_prompt,
                             args.n_gen,
-                            args.n_depth,  # type: ignore[arg-type]
+                            args.n_depth,
                             args.repetitions,
                             cfg,
                             writer.append,
-                            on_test=lambda t=task: prog.advance(t, 1),
+                            on_test=functools.partial(prog.advance, task, 1),
                             weights=weights,
                         )
     for target in targets:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 from pathlib import Path
 
 from strata._config import add_engine_args, config_from_args
@@ -57,6 +58,15 @@ def run(args: argparse.Namespace) -> int:
         proc = ServerProcess(args.model, cfg.to_cli_args(), api_key=args.api_key)
         app = StrataChat(server_process=proc, api_key=args.api_key, db_path=args.db,
                          model_name=args.model_name, newline_keys=newline)
+    if proc is not None:
+        # the server runs in its own session (so that it can be stopped with everything it started);
+        # make sure a closed terminal or a kill of the chat stops it too
+        def _stop(signum: int, _frame: object) -> None:
+            proc.stop(grace=2.0)
+            raise SystemExit(128 + signum)
+
+        for sig in (signal.SIGHUP, signal.SIGTERM):
+            signal.signal(sig, _stop)
     try:
         app.run()
     finally:

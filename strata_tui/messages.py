@@ -72,8 +72,11 @@ class UserMessageSaved(Message):
 
 @dataclass
 class ReplyDelta(Message):
+    """Text of a reply that arrived since the last ReplyDelta, in ``n_pieces`` streamed pieces."""
+
     reply_id: int
     delta: Delta
+    n_pieces: int = 1
 
 
 @dataclass

@@ -65,8 +65,10 @@ class ServerProcess:
 
         Blocking: call it from a worker thread. Returns the server's URL.
         """
-        if self._proc is not None and self._proc.poll() is None:
-            raise ServerStartError("strata serve is already running")
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                raise ServerStartError("strata serve is already running")
+            self._close_pipe()
         self.url = None
         self._ready.clear()
         model = self.model
@@ -95,7 +97,7 @@ class ServerProcess:
         t0 = time.monotonic()
         while not self._ready.wait(0.1):
             if self._proc.poll() is not None:
-                self._reader.join(1.0)
+                self._close_pipe()
                 tail = "\n".join(list(self.log)[-15:])
                 raise ServerStartError(f"strata serve exited with code {self._proc.returncode} before it was ready:\n{tail}")
             if timeout is not None and time.monotonic() - t0 > timeout:
@@ -124,17 +126,25 @@ class ServerProcess:
     def stop(self, grace: float = 5.0) -> None:
         """Ask the server to stop (SIGTERM), then kill it if it takes longer than ``grace`` seconds."""
         p = self._proc
-        if p is None or p.poll() is not None:
+        if p is None:
             return
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            p.wait(grace)
-        except subprocess.TimeoutExpired:
+        if p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(p.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            p.wait(grace)
+            try:
+                p.wait(grace)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(grace)
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        if self._reader is not None:
+            self._reader.join(2.0)
+        if self._proc is not None and self._proc.stdout is not None and not self._proc.stdout.closed:
+            self._proc.stdout.close()

@@ -95,7 +95,8 @@ def test_missing_llama_bench_is_a_clear_error(model_file, tmp_path, monkeypatch,
     assert bench(f"run --target llama.cpp --model {model_file} --output {tmp_path / 'r.jsonl'}") == 1
     err = capsys.readouterr().err
     assert "none is on PATH" in err and "--llama-bench PATH" in err
-    assert bench(f"run --target llama.cpp --llama-bench {tmp_path / 'nope'} --model {model_file}") == 1
+    cmd = f"run --target llama.cpp --llama-bench {tmp_path / 'nope'} --model {model_file} --output {tmp_path / 'r.jsonl'}"
+    assert bench(cmd) == 1
     assert "not an executable" in capsys.readouterr().err
 
 

@@ -225,6 +225,9 @@ def test_ensure_model_is_safe_under_concurrency(tmp_path: Path) -> None:
     assert path.parent.parent == tmp_path
     assert len(GGUFReader(str(path)).tensors) == len(list(GGUFReader(str(tiny_q8_path(tmp_path))).tensors))
     assert not list(path.parent.glob("*.part"))
+    # made from scratch there (tokenizer trained anew): the same bytes as made here
+    here = make_model("tiny", "q8_0", 3, tmp_path / "here.gguf", check=False)
+    assert hashlib.sha256(here.read_bytes()).digest() == hashlib.sha256(path.read_bytes()).digest()
 
 
 def tiny_q8_path(cache: Path) -> Path:
@@ -256,6 +259,11 @@ def test_k_quants_need_the_quants_module(tmp_path: Path) -> None:
         assert types["blk.1.ffn_down_exps.weight"] == "Q6_K"
         assert types["output.weight"] == "Q6_K"
         assert types["blk.0.ffn_gate_inp.weight"] == "F32"
+        # tiny's rows of 128 and 64 values cannot hold 256-wide K blocks: llama.cpp's fallbacks
+        tiny = make_model("tiny", "q4_k_m", 0, tmp_path / "t.gguf", n_layer=2)
+        types = {t.name: t.tensor_type.name for t in GGUFReader(str(tiny)).tensors}
+        assert types["blk.0.ffn_gate_exps.weight"] == "Q5_0"  # Q4_K -> Q5_0
+        assert types["output.weight"] == "Q8_0"  # Q6_K -> Q8_0
 
 
 def test_model_info_reports_types_and_expert_bytes(tiny_q8: Path) -> None:
@@ -358,3 +366,22 @@ def test_cli_make_writes_the_file_and_prints_its_path(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 2 and "invalid choice: 'nope'" in r.stderr
+
+
+def test_the_skew_sets_the_lru_hit_rate(tmp_path: Path, tiny_f32: Path) -> None:
+    from strata.model._routing import lru_hit_rates
+
+    uniform = make_model("tiny", "f32", 0, tmp_path / "uniform.gguf", zipf_alpha=0.0)
+    tokens = _gguf_tokenizer(tiny_f32).encode(PROMPT_TEXT * 3).ids[:600]
+    sel_u = route_file(uniform, tokens)
+    sel_s = route_file(tiny_f32, tokens)
+    for s in sel_u:
+        assert spread(s, TINY.n_expert).entropy > 0.95
+    hit_u = lru_hit_rates(sel_u, TINY.n_expert, [0.5])[0.5]
+    hit_s = lru_hit_rates(sel_s, TINY.n_expert, [0.5])[0.5]
+    assert abs(hit_u - 0.5) < 0.08  # uniform routing: the hit rate is about the cache share
+    assert hit_s > hit_u + 0.12  # the default skew makes a cache of half the experts hit far more often
+    # the LRU simulation itself: a sequence that cycles through 3 experts always hits a cache of 3
+    cyc = [np.array([[i % 3] for i in range(30)])]
+    assert lru_hit_rates(cyc, 10, [0.3])[0.3] == pytest.approx(27 / 30)
+    assert lru_hit_rates(cyc, 10, [0.2])[0.2] == 0.0  # 2 slots, 3 experts in a cycle: LRU always misses

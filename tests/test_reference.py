@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from reference import Reference
 
-from strata.model import ensure_model
+from strata.model import ensure_model, make_model
 from strata.model._routing import PROMPT_TEXT
 from strata.model.cli import _gguf_tokenizer
 
@@ -45,11 +45,17 @@ def _prompt(path: Path, n: int) -> list[int]:
     return ids[:n]
 
 
-@pytest.fixture(scope="module", params=list(TOLERANCE))
-def model(request: pytest.FixtureRequest) -> tuple[str, Path]:
+@pytest.fixture(scope="module", params=[*TOLERANCE, "f32-tied"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    if request.param == "f32-tied":  # no output.weight: the head is the token embedding
+        path = make_model(
+            "tiny", "f32", 0, tmp_path_factory.mktemp("tied") / "tied.gguf", tie_embeddings=True
+        )
+        return "f32", path
     return request.param, ensure_model("tiny", request.param, 0)
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize("n_prompt", PROMPT_LENGTHS)
 def test_engine_logits_match_the_reference(model: tuple[str, Path], n_prompt: int) -> None:
     quant, path = model

@@ -52,7 +52,6 @@ struct cuda_state {
     exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down */
     int32_t miss_policy;
     int32_t kv_type;
-    void *registered;        /* the page-locked mapping, or NULL */
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
     /* work buffers for up to cap tokens */
     int32_t cap;
@@ -272,18 +271,6 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
     DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
-    if (g->n_slots < L * E) {
-        /* experts will be streamed from the mapping: page-lock it so copies run at full PCIe speed
-         * (pageable memory crosses at a fraction of it). Without the lock it still works, slower. */
-        if (cuda_host_register(g->ctx, e->file.map, (size_t)e->file.size) == STRATA_OK) {
-            g->registered = e->file.map;
-            trace_emit(&e->trace, "cuda: page-locked the model file's %.1f GiB for expert copies",
-                       e->file.size / 1073741824.0);
-        } else {
-            trace_emit(&e->trace, "cuda: could not page-lock the model file (%s); expert copies use pageable memory",
-                       cuda_ctx_error(g->ctx));
-        }
-    }
     /* fill: layer-major round robin over expert ids, so that every layer gets its share */
     for (int32_t s2 = 0; s2 < g->n_slots; s2++) {
         const int32_t l = (int32_t)(s2 % L), ex = (int32_t)(s2 / L);
@@ -314,7 +301,6 @@ void cuda_forward_close(strata_engine *e) {
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
         cuda_host_free(g->ctx, g->stage);
         cuda_host_free(g->ctx, g->host_logits);
-        cuda_host_unregister(g->ctx, g->registered);
         cuda_ctx_destroy(g->ctx);
     }
     free(g->layers);

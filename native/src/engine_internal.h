@@ -56,7 +56,7 @@ typedef struct chunk_buffers {
     float *o;             /* [T, D] output of a block, before it is added to x */
     float *scores;        /* [n_threads, n_ctx] attention scores, one row per thread */
     float *rope;          /* [head_dim] cos then sin of one position's rotation */
-    float *router;        /* [T, E] router logits, then probabilities */
+    float *router;        /* [T, E] router logits, then probabilities (the picked ones set to -1) */
     int32_t *sel;         /* [T, K] selected experts, best first */
     float *wsel;          /* [T, K] their renormalized weights */
     int32_t *grp_off;     /* [E + 1] start of each expert's group in grp_tok / grp_slot */

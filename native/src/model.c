@@ -87,6 +87,10 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
     STRATA_TRY(get_i32(f, "tokenizer.ggml.bos_token_id", &hp->bos_id, 0, 0, INT32_MAX, err));
     STRATA_TRY(get_i32(f, "tokenizer.ggml.eos_token_id", &hp->eos_id, 0, 0, INT32_MAX, err));
 
+    if (hp->head_dim < 2)
+        return err_set(err, STRATA_ERR_FORMAT,
+                       "head dimension is %d (embedding_length %d / head_count %d and no attention.key_length)",
+                       hp->head_dim, hp->n_embd, hp->n_head);
     if (vlen != hp->head_dim)
         return err_set(err, STRATA_ERR_UNSUPPORTED,
                        "attention key length %d differs from value length %d; strata needs them equal",

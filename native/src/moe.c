@@ -86,7 +86,8 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
 
 /* ---- routing ----------------------------------------------------------------------------------- */
 
-/* Softmax of E logits in place, then the K best (ties: lower id) with weights renormalized. */
+/* Softmax of E logits in place, then the K best (ties: lower id) with weights renormalized. Each pick
+ * marks its entry with -1 (probabilities are >= 0), so a pick costs one pass over E. */
 static void route_token(float *p, int32_t E, int32_t K, int32_t *sel, float *w) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < E; i++) mx = p[i] > mx ? p[i] : mx;
@@ -98,15 +99,13 @@ static void route_token(float *p, int32_t E, int32_t K, int32_t *sel, float *w) 
     for (int32_t i = 0; i < E; i++) p[i] /= sum;
     float wsum = 0.0f;
     for (int32_t k = 0; k < K; k++) {
-        int32_t best = -1;
-        for (int32_t i = 0; i < E; i++) {
-            int taken = 0;
-            for (int32_t j = 0; j < k; j++) taken |= sel[j] == i;
-            if (!taken && (best < 0 || p[i] > p[best])) best = i;
-        }
+        int32_t best = 0;
+        for (int32_t i = 1; i < E; i++)
+            if (p[i] > p[best]) best = i;
         sel[k] = best;
         w[k] = p[best];
         wsum += p[best];
+        p[best] = -1.0f;
     }
     for (int32_t k = 0; k < K; k++) w[k] /= wsum;
 }

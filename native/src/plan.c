@@ -34,15 +34,19 @@
  * remains as the guard). Under --lend-policy legacy the loan is sized for the auto chunk only, and a
  * request at or below the small pick asks for more than that whenever the deep ring outweighs the
  * buffers the auto chunk adds. Worked figures (2 threads, lend_pct 0.5, floor 128):
- *   tiny preset (D 128, 4 layers, K 4 of E 32, F 64, Q8_0 experts 25.5 KiB, context 4096): ~8.3 KiB of
- *   buffers per token, big ring 32, deep ring 1286 (the 32 MiB floor). Chunk 4096 needs ~1338 slots,
- *   3072 with the deep ring ~2260, 2048 ~1935. Legacy fails for 2048/3072-token chunks (auto chunk
- *   4096) with --expert-cache 3880..5183; below, the small pick is under 2048 (the short chunks get the
- *   byte ring), above it the small pick reaches 4096 (the auto chunk gets the deep ring too).
- *   Qwen3-30B-A3B at Q4_K (experts ~2.65 MB, D 2048, 32 heads of 128, K 8 of E 128, F 768): ~214 KiB per
- *   token, big ring 50 slots (128 MiB), deep ring 256 (two layers). Legacy fails only in narrow bands of
- *   cache sizes between 850 and 1029 slots (20 sizes), where the small pick's deep-ring layout lies
- *   between the auto chunk's loan and the loan limit: "only with some cache sizes".
+ *   tiny preset (D 128, 4 layers, K 4 of E 32, F 64, Q8_0 experts 25.5 KiB, context 4096, 1-2 threads):
+ *   ~9.9 KiB of buffers per token, big ring 32, deep ring 1286 (the 32 MiB floor). Chunk 4096 needs
+ *   ~1590 slots, 2048 with the deep ring ~2066. Legacy fails for 2048-token chunks (auto chunk 4096)
+ *   with --expert-cache 4132..5687 and for 3072-token chunks with 4910..5687; below, the small pick is
+ *   under the short chunk (it gets the byte ring), above, the small pick reaches 4096 (the auto chunk
+ *   gets the deep ring too). The edges move by a few slots with the thread count (attention scratch).
+ *   Qwen3-30B-A3B at Q4_K (experts ~2.65 MB, D 2048, 32 heads of 128, K 8 of E 128, F 768, F32 router):
+ *   ~245 KiB of buffers per token (measured with the real dimensions), big ring 50 slots (128 MiB),
+ *   deep ring 256 (two layers). Chunk 4096 needs ~437 slots with its ring, 2048 with the deep ring ~450.
+ *   With no context cap the auto chunk fills the loan limit closely, so legacy fails only in narrow
+ *   bands of cache sizes, 46 sizes between 900 and 1115 slots (1 thread, context 32768), where the small
+ *   pick's deep-ring layout lies between the auto chunk's loan and the loan limit: "only with some cache
+ *   sizes", as the original report said.
  *
  * The request's chunk: a prompt of n tokens asks for t = min(auto chunk, n rounded up to
  * PLAN_GRANULARITY = 256 tokens). Scan candidates are multiples of 256 up to the largest allowed
@@ -192,7 +196,10 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->resident_bytes = in->resident_bytes;
     pp->kv_bytes = in->kv_bytes(prm->kv_type, in->n_layer, ctx, in->n_head_kv, in->head_dim);
     if (pp->kv_bytes < 0)
-        return err_set(err, STRATA_ERR_UNSUPPORTED, "--kv %s is not supported by this build", kv_name(prm->kv_type));
+        return err_set(err, STRATA_ERR_UNSUPPORTED,
+                       "--kv %s cannot hold this model's keys and values (head dimension %d; int8 needs a multiple of "
+                       "32): use --kv f16",
+                       kv_name(prm->kv_type), in->head_dim);
     pp->scratch_bytes = in->scratch_bytes;
     pp->reserve_bytes = (int64_t)prm->vram_reserve_mib << 20;
     p->fixed_bytes = pp->resident_bytes + pp->kv_bytes + pp->scratch_bytes + pp->reserve_bytes;

@@ -22,7 +22,7 @@ from ._presets import Preset, get_preset
 from ._routing import PROMPT_TEXT, LayerSpread, expected_spread, route_file, spread
 from ._template import CHAT_TEMPLATE
 from ._tokenizer import build_vocab
-from ._weights import ANCHOR, WeightGen, tensor_specs
+from ._weights import ANCHOR, WeightGen, stream_rng, tensor_specs
 
 __all__ = [
     "BASE_QUANTS",
@@ -71,12 +71,27 @@ BASE_QUANTS: dict[str, tuple[str, int]] = {
     "iq3_s": ("IQ3_S", 26),
     "iq2_xs": ("IQ2_XS", 20),
 }
-# mix name -> (base type, type of the tensors that get more bits, general.file_type)
+# mix name -> (base type, type of the tensors that get more bits, general.file_type); used when
+# strata.model.quants (which knows what real files of each mix put where) is not there.
 MIXES: dict[str, tuple[str, str, int]] = {
     "q4_k_m": ("Q4_K", "Q6_K", 15),
     "q5_k_m": ("Q5_K", "Q6_K", 17),
 }
-QUANTS = sorted([*BASE_QUANTS, *MIXES])
+# general.file_type of the mixes that only strata.model.quants defines
+_MIX_FILE_TYPES = {"q3_k_m": 12, "q4_k_s": 14, "q5_k_s": 16}
+
+
+def _quants_mixes() -> dict[str, Callable[..., str]]:
+    try:
+        mod = importlib.import_module("strata.model.quants")
+    except ModuleNotFoundError as e:
+        if e.name != "strata.model.quants":
+            raise
+        return {}
+    return dict(getattr(mod, "MIXES", {}))
+
+
+QUANTS = sorted({*BASE_QUANTS, *MIXES, *(m for m in _quants_mixes() if m in _MIX_FILE_TYPES)})
 
 _GGUF_PY_QUANTIZES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
 # Rows whose length is not a multiple of 256 cannot hold K-quant or 256-wide i-quant blocks; such
@@ -105,7 +120,7 @@ def _more_bits(layer: int, n_layer: int) -> bool:
 
 def _check_quant(quant: str) -> str:
     q = quant.lower()
-    if q not in BASE_QUANTS and q not in MIXES:
+    if q not in QUANTS:
         raise ValueError(f"unknown quant {quant!r}; choose one of: {', '.join(QUANTS)}")
     return q
 
@@ -115,12 +130,16 @@ def tensor_types(p: Preset, quant: str) -> dict[str, str]:
     from gguf import GGML_QUANT_SIZES
 
     q = _check_quant(quant)
+    mix = _quants_mixes().get(q)
     out: dict[str, str] = {}
     for name, shape in tensor_specs(p):
         if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
             out[name] = "F32"
             continue
-        if q in MIXES:
+        if mix is not None:
+            layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+            t = mix(name, layer, p.n_layer, n_expert=p.n_expert)
+        elif q in MIXES:
             base, more, _ = MIXES[q]
             t = base
             if name == "output.weight":
@@ -178,13 +197,11 @@ class _Pools:
         self.zero: dict[tuple[int, str], np.ndarray] = {}
 
     def rows(self, name: str, shape: tuple[int, ...], type_name: str) -> np.ndarray:
-        from ._weights import _rng
-
         kind = self.gen.kind(name)
         key = (kind, shape[-1], type_name)
         if key not in self.pools:
             n = self.EMBD_ROWS if kind == "token_embd" else self.ROWS
-            rng = _rng(self.gen.seed, "pool", *key)
+            rng = stream_rng(self.gen.seed, "pool", *key)
             f = WeightGen.normal(rng, (n, shape[-1]), self.gen.std(kind))
             if kind == "token_embd":
                 f[:, 0] = ANCHOR
@@ -193,7 +210,7 @@ class _Pools:
         # Runs of RUN consecutive pool rows at random offsets: memcpy-speed copies, no row gather.
         n_rows = math.prod(shape[:-1])
         out = np.empty((n_rows, pool.shape[-1]), np.uint8)
-        starts = _rng(self.gen.seed, "rows", name).integers(
+        starts = stream_rng(self.gen.seed, "rows", name).integers(
             0, len(pool) - self.RUN + 1, size=-(-n_rows // self.RUN)
         )
         for i, s0 in enumerate(starts.tolist()):
@@ -209,10 +226,8 @@ class _Pools:
 
 
 def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
-    from gguf import TokenType  # noqa: F401  (the token type values written below are TokenType's)
-
     q = _check_quant(quant)
-    file_type = MIXES[q][2] if q in MIXES else BASE_QUANTS[q][1]
+    file_type = BASE_QUANTS[q][1] if q in BASE_QUANTS else MIXES[q][2] if q in MIXES else _MIX_FILE_TYPES[q]
     w.add_type("model")
     w.add_name(f"strata synthetic {p.name}")
     w.add_file_type(file_type)
@@ -366,9 +381,11 @@ def write_weights(
     return target
 
 
-def model_cache_path(preset: str, quant: str, seed: int) -> Path:
-    """Where ``ensure_model`` keeps the model for these arguments."""
-    return cache_dir("models") / f"{preset}-{quant}-seed{seed}-v{MAKER_VERSION}.gguf"
+def model_cache_path(preset: str, quant: str, seed: int, **overrides: object) -> Path:
+    """Where ``ensure_model`` keeps the model for these arguments (overrides of preset fields, if
+    any, become part of the name)."""
+    extra = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    return cache_dir("models") / f"{preset}-{quant}-seed{seed}{extra}-v{MAKER_VERSION}.gguf"
 
 
 def ensure_model(preset: str = "tiny", quant: str | None = None, seed: int = 0) -> Path:

@@ -57,8 +57,33 @@ _BUSY_STATES = ("loading", "reading", "generating", "restarting")
 # the keys the user types. Batches of ~80 ms still read as a smooth stream; while the user is typing,
 # the stream is drawn less often still, so that keys rarely have to wait behind a draw.
 _DRAW_INTERVAL_S = 0.08
+_POST_INTERVAL_S = 0.03
 _DRAW_INTERVAL_TYPING_S = 0.3
 _TYPING_S = 0.5
+
+
+class _Pending:
+    """Pieces of a reply received by the worker and not yet posted to the screen.
+
+    A fast model sends thousands of pieces a second; one message each would keep the event loop
+    busy with bookkeeping, so the worker posts what arrived every _POST_INTERVAL_S instead.
+    """
+
+    def __init__(self) -> None:
+        self.delta = Delta()
+        self.n = 0
+        self.total = 0
+
+    def add(self, d: Delta) -> None:
+        self.delta.content += d.content
+        self.delta.reasoning += d.reasoning
+        self.n += 1
+        self.total += 1
+
+    def post(self, screen: ChatScreen, rid: int) -> None:
+        if self.n:
+            screen.post_message(ReplyDelta(rid, self.delta, self.n))
+            self.delta, self.n = Delta(), 0
 
 
 class _Reply:
@@ -388,6 +413,7 @@ class ChatScreen(Screen[None]):
         store = app.store
         content, reasoning = "", ""
         fin: Finished | None = None
+        pending = _Pending()
         try:
             if drop_from is not None:
                 await app.run_db(store.delete_messages_from, conv.id, drop_from)
@@ -398,13 +424,22 @@ class ChatScreen(Screen[None]):
             client = app.client
             if client is None:
                 raise Unreachable("the server has not started yet")
-            async for ev in client.stream_chat(messages, model=app.model_name or "default", params=conv.settings.request_params()):
-                if isinstance(ev, Delta):
-                    content += ev.content
-                    reasoning += ev.reasoning
-                    self.post_message(ReplyDelta(rid, ev))
-                else:
-                    fin = ev
+            ticker = asyncio.create_task(self._post_pending_every(rid, pending))
+            try:
+                async for ev in client.stream_chat(
+                    messages, model=app.model_name or "default", params=conv.settings.request_params()
+                ):
+                    if isinstance(ev, Delta):
+                        content += ev.content
+                        reasoning += ev.reasoning
+                        pending.add(ev)
+                        if pending.total == 1:
+                            pending.post(self, rid)  # the first words go out at once
+                    else:
+                        fin = ev
+            finally:
+                ticker.cancel()
+                pending.post(self, rid)
             stored = await app.run_db(
                 store.add_message, conv.id, StoredMessage("assistant", content, reasoning, meta=_meta(fin))
             )
@@ -431,6 +466,11 @@ class ChatScreen(Screen[None]):
                 ReplyFailed(rid, friendly_error(e), user.content if user else "", unreachable=isinstance(e, Unreachable))
             )
 
+    async def _post_pending_every(self, rid: int, pending: _Pending) -> None:
+        while True:
+            await asyncio.sleep(_POST_INTERVAL_S)
+            pending.post(self, rid)
+
     async def on_reply_delta(self, msg: ReplyDelta) -> None:
         r = self.reply
         if r is None or r.rid != msg.reply_id:
@@ -440,10 +480,10 @@ class ChatScreen(Screen[None]):
             r.t_first = now
             r.view.set_footer("")
             self.engine.set_live(ttft_s=now - r.t0)
-        r.n_pieces += 1
+        r.n_pieces += msg.n_pieces
         r.pending.content += msg.delta.content
         r.pending.reasoning += msg.delta.reasoning
-        if r.n_pieces == 1:
+        if r.n_pieces == msg.n_pieces:
             await self._flush(r)  # the first words show at once
         elif r.flush_timer is None:
             typing = time.monotonic() - self.input.last_key_at < _TYPING_S
@@ -467,6 +507,7 @@ class ChatScreen(Screen[None]):
             return
         await self._flush(r)
         self.reply = None
+        r.view.pieces = r.n_pieces
         await r.view.end_stream()
         if msg.message is not None:
             self.history.append(msg.message)

@@ -60,6 +60,7 @@ class MessageView(Vertical, can_focus=True):
         self._live_text = ""  # text of the segment being streamed into
         self._live_reasoning = ""
         self._segmented = False
+        self.pieces = 0  # streamed pieces this reply arrived in (0 when loaded from the store)
 
     def compose(self) -> ComposeResult:
         yield Static(_LABELS.get(self.role, self.role), classes="role")
@@ -153,9 +154,9 @@ class MessageView(Vertical, can_focus=True):
 
     def set_footer(self, text: str) -> None:
         self._footer_text = text
-        f = self.query_one(".footer", Static)
-        f.update(text)
-        f.display = bool(text)
+        for f in self.query(".footer").results(Static):  # none yet before compose: compose uses the text
+            f.update(text)
+            f.display = bool(text)
 
     def action_copy(self) -> None:
         self.post_message(self.Action(self, "copy"))

@@ -1,0 +1,81 @@
+"""What the memory plan will do with a prompt, predicted from the plan and ``layout(T)`` alone.
+
+The engine decides a request's chunk and loan from its plan and the one ``layout(T)`` function
+(``strata_chunk_layout``); this module applies the same rules in Python so that a harness can say,
+before sending anything, whether a prompt of n tokens will be served at its chunk, served at a halved
+chunk, or (under ``--lend-policy legacy``) fail with "lending the prompt path its slots failed":
+
+    with Engine(model, EngineConfig(expert_cache="4200", lend_policy="legacy", threads=2)) as eng:
+        p = predict(eng, 2000)   # Prediction(chunk=2048, loan_slots=..., verdict="lend failed", ...)
+
+``legacy_failure_range`` sweeps ``--expert-cache`` sizes (opening an engine per size: a few ms on the
+tiny preset) and returns the sizes where a prompt of n tokens fails under the legacy policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from os import PathLike
+from typing import Literal
+
+from ._config import EngineConfig
+from ._engine import Engine
+
+__all__ = ["CHUNK_GRANULARITY", "Prediction", "legacy_failure_range", "predict", "request_chunk"]
+
+#: A request's chunk is the prompt length rounded up to this many tokens (capped by the auto chunk).
+CHUNK_GRANULARITY = 256
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a fresh prompt of ``n_tokens`` gets from an engine's plan."""
+
+    n_tokens: int
+    chunk: int  # the chunk the request asks for (min(auto chunk, n rounded up to 256))
+    chunk_used: int  # after any halving (current policy); == chunk otherwise
+    slots_needed: int  # layout(chunk).slots_needed
+    loan_slots: int  # what the cache lends for the request
+    halvings: int  # times the chunk is halved (current policy)
+    verdict: Literal["ok", "halved", "lend failed"]
+
+
+def request_chunk(auto_chunk: int, n_tokens: int) -> int:
+    """The chunk a prompt of n_tokens asks for."""
+    g = CHUNK_GRANULARITY
+    return max(1, min(auto_chunk, -(-n_tokens // g) * g))
+
+
+def predict(eng: Engine, n_tokens: int) -> Prediction:
+    """The chunk, loan and outcome of a fresh prompt of n_tokens (see the module docstring)."""
+    plan = eng.plan
+    if plan.n_slots == 0:  # no expert cache: the prompt path owns its buffers
+        t = request_chunk(plan.auto_chunk, n_tokens)
+        return Prediction(n_tokens, t, t, 0, 0, 0, "ok")
+    t = request_chunk(plan.auto_chunk, n_tokens)
+    need = eng.layout(t).slots_needed
+    if plan.lend_policy == 1:  # legacy: the loan is the auto chunk's
+        verdict: Literal["ok", "halved", "lend failed"] = "lend failed" if need > plan.auto_loan_slots else "ok"
+        return Prediction(n_tokens, t, t, need, plan.auto_loan_slots, 0, verdict)
+    used, halvings, lay_need = t, 0, need
+    while lay_need > plan.max_lend_slots and used > 1:
+        used //= 2
+        halvings += 1
+        lay_need = eng.layout(used).slots_needed
+    if lay_need > plan.max_lend_slots:  # no smaller chunk fits: the auto chunk is used
+        used, lay_need = plan.auto_chunk, plan.auto_loan_slots
+    return Prediction(n_tokens, t, used, need, lay_need, halvings, "halved" if halvings else "ok")
+
+
+def legacy_failure_range(
+    model: str | PathLike[str], config: EngineConfig, n_tokens: int, expert_caches: Iterable[int]
+) -> list[int]:
+    """The --expert-cache sizes at which a fresh prompt of n_tokens fails under the legacy policy."""
+    failing = []
+    for n in expert_caches:
+        cfg = replace(config, expert_cache=str(n), lend_policy="legacy")
+        with Engine(model, cfg) as eng:
+            if predict(eng, n_tokens).verdict == "lend failed":
+                failing.append(n)
+    return failing
