@@ -184,6 +184,8 @@ void quant_k_avx2(quant_traits table[]);
 void quant_k_avx512(quant_traits table[]);
 
 void quant_register_iq(quant_traits table[], int32_t simd);
+/* IQ4_NL's AVX2 dot lives with the other 32-value blocks (quant_legacy_avx2.c). */
+float quant_iq4nl_vec_dot_avx2(int64_t n, const void *w, const void *act);
 void quant_iq_avx2(quant_traits table[]);
 void quant_iq_avx512(quant_traits table[]);
 
