@@ -16,6 +16,18 @@
 #include "quant_blocks.h"
 #include "strata.h"
 
+/* The 8 sub-block factors ls_j - 32 of an IQ4_XS block in int32 lanes, built with vector shifts
+ * (no scalar stores: a wide load of values just stored one by one would stall on store forwarding). */
+static inline __m256i iq4xs_factors(const block_iq4_xs *b) {
+    uint32_t sl;
+    memcpy(&sl, b->scales_l, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(0xF));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+}
+
 static float iq4xs_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     const block_iq4_xs *x = w;
     const block_q8_K *y = act;
@@ -25,13 +37,15 @@ static float iq4xs_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     /* qword indices: [L0 H0 L1 H1] and [L2 H2 L3 H3] of the 128-bit lanes of lo (L) and hi (H) */
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), ib = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    /* int32 lanes 0-7 take factor 2q, lanes 8-15 factor 2q + 1 */
+    const __m512i fsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        int32_t ls[8];
-        for (int j = 0; j < 8; j++)
-            ls[j] = ((x[i].scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((x[i].scales_h >> (2 * j)) & 3) << 4);
-        int32_t corr = 0; /* 128 sum_j (ls_j - 32) sum(a over sub-block j) */
-        for (int j = 0; j < 8; j++) corr += (ls[j] - 32) * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        const __m256i l32 = iq4xs_factors(&x[i]);
+        /* corr = sum_j (ls_j - 32) * sum(a over sub-block j), from the bsums: int16 lanes 2j, 2j + 1 = factor j */
+        const __m256i lsp = _mm256_or_si256(_mm256_and_si256(l32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(l32, 16));
+        const __m256i cv = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), lsp);
+        const __m512i lz = _mm512_castsi256_si512(l32);
         __m512i acc = _mm512_setzero_si512();
         for (int p = 0; p < 2; p++) { /* sub-blocks 4p .. 4p + 3 */
             const __m512i bits = _mm512_loadu_si512((const void *)(x[i].qs + 64 * p));
@@ -43,12 +57,14 @@ static float iq4xs_vec_dot_avx512(int64_t n, const void *w, const void *act) {
             const __m512i a1 = _mm512_loadu_si512((const void *)(y[i].qs + 128 * p + 64));
             const __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), va, a0); /* lanes 0-7: sub 4p, 8-15: 4p+1 */
             const __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), vb, a1);
-            const __m512i f0 = _mm512_inserti64x4(_mm512_set1_epi32(ls[4 * p] - 32), _mm256_set1_epi32(ls[4 * p + 1] - 32), 1);
-            const __m512i f1 =
-                _mm512_inserti64x4(_mm512_set1_epi32(ls[4 * p + 2] - 32), _mm256_set1_epi32(ls[4 * p + 3] - 32), 1);
+            const __m512i f0 = _mm512_permutexvar_epi32(_mm512_add_epi32(fsel, _mm512_set1_epi32(4 * p)), lz);
+            const __m512i f1 = _mm512_permutexvar_epi32(_mm512_add_epi32(fsel, _mm512_set1_epi32(4 * p + 2)), lz);
             acc = _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_mullo_epi32(s0, f0), _mm512_mullo_epi32(s1, f1)));
         }
-        const int32_t A = _mm512_reduce_add_epi32(acc) - 128 * corr;
+        __m128i cs = _mm_add_epi32(_mm256_castsi256_si128(cv), _mm256_extracti128_si256(cv, 1));
+        cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(1, 0, 3, 2)));
+        cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(2, 3, 0, 1)));
+        const int32_t A = _mm512_reduce_add_epi32(acc) - 128 * _mm_cvtsi128_si32(cs);
         sum += (quant_f16_lut[x[i].d] * y[i].d) * (float)A;
     }
     return sum;
