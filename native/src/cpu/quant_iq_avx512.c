@@ -1,12 +1,15 @@
 /*
- * quant_iq_avx512.c — AVX-512 (BW + VNNI) dot product of IQ4_XS against Q8_K.
+ * quant_iq_avx512.c — AVX-512 (BW + VNNI) dot products of IQ4_XS against Q8_K.
  *
- * AVX-512 has no byte sign instruction, so the signed table values v are shifted into unsigned
- * bytes (v + 128 <= 241) and VNNI's dpbusd sums four products each in int32:
- *   sum v a = sum (v + 128) a - 128 sum a,
- * where sum a over a sub-block comes from the activation's bsums. All integers, exact: the block's
- * A and its float expression are the scalar kernel's, so the bits are the same. The other i-quants
- * keep their AVX2 kernels.
+ * The table values v are signed and AVX-512 has no byte sign instruction, so:
+ *   - one row (decode): v is shifted into unsigned bytes (v + 128 <= 241) and VNNI's dpbusd sums
+ *     four products each in int32: sum v a = sum (v + 128) a - 128 sum a, where sum a over a
+ *     sub-block comes from the activation's bsums;
+ *   - many rows (prompt): |v| and the sign mask are made once per block, the sign goes onto each
+ *     activation row (masked negate), and maddubs + dpwssd multiply and scale (pairs at most
+ *     2 * 127 * 127, no saturation).
+ * All integers, exact: the block's A and its float expression are the scalar kernel's, so the bits
+ * are the same. The other i-quants keep their AVX2 kernels.
  */
 #include <immintrin.h>
 #include <string.h>
