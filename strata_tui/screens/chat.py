@@ -60,9 +60,7 @@ _BUSY_STATES = ("loading", "reading", "generating", "restarting")
 _DRAW_INTERVAL_S = 0.08
 _QUIET_S = 0.15
 _MAX_WAIT_S = 1.0
-_POST_INTERVAL_S = 0.03
-_DRAW_INTERVAL_TYPING_S = 0.3
-_TYPING_S = 0.5
+_POST_INTERVAL_S = 0.03  # how often the reply worker hands what arrived to the screen
 
 
 class _Pending:
