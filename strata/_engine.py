@@ -257,7 +257,7 @@ class Engine:
             raise error_for_status(status, err.value.decode("utf-8", "replace"))
         self._h = handle.value
         info = C.StrataModelInfo()
-        self._check(C.strata_model_info_get(self._h, ctypes.byref(info)))
+        self._check(C.strata_model_info_get(self.handle, ctypes.byref(info)))
         self.info: ModelInfo = _struct_to_dataclass(ModelInfo, info)
 
     # ---- lifetime ----------------------------------------------------------------------------------

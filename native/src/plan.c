@@ -64,6 +64,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "arena.h"
 #include "common.h"
 
 #define MIB(b) ((double)(b) / (1024.0 * 1024.0))
@@ -203,7 +204,9 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
                        kv_name(prm->kv_type), in->head_dim);
     pp->scratch_bytes = in->scratch_bytes;
     pp->reserve_bytes = (int64_t)prm->vram_reserve_mib << 20;
-    p->fixed_bytes = pp->resident_bytes + pp->kv_bytes + pp->scratch_bytes + pp->reserve_bytes;
+    /* as the device arena will hand them out: each buffer rounded up to the arena's alignment */
+    p->fixed_bytes = arena_size_of(pp->resident_bytes) + arena_size_of(pp->kv_bytes) +
+                     arena_size_of(pp->scratch_bytes) + arena_size_of(pp->reserve_bytes);
     p->no_cache = prm->expert_cache == 0;
 
     /* ---- host RAM ---- */
@@ -272,14 +275,14 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->budget_bytes = B;
     int64_t left = B;
     say(sayfn, sctx, "plan: budget %.1f MiB (%s)", MIB(B), budget_src);
-    left -= pp->resident_bytes;
+    left -= arena_size_of(pp->resident_bytes);
     say(sayfn, sctx, "plan: resident weights %.1f MiB, %.1f MiB left", MIB(pp->resident_bytes), MIB(left));
-    left -= pp->kv_bytes;
+    left -= arena_size_of(pp->kv_bytes);
     say(sayfn, sctx, "plan: KV cache %d tokens at %s %.1f MiB, %.1f MiB left", ctx, kv_name(prm->kv_type),
         MIB(pp->kv_bytes), MIB(left));
-    left -= pp->scratch_bytes;
+    left -= arena_size_of(pp->scratch_bytes);
     say(sayfn, sctx, "plan: decode scratch %.1f MiB, %.1f MiB left", MIB(pp->scratch_bytes), MIB(left));
-    left -= pp->reserve_bytes;
+    left -= arena_size_of(pp->reserve_bytes);
     say(sayfn, sctx, "plan: reserve %.1f MiB, %.1f MiB left", MIB(pp->reserve_bytes), MIB(left));
 
     /* ---- 2. fixed part ---- */

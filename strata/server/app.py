@@ -131,6 +131,7 @@ class GenParams:
     include_usage: bool
     logprobs: bool
     top_logprobs: int
+    ignore_eos: bool = False
 
 
 def _gen_params(body: dict[str, Any], *, chat: bool) -> GenParams:
@@ -181,6 +182,7 @@ def _gen_params(body: dict[str, Any], *, chat: bool) -> GenParams:
         include_usage=include_usage,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        ignore_eos=_boolean(body, "ignore_eos", False),
     )
 
 
@@ -246,7 +248,8 @@ class _Generation:
             "top_p": gen.top_p,
             "min_p": gen.min_p,
             "seed": gen.seed,
-            "stop_tokens": sorted(tok.eog_ids),
+            "stop_tokens": [] if gen.ignore_eos else sorted(tok.eog_ids),
+            "stop_at_eos": not gen.ignore_eos,
             "top_logits": 2,
             "want_logprobs": gen.logprobs,
             "logprobs": gen.top_logprobs,
@@ -258,6 +261,7 @@ class _Generation:
         self.result: dict[str, Any] | None = None
         self.client_gone = False
         self.t0 = time.monotonic()
+        self._drainer: asyncio.Task[None] | None = None
 
     def client_disconnected(self) -> None:
         if not self.job.finished.is_set() and not self.client_gone:
@@ -300,8 +304,24 @@ class _Generation:
                 elif kind == "error":
                     raise self._error(ev)
         finally:
-            if not self.job.finished.is_set():
+            if self.result is None and not self.job.finished.is_set():
+                # the client went away mid-reply: stop the engine, then let the rest drain in the
+                # background so that the request is still accounted for
                 self.client_disconnected()
+                self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while not (self.job.finished.is_set() and self.job.events.empty()):
+            ev = await self.job.events.get()
+            kind = ev.get("ev")
+            if kind == "token":
+                self.tokens.append(int(ev["id"]))
+            elif kind == "done":
+                self.result = ev
+                self._account(ev)
+                return
+            elif kind == "error":
+                return
 
     def _error(self, ev: dict[str, Any]) -> ApiError:
         code = ev.get("code")
@@ -363,6 +383,7 @@ class _Generation:
             "engine_finish_reason": r.get("finish_reason"),
             "cancel_seen_at": r.get("cancel_seen_at"),
             "request_seq": self.job.seq,
+            "run_index": self.job.run_index,
         }
 
     def _account(self, ev: dict[str, Any]) -> None:

@@ -73,6 +73,7 @@ class Job:
     started: float | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: bool = False
+    run_index: int | None = None  # 1 for the first job the engine ran, 2 for the next, ...
     _sup: Supervisor | None = None
 
     def cancel(self) -> None:
@@ -142,6 +143,7 @@ class Supervisor:
         self._wakeup = asyncio.Event()
         self._current: Job | None = None
         self._seq = itertools.count(1)
+        self._runs = itertools.count(1)
         self._run_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -374,6 +376,7 @@ class Supervisor:
                                        "message": f"{type(e).__name__}: {e}"})
                     continue
                 job.started = time.monotonic()
+                job.run_index = next(self._runs)
                 job.events.put_nowait({"ev": "started"})
                 self.state = "reading"
                 self.prompt_progress = {"done": 0, "total": len(job.params.get("prompt", ())),
