@@ -172,7 +172,7 @@ def run_strata(
                         warmup=warmup,
                         seed=seed,
                         **model,
-                        knobs=run_cfg.to_dict(),
+                        knobs=cfg.to_dict(),  # as given; what the engine made of them is in "plan"
                         samples=samples,
                         samples_ns=samples_ns,
                         **summarize(samples),
