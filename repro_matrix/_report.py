@@ -139,6 +139,13 @@ def _what_happens(records: dict[str, dict[str, Any]], df: pd.DataFrame, vs: dict
                           if need else "")
                        + f", got HTTP {r.get('http_status', '?')} `{r.get('error_code')}`:\n")
             out.append("```\n" + (r.get("error_message") or "").strip() + "\n```\n")
+            loan = plan.get("auto_loan_slots")
+            if need and loan is not None and need["slots_needed"] > loan and r.get("error_code") == "lend_failed":
+                out.append(f"The loan was sized for the auto chunk ({plan.get('auto_chunk')} tokens, ring "
+                           f"{plan.get('auto_ring_slots')}): {loan} slots. This request's chunk gets the deeper "
+                           f"ring ({need['ring_slots']} slots) and its layout needs {need['slots_needed']} slots, "
+                           f"{need['slots_needed'] - loan} more than the loan, although the cache could lend "
+                           f"{plan.get('max_lend_slots')}.\n")
             if st.get("log_tail"):
                 tail = "\n".join(st["log_tail"].splitlines()[-15:])
                 out.append("Server log (last lines of that start):\n\n```\n" + tail + "\n```\n")

@@ -296,7 +296,13 @@ def test_model_info_rejects_a_file_that_is_not_gguf(tmp_path: Path) -> None:
         [sys.executable, "-m", "strata.cli", "model", "info", str(bad)], capture_output=True, text=True
     )
     assert r.returncode == 1
-    assert "cannot read" in r.stderr
+    assert "cannot read" in r.stderr and "not a readable GGUF file" in r.stderr
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(ensure_model("tiny", "q8_0", 0).read_bytes()[:300_000])  # header intact, data cut
+    r = subprocess.run(
+        [sys.executable, "-m", "strata.cli", "model", "info", str(cut)], capture_output=True, text=True
+    )
+    assert r.returncode == 1 and "truncated or corrupt" in r.stderr
 
 
 def test_maker_routing_equals_the_reference_routing(tiny_f32: Path) -> None:

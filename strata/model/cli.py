@@ -102,7 +102,12 @@ def describe(path: Path) -> dict[str, Any]:
 
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
-    r = GGUFReader(str(path))
+    try:
+        r = GGUFReader(str(path))
+    except Exception as e:  # gguf-py reports truncation and corruption as assorted numpy errors
+        raise ValueError(
+            f"not a readable GGUF file (truncated or corrupt?): {e}; make a fresh one with `strata model make`"
+        ) from e
 
     def field(key: str) -> Any:
         f = r.fields.get(key)
@@ -203,7 +208,16 @@ def _cmd_routing(args: argparse.Namespace) -> int:
     from ._routing import lru_hit_rates, route_file, spread
     from ._tokenizer import corpus_texts
 
-    d = describe(args.file)
+    try:
+        d = describe(args.file)
+    except (OSError, ValueError) as e:
+        print(f"strata model routing: cannot read {args.file}: {e}", file=sys.stderr)
+        return 1
+    if d["architecture"] != "qwen3moe" or "expert_count" not in d["dimensions"]:
+        print(
+            f"strata model routing: {args.file} is {d['architecture']}, not a qwen3moe model", file=sys.stderr
+        )
+        return 1
     n_expert = int(d["dimensions"]["expert_count"])
     tok = _gguf_tokenizer(args.file)
     text = "\n\n".join(corpus_texts()[:400])
