@@ -274,7 +274,7 @@ class _Generation:
         Raises ApiError when the engine fails."""
         try:
             pos = self.job.position
-            if pos > 0:
+            if pos > 1 or (pos == 1 and self.state.supervisor.running is not None):
                 yield {"queued": pos}
             while True:
                 ev = await self.job.events.get()
@@ -812,4 +812,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
     ]
-    return Starlette(routes=routes)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return _error(ApiError(500, f"the server failed on this request: {type(exc).__name__}: {exc}",
+                               code="internal_error"))
+
+    return Starlette(routes=routes, exception_handlers={Exception: internal_error})
