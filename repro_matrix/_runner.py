@@ -180,8 +180,9 @@ class _Progress:
             )
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("cells, [red]{task.fields[failing]} failing"), TimeElapsedColumn(),
-                                 TextColumn("left"), TimeRemainingColumn(), console=Console(stderr=True),
+                                 TextColumn("cells, [red]{task.fields[failing]} failing[/red], elapsed"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("left"),
+                                 console=Console(stderr=True),
                                  transient=False)
             self._task = self._bar.add_task(title, total=total, failing=0)
             self._bar.start()
