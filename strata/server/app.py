@@ -73,6 +73,7 @@ class ServerState:
     max_body: int = DEFAULT_MAX_BODY
     metrics: Metrics = field(default_factory=Metrics)
     last_request: dict[str, Any] | None = None
+    cache_prompt: bool = False  # the default of the request field cache_prompt
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -132,9 +133,10 @@ class GenParams:
     logprobs: bool
     top_logprobs: int
     ignore_eos: bool = False
+    cache_prompt: bool = False
 
 
-def _gen_params(body: dict[str, Any], *, chat: bool) -> GenParams:
+def _gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False) -> GenParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"must be a string (got {type(model).__name__})")
@@ -183,6 +185,7 @@ def _gen_params(body: dict[str, Any], *, chat: bool) -> GenParams:
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=_boolean(body, "ignore_eos", False),
+        cache_prompt=_boolean(body, "cache_prompt", cache_prompt),
     )
 
 
@@ -250,6 +253,7 @@ class _Generation:
             "seed": gen.seed,
             "stop_tokens": [] if gen.ignore_eos else sorted(tok.eog_ids),
             "stop_at_eos": not gen.ignore_eos,
+            "cache_prompt": gen.cache_prompt,
             "top_logits": 2,
             "want_logprobs": gen.logprobs,
             "logprobs": gen.top_logprobs,
@@ -360,10 +364,12 @@ class _Generation:
             "predicted_per_second": dn * 1000.0 / dms if dms > 0 else 0.0,
         }
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         t = self.timings()
-        return {"prompt_tokens": t["prompt_n"], "completion_tokens": t["predicted_n"],
-                "total_tokens": t["prompt_n"] + t["predicted_n"]}
+        cached = int((self.result or {}).get("cached_tokens") or 0)
+        n = len(self.prompt)
+        return {"prompt_tokens": n, "completion_tokens": t["predicted_n"], "total_tokens": n + t["predicted_n"],
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def extension(self) -> dict[str, Any]:
         r = self.result or {}
@@ -382,6 +388,7 @@ class _Generation:
             "queue_ms": ((self.job.started or self.t0) - self.job.submitted) * 1000.0,
             "engine_finish_reason": r.get("finish_reason"),
             "cancel_seen_at": r.get("cancel_seen_at"),
+            "cached_tokens": int(r.get("cached_tokens") or 0),
             "request_seq": self.job.seq,
             "run_index": self.job.run_index,
         }
@@ -632,7 +639,7 @@ def create_app(state: ServerState) -> Starlette:
         try:
             _check_auth(state, request)
             body = await _read_json(state, request)
-            gen = _gen_params(body, chat=chat)
+            gen = _gen_params(body, chat=chat, cache_prompt=state.cache_prompt)
             prompt, param = _prompt_of(body) if chat else _completion_prompt(body)
             ctx = await _max_context(state)
             _check_context(len(prompt), gen, ctx, param)

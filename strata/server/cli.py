@@ -41,6 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1 endpoints (default: $STRATA_API_KEY)")
     g.add_argument("--model-name", help="model id shown by /v1/models (default: the file name)")
     g.add_argument("--max-body-mib", type=float, default=16.0, help="largest request body in MiB (default 16)")
+    g.add_argument("--cache-prompt", action="store_true",
+                   help="reuse the KV cache for the part of a prompt that the previous request shared "
+                        "(requests can also ask with \"cache_prompt\": true)")
     g.add_argument("--quiet", action="store_true", help="do not echo the engine log on stderr")
     p.set_defaults(func=run)
     return p
@@ -116,7 +119,7 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
     sup = Supervisor(str(model), config, echo_log=not args.quiet)
     state = ServerState(supervisor=sup, tokenizer=tokenizer, template=template,
                         model_name=args.model_name or model.name, api_key=args.api_key or None,
-                        max_body=int(args.max_body_mib * (1 << 20)))
+                        max_body=int(args.max_body_mib * (1 << 20)), cache_prompt=args.cache_prompt)
     app = create_app(state)
     uconf = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                            timeout_graceful_shutdown=5)
