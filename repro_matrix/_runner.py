@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ._cell import run_cell, stop_all_servers
+from ._cell import model_path, run_cell, stop_all_servers
 from ._matrix import Cell, Matrix, MatrixError, shard_cells
 from ._verdict import judge
 
@@ -180,8 +180,9 @@ class _Progress:
             )
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("cells, [red]{task.fields[failing]} failing"), TimeElapsedColumn(),
-                                 TextColumn("left"), TimeRemainingColumn(), console=Console(stderr=True),
+                                 TextColumn("cells, [red]{task.fields[failing]} failing[/red], elapsed"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("left"),
+                                 console=Console(stderr=True),
                                  transient=False)
             self._task = self._bar.add_task(title, total=total, failing=0)
             self._bar.start()
@@ -248,6 +249,11 @@ def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | N
         "ray_address": opts.ray, "resume": opts.resume, "planned": [c.cell_id for c in planned],
         "skipped": skipped, "total_cells": len(all_cells),
     }
+    if todo:
+        try:  # a bad model path fails here, once, not in every cell; a preset is made before the pool starts
+            model_path(matrix.model)
+        except (FileNotFoundError, ValueError) as e:
+            raise MatrixError(f"model {matrix.model!r}: {e}") from None
     rd.start(matrix, env_info if env_info is not None else collect_env(), run_info, resume=opts.resume)
     reference = next((r for r in rd.records() if r["cell"].get("reference")), None)
     ran: list[str] = []

@@ -284,3 +284,18 @@ def test_layout_rejects_an_empty_chunk(tiny: Path) -> None:
         with pytest.raises(InvalidArgumentError, match="at least 1 token"):
             eng.layout(0)
         assert eng.layout(1).slots_needed >= 1
+
+
+def test_fixed_prefill_is_halved_at_open_until_it_fits(tiny: Path) -> None:
+    eng, lines = open_traced(tiny, expert_cache="100", prefill="2048")
+    with eng:
+        p = eng.plan
+        halved = [re.match(r"^plan: --prefill (\d+) halved to (\d+): it needs (\d+) slots, the cache lends at most (\d+)$", ln)
+                  for ln in lines if "halved" in ln]
+        assert halved and all(halved)
+        steps = [(int(m.group(1)), int(m.group(2))) for m in halved]  # type: ignore[union-attr]
+        assert steps[0][0] == 2048 and all(b == a // 2 for a, b in steps)
+        assert all(int(m.group(3)) > int(m.group(4)) == p.max_lend_slots for m in halved)  # type: ignore[union-attr]
+        assert p.auto_chunk == steps[-1][1] and eng.layout(p.auto_chunk).slots_needed <= p.max_lend_slots
+        eng.prefill(prompt(500))  # served in chunks of the halved size
+        assert eng.stats().last_chunk == p.auto_chunk

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1 endpoints (default: $STRATA_API_KEY)")
     g.add_argument("--model-name", help="model id shown by /v1/models (default: the file name)")
     g.add_argument("--max-body-mib", type=float, default=16.0, help="largest request body in MiB (default 16)")
+    g.add_argument("--cache-prompt", action="store_true",
+                   help="reuse the KV cache for the part of a prompt that the previous request shared "
+                        "(requests can also ask with \"cache_prompt\": true)")
     g.add_argument("--quiet", action="store_true", help="do not echo the engine log on stderr")
     p.set_defaults(func=run)
     return p
@@ -49,7 +55,9 @@ def _url(host: str, port: int) -> str:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say they are
+    # TCP, and with Nagle on, a reused keep-alive connection waits ~40 ms for delayed ACKs per reply
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)
@@ -102,31 +110,50 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
     from .app import ServerState, create_app
     from .supervisor import EngineStartError, Supervisor
 
+    class _Server(uvicorn.Server):
+        # signals are handled below, so that a stop while the engine loads is clean too
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
     sup = Supervisor(str(model), config, echo_log=not args.quiet)
     state = ServerState(supervisor=sup, tokenizer=tokenizer, template=template,
                         model_name=args.model_name or model.name, api_key=args.api_key or None,
-                        max_body=int(args.max_body_mib * (1 << 20)))
+                        max_body=int(args.max_body_mib * (1 << 20)), cache_prompt=args.cache_prompt)
     app = create_app(state)
     uconf = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                            timeout_graceful_shutdown=5)
-    server = uvicorn.Server(uconf)
+    server = _Server(uconf)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     serve_task = asyncio.create_task(server.serve(sockets=[sock]))
     host, port = sock.getsockname()[:2]
+    start_task = asyncio.create_task(sup.start())
+    stop_task = asyncio.create_task(stop.wait())
     try:
-        await sup.start()
-    except EngineStartError as e:
-        print(f"strata serve: the engine could not start: {e}", file=sys.stderr, flush=True)
+        await asyncio.wait({start_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        if not start_task.done():  # stopped while the engine was loading
+            start_task.cancel()
+            server.should_exit = True
+            await serve_task
+            await sup.close()
+            return 0
+        try:
+            start_task.result()
+        except EngineStartError as e:
+            print(f"strata serve: the engine could not start: {e}", file=sys.stderr, flush=True)
+            server.should_exit = True
+            await serve_task
+            await sup.close()
+            return 1
+        print(f"strata: listening on {_url(args.host if args.host not in ('0.0.0.0', '::') else host, port)}",
+              flush=True)
+        await asyncio.wait({serve_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True
         await serve_task
-        await sup.close()
-        return 1
-    if serve_task.done():  # uvicorn stopped already (a signal while loading)
-        await sup.close()
-        return 130
-    print(f"strata: listening on {_url(args.host if args.host not in ('0.0.0.0', '::') else host, port)}",
-          flush=True)
-    try:
-        await serve_task
     finally:
+        stop_task.cancel()
         await sup.close()
     return 0

@@ -73,6 +73,7 @@ class Job:
     started: float | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: bool = False
+    run_index: int | None = None  # 1 for the first job the engine ran, 2 for the next, ...
     _sup: Supervisor | None = None
 
     def cancel(self) -> None:
@@ -142,6 +143,7 @@ class Supervisor:
         self._wakeup = asyncio.Event()
         self._current: Job | None = None
         self._seq = itertools.count(1)
+        self._runs = itertools.count(1)
         self._run_task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -203,10 +205,15 @@ class Supervisor:
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [self.python, "-m", "strata.server.worker", "--model", self.model_path,
                "--config", json.dumps(self.config.to_dict())]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-            preexec_fn=_set_pdeathsig,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                preexec_fn=_set_pdeathsig,
+            )
+        except OSError as e:
+            self.state = "failed"
+            self.start_error = f"cannot start the engine worker ({self.python}): {e}"
+            raise EngineStartError(self.start_error) from e
         w = _Worker(proc)
         self._worker = w
         self._log(f"engine worker started (pid {proc.pid})")
@@ -374,6 +381,7 @@ class Supervisor:
                                        "message": f"{type(e).__name__}: {e}"})
                     continue
                 job.started = time.monotonic()
+                job.run_index = next(self._runs)
                 job.events.put_nowait({"ev": "started"})
                 self.state = "reading"
                 self.prompt_progress = {"done": 0, "total": len(job.params.get("prompt", ())),

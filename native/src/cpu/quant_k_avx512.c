@@ -111,23 +111,24 @@ static inline __m256i mins_pairs(const uint8_t m[8]) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
 }
 
-/* Unpacked Q4_K block: nibbles of its two 128-value halves and the scale vectors of its sub-blocks. */
+/* Unpacked Q4_K block in the activations' order: w[q] holds values 64q .. 64q + 63 (sub-block 2q
+ * from the low nibbles of bytes 32q .. 32q + 31, sub-block 2q + 1 from their high nibbles), so each
+ * activation row is read with four plain 64-byte loads; s[q] the matching int16 scale lanes. */
 typedef struct {
-    __m512i lo[2], hi[2], s_lo[2], s_hi[2];
+    __m512i w[4], s[4];
     __m256i mpair; /* int16 lanes 2j, 2j + 1 = m_j */
     float d, dmin;
 } q4k_unpacked;
 
 static inline void q4k_unpack(const block_q4_K *b, q4k_unpacked *u) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
     uint8_t sc[8], m[8];
     k_scale_words(b->scales, sc, m);
-    for (int p = 0; p < 2; p++) {
-        const __m512i bits = _mm512_loadu_si512((const void *)(b->qs + 64 * p));
-        u->lo[p] = _mm512_and_si512(bits, m4);
-        u->hi[p] = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
-        u->s_lo[p] = scale_pair(sc[4 * p], sc[4 * p + 2]);
-        u->s_hi[p] = scale_pair(sc[4 * p + 1], sc[4 * p + 3]);
+    for (int q = 0; q < 4; q++) {
+        const __m256i bits = load256(b->qs + 32 * q);
+        const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        u->w[q] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        u->s[q] = scale_pair(sc[2 * q], sc[2 * q + 1]);
     }
     const __m256i mm = mins_pairs(m);
     u->mpair = _mm256_or_si256(mm, _mm256_slli_epi32(mm, 16));
@@ -138,12 +139,9 @@ static inline void q4k_unpack(const block_q4_K *b, q4k_unpacked *u) {
 /* A's lanes of one unpacked block against one activation block */
 static inline __m512i q4k_acc(const q4k_unpacked *u, const int8_t *q8) {
     __m512i acc = _mm512_setzero_si512();
-    for (int p = 0; p < 2; p++) {
-        const __m512i a_lo = load2x256(q8 + 128 * p, q8 + 128 * p + 64);
-        const __m512i a_hi = load2x256(q8 + 128 * p + 32, q8 + 128 * p + 96);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->lo[p], a_lo), u->s_lo[p]);
-        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->hi[p], a_hi), u->s_hi[p]);
-    }
+    for (int q = 0; q < 4; q++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->w[q], _mm512_loadu_si512((const void *)(q8 + 64 * q))),
+                                  u->s[q]);
     return acc;
 }
 
@@ -152,32 +150,43 @@ static inline __m256i q4k_bacc(const q4k_unpacked *u, const int16_t *bsums) {
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), u->mpair);
 }
 
-/* Q4_K against several activation rows: each block's weights are unpacked once and dotted with every
- * row, four rows' integer sums reduced together; each row's float sum runs over the blocks in order
+/* Blocks unpacked at once by the many-token kernels (kept on the stack, in L1). */
+#define XN_CHUNK 8
+
+/* Q4_K against several activation rows: a chunk of the row's blocks is unpacked once for all the rows;
+ * four rows' integer sums are reduced together; each row's float sum runs over the blocks in order
  * with vec_dot's expression (lane k of the 4-wide float ops is exactly the scalar sequence), so
  * out[k] is bit for bit vec_dot(n, w, act[k]). */
 static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
     const block_q4_K *x = w;
-    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
-        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
-        const block_q8_K *y[4];
-        for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[k0 + (k < kn ? k : 0)];
-        __m128 sum = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            q4k_unpacked u;
-            q4k_unpack(&x[i], &u);
-            const __m128i A = reduce4(q4k_acc(&u, y[0][i].qs), q4k_acc(&u, y[1][i].qs), q4k_acc(&u, y[2][i].qs),
-                                      q4k_acc(&u, y[3][i].qs));
-            const __m128i B = reduce4_256(q4k_bacc(&u, y[0][i].bsums), q4k_bacc(&u, y[1][i].bsums),
-                                          q4k_bacc(&u, y[2][i].bsums), q4k_bacc(&u, y[3][i].bsums));
-            const __m128 yd = _mm_setr_ps(y[0][i].d, y[1][i].d, y[2][i].d, y[3][i].d);
-            const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(u.d), yd), _mm_cvtepi32_ps(A));
-            const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(u.dmin), yd), _mm_cvtepi32_ps(B));
-            sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            q4k_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) q4k_unpack(&x[c0 + c], &u[c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const q4k_unpacked *uc = &u[c];
+                    const __m128i A = reduce4(q4k_acc(uc, y[0][c].qs), q4k_acc(uc, y[1][c].qs), q4k_acc(uc, y[2][c].qs),
+                                              q4k_acc(uc, y[3][c].qs));
+                    const __m128i B = reduce4_256(q4k_bacc(uc, y[0][c].bsums), q4k_bacc(uc, y[1][c].bsums),
+                                                  q4k_bacc(uc, y[2][c].bsums), q4k_bacc(uc, y[3][c].bsums));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A));
+                    const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->dmin), yd), _mm_cvtepi32_ps(B));
+                    sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+                }
+                _mm_storeu_ps(sums + k0, sum);
+            }
         }
-        float r[4];
-        _mm_storeu_ps(r, sum);
-        for (int32_t k = 0; k < kn; k++) out[k0 + k] = r[k];
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
     }
 }
 
@@ -255,59 +264,122 @@ static float q6k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     return sum;
 }
 
-/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512): C = sum_j sc_j bsum_j per row. */
-static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
-    const block_q6_K *x = w;
+/* Unpacked Q6_K block: values 64q .. 64q + 63 (biased by 32, 0..63) and their int16 scale lanes. */
+typedef struct {
+    __m512i q[4], s[4];
+    __m256i sc16; /* the 16 scales as int16 */
+    float d;
+} q6k_unpacked;
+
+static inline void q6k_unpack(const block_q6_K *b, q6k_unpacked *u) {
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
                                          0, 0, 0, 0, 0, 0);
     const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi64(0), _mm256_set1_epi64x(2), 1);
     const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi64(4), _mm256_set1_epi64x(6), 1);
-    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
-        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
-        const block_q8_K *y[4];
-        for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[k0 + (k < kn ? k : 0)];
-        __m128 sum = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-            const __m512i scv = _mm512_castsi256_si512(sc16);
-            __m512i q01[2], q23[2], sc01[2], sc23[2];
-            for (int g = 0; g < 2; g++) {
-                const __m512i l = _mm512_loadu_si512((const void *)(x[i].ql + 64 * g));
-                const __m512i h = _mm512_broadcast_i64x4(load256(x[i].qh + 32 * g));
-                q01[g] = _mm512_or_si512(_mm512_and_si512(l, m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
-                q23[g] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                         _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
-                sc01[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
-                sc23[g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
-            }
-            __m512i acc[4];
-            __m256i c[4];
-            for (int k = 0; k < 4; k++) {
-                const int8_t *q8 = y[k][i].qs;
-                c[k] = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[k][i].bsums));
-                acc[k] = _mm512_setzero_si512();
-                for (int g = 0; g < 2; g++) {
-                    acc[k] = _mm512_dpwssd_epi32(
-                        acc[k], _mm512_maddubs_epi16(q01[g], _mm512_loadu_si512((const void *)(q8 + 128 * g))), sc01[g]);
-                    acc[k] = _mm512_dpwssd_epi32(
-                        acc[k], _mm512_maddubs_epi16(q23[g], _mm512_loadu_si512((const void *)(q8 + 128 * g + 64))),
-                        sc23[g]);
+    u->sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i scv = _mm512_castsi256_si512(u->sc16);
+    for (int g = 0; g < 2; g++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * g));
+        const __m512i h = _mm512_broadcast_i64x4(load256(b->qh + 32 * g));
+        u->q[2 * g] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                      _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
+        u->q[2 * g + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
+        u->s[2 * g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
+        u->s[2 * g + 1] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
+    }
+    u->d = quant_f16_lut[b->d];
+}
+
+static inline __m512i q6k_acc(const q6k_unpacked *u, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->q[q], _mm512_loadu_si512((const void *)(q8 + 64 * q))),
+                                  u->s[q]);
+    return acc;
+}
+
+/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512): A = acc - 32 sum_j sc_j bsum_j. */
+static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    const block_q6_K *x = w;
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            q6k_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) q6k_unpack(&x[c0 + c], &u[c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const q6k_unpacked *uc = &u[c];
+                    __m256i cc[4];
+                    for (int k = 0; k < 4; k++)
+                        cc[k] = _mm256_madd_epi16(uc->sc16, _mm256_loadu_si256((const __m256i *)y[k][c].bsums));
+                    const __m128i C = reduce4_256(cc[0], cc[1], cc[2], cc[3]);
+                    const __m128i A =
+                        _mm_sub_epi32(reduce4(q6k_acc(uc, y[0][c].qs), q6k_acc(uc, y[1][c].qs), q6k_acc(uc, y[2][c].qs),
+                                              q6k_acc(uc, y[3][c].qs)),
+                                      _mm_slli_epi32(C, 5));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A)));
                 }
+                _mm_storeu_ps(sums + k0, sum);
             }
-            const __m128i C = reduce4_256(c[0], c[1], c[2], c[3]);
-            const __m128i A = _mm_sub_epi32(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_slli_epi32(C, 5));
-            const __m128 yd = _mm_setr_ps(y[0][i].d, y[1][i].d, y[2][i].d, y[3][i].d);
-            sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(quant_f16_lut[x[i].d]), yd), _mm_cvtepi32_ps(A)));
         }
-        float r[4];
-        _mm_storeu_ps(r, sum);
-        for (int32_t k = 0; k < kn; k++) out[k0 + k] = r[k];
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
+    }
+}
+
+/* ---- Q8_K activations --------------------------------------------------------------------------- */
+
+/* The scalar q8k_quantize_act's operations on 16 lanes: the same IEEE multiplies and adds (the
+ * magic-number round), the same max, so the same bytes. */
+static void q8k_quantize_act_avx512(const float *x, void *dst, int64_t n) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
+    block_q8_K *b = dst;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m512 mx = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (int j = 0; j < QK_K; j += 16) {
+            const __m512 v = _mm512_loadu_ps(x + j);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        }
+        const float amax = _mm512_reduce_max_ps(mx);
+        if (nan || !(amax <= 3.4028235e38f)) { /* NaN or inf inputs: the scalar kernel's path */
+            quant_q8k_quantize_act_scalar(x, &b[i], QK_K);
+            continue;
+        }
+        if (amax == 0.0f) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        const __m512 id = _mm512_set1_ps(127.0f / amax);
+        b[i].d = amax / 127.0f;
+        for (int j = 0; j < QK_K; j += 16) {
+            __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), id), magic), magic);
+            v = _mm512_min_ps(_mm512_max_ps(v, nlim), lim);
+            const __m512i q = _mm512_cvttps_epi32(v);
+            _mm_storeu_si128((__m128i *)(b[i].qs + j), _mm512_cvtepi32_epi8(q));
+            const __m256i q16 = _mm512_cvtepi32_epi16(q);
+            /* bsums[j / 16]: the 16 values of this step */
+            __m128i s = _mm_add_epi16(_mm256_castsi256_si128(q16), _mm256_extracti128_si256(q16, 1));
+            s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+            s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+            s = _mm_add_epi16(s, _mm_srli_epi32(s, 16));
+            b[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(s);
+        }
     }
 }
 
 void quant_k_avx512(quant_traits t[]) {
+    t[STRATA_TYPE_Q8_K].quantize_act = q8k_quantize_act_avx512;
     t[STRATA_TYPE_Q4_K].vec_dot = q4k_vec_dot_avx512;
     t[STRATA_TYPE_Q5_K].vec_dot = q5k_vec_dot_avx512;
     t[STRATA_TYPE_Q6_K].vec_dot = q6k_vec_dot_avx512;
