@@ -335,9 +335,12 @@ class Matrix:
             out.append(Cell.make({**self.engine, **dict(zip(names, combo, strict=True))}))
         for extra in self.extra:
             out.append(Cell.make({**self.engine, **extra}, origin="extra"))
-        # two declarations of the same cell run once
+        # two declarations of the same cell run once; a cell that is the reference is run as the reference
         unique: dict[str, Cell] = {}
+        same_as_ref = (ref.engine, ref.request) if ref is not None else None
         for c in out:
+            if not c.reference and (c.engine, c.request) == same_as_ref:
+                continue
             unique.setdefault(c.cell_id, c)
         return list(unique.values())
 

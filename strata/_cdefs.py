@@ -1,8 +1,10 @@
+# mypy: disable-error-code="empty-body"
 """1:1 ctypes declarations of ``native/include/strata.h``.
 
 Each function quotes its C prototype above it; the ``c_function`` decorator records its argument and
 return types (applied to the library by ``declare`` when it is loaded) and turns the stub into a call
-into libstrata. Structs mirror the header field by field, in order.
+into libstrata. Structs mirror the header field by field, in order. (The stubs' bodies are never run: the decorator
+replaces them, hence the mypy setting above.)
 """
 
 from __future__ import annotations

@@ -257,7 +257,7 @@ class Engine:
             raise error_for_status(status, err.value.decode("utf-8", "replace"))
         self._h = handle.value
         info = C.StrataModelInfo()
-        self._check(C.strata_model_info_get(self._h, ctypes.byref(info)))
+        self._check(C.strata_model_info_get(self.handle, ctypes.byref(info)))
         self.info: ModelInfo = _struct_to_dataclass(ModelInfo, info)
 
     # ---- lifetime ----------------------------------------------------------------------------------
@@ -421,7 +421,11 @@ class Engine:
                 return 1
 
         cb = C.TOKEN_FN(_on_token)
-        cap = max(1, int(max_tokens))
+        # the context bounds what can be generated: n_past + prompt + generated - 1 <= max_context
+        room = self.plan.max_context - self.n_past - n + 1
+        limit = max(0, min(int(max_tokens), room)) if room > 0 else int(max_tokens)
+        gp.max_tokens = limit
+        cap = max(1, limit)
         out = (ctypes.c_int32 * cap)()
         n_out = ctypes.c_int32(0)
         before = self.stats()
@@ -437,10 +441,10 @@ class Engine:
             finish = "cancelled"
         elif status != 0:
             raise error_for_status(status, self.last_error)
-        elif stopped[0] or len(tokens) < max_tokens:
+        elif stopped[0] or len(tokens) < limit:
             finish = "stop"
         else:
-            finish = "length"
+            finish = "length"  # max_tokens, or the context is full
         return GenerateResult(
             tokens=tokens,
             finish_reason=finish,

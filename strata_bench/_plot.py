@@ -18,9 +18,9 @@ from ._grid import swept_knobs
 __all__ = ["plot_records"]
 
 
-def _label(rec: dict[str, Any], knobs: Sequence[str]) -> str:
+def _label(rec: dict[str, Any], knobs: Sequence[str], with_model: bool = False) -> str:
     k = rec.get("knobs") or {}
-    parts = [str(rec.get("target"))]
+    parts = [str(rec.get("target"))] + ([str(rec.get("model"))] if with_model else [])
     if rec.get("target") == "strata":
         parts += [f"{n.replace('_', '-')}={k.get(n)}" for n in knobs]
     return " ".join(parts)
@@ -37,6 +37,7 @@ def _cache_slots(rec: dict[str, Any]) -> int | None:
 def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     """Write the charts the records have data for; returns the files written."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -46,6 +47,8 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
     written: list[Path] = []
     speed = [r for r in records if r.get("unit") == "t/s"]
     knobs = swept_knobs([r.get("knobs") or {} for r in speed if r.get("target") == "strata"])
+    models = sorted({str(r.get("model")) for r in speed})
+    many = len(models) > 1
 
     # ---- prompt tokens/s against prompt length --------------------------------------------------
     pp = [r for r in speed if (r.get("n_prompt") or 0) > 0 and not r.get("n_gen")]
@@ -53,7 +56,7 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
         depths = {r.get("n_depth", 0) for r in pp}
         lines: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
         for r in pp:
-            label = _label(r, [k for k in knobs if k != "max_context"])
+            label = _label(r, [k for k in knobs if k != "max_context"], many)
             if len(depths) > 1:
                 label += f" @ d{r.get('n_depth', 0)}"
             lines[label][int(r["n_prompt"])] = r
@@ -69,9 +72,10 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
                 label=label,
             )
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("prompt tokens/s")
-        ax.set_title(f"prompt speed — {pp[0].get('model')} ({pp[0].get('quant')})")
+        ax.set_title("prompt speed" if many else f"prompt speed — {models[0]} ({pp[0].get('quant')})")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
@@ -88,8 +92,8 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
         if r.get("target") != "strata" or not r.get("n_gen") or m.get("hit_rate") is None or slots is None:
             continue
         other = [k for k in knobs if k not in ("expert_cache", "max_context")]
-        hit_lines[f"{r['test']} " + _label(r, other).removeprefix("strata").strip()][slots] = 100 * float(
-            m["hit_rate"]
+        hit_lines[f"{r['test']} " + _label(r, other, many).removeprefix("strata").strip()][slots] = (
+            100 * float(m["hit_rate"])
         )
     if hit_lines:
         fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)

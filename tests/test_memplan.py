@@ -186,6 +186,7 @@ def test_decode_counts_hits_and_misses(tiny: Path) -> None:
                     assert st.host_expert_runs == 0 and st.swaps >= st.misses and st.bytes_copied > 0
 
 
+@pytest.mark.asan
 def test_profile_save_and_load(tiny: Path, tmp_path: Path) -> None:
     path = tmp_path / "profile.txt"
     with Engine(tiny, EngineConfig(threads=1, expert_cache="64", adapt_every=4)) as eng:
@@ -207,6 +208,7 @@ def test_profile_save_and_load(tiny: Path, tmp_path: Path) -> None:
 # ---- bad input ------------------------------------------------------------------------------------
 
 
+@pytest.mark.asan
 def test_bad_input_is_a_clear_error_and_the_engine_stays_usable(tiny: Path, tmp_path: Path) -> None:
     with pytest.raises(BudgetError, match=r"missing.*--vram-budget"):
         Engine(tiny, EngineConfig(threads=1, vram_budget=1 << 20))
@@ -233,3 +235,67 @@ def test_bad_input_is_a_clear_error_and_the_engine_stays_usable(tiny: Path, tmp_
 def test_every_failure_is_a_strata_error(tiny: Path) -> None:
     with pytest.raises(StrataError):
         Engine(tiny, EngineConfig(threads=1, expert_cache="2"))
+
+
+@pytest.mark.asan
+def test_host_ram_plan_picks_the_chunk_and_names_the_flag(tiny: Path) -> None:
+    with Engine(tiny, EngineConfig(threads=1)) as roomy:
+        full = roomy.plan
+    assert full.auto_chunk == 4096
+    lines: list[str] = []
+    budget = 1 << 20  # less than a 4096-token chunk borrows on the host
+    with Engine(tiny, EngineConfig(threads=1, host_ram_budget=budget), trace=lines.append) as eng:
+        p = eng.plan
+        assert p.host_avail_bytes == budget
+        assert p.host_borrow_bytes <= budget < eng.layout(p.auto_chunk + 256).host_bytes
+        assert p.auto_chunk < full.auto_chunk  # the chunk was picked with the host in mind
+        assert any("mapped from the file" in ln for ln in lines)  # experts + borrow do not fit: mapped
+        eng.prefill(prompt(300))
+    with pytest.raises(BudgetError, match=r"host RAM.*--host-ram-budget"):
+        Engine(tiny, EngineConfig(threads=1, host_ram_budget=100))
+
+
+def test_int8_kv_is_close_to_f16_and_identical_across_cache_settings(tiny: Path) -> None:
+    toks = prompt(300, seed=9)
+    with Engine(tiny, EngineConfig(threads=1, kv="f16")) as e16:
+        e16.prefill(toks)
+        ref16 = e16.logits()
+        kv16 = e16.plan.kv_bytes
+    runs = []
+    for cache, prefill in (("0", "auto"), ("40", "64"), ("auto", "100")):
+        with Engine(tiny, EngineConfig(threads=1, kv="int8", expert_cache=cache, prefill=prefill)) as e8:
+            assert e8.plan.kv_bytes < kv16 * 0.6  # 1 byte + 4/32 per value instead of 2
+            r = e8.generate(toks, max_tokens=16, stop_at_eos=False)
+            e8.kv_reset()
+            e8.prefill(toks)
+            runs.append((r.tokens, e8.logits()))
+    # int8 keys and values (a scale per 32) move the logits a little, not a lot
+    assert np.abs(runs[0][1] - ref16).max() < 0.05 * np.abs(ref16).max()
+    assert int(np.argmax(runs[0][1])) == int(np.argmax(ref16))
+    for toks_i, logits_i in runs[1:]:
+        assert toks_i == runs[0][0]
+        assert (logits_i.view(np.uint32) == runs[0][1].view(np.uint32)).all()
+
+
+def test_layout_rejects_an_empty_chunk(tiny: Path) -> None:
+    from strata._exceptions import InvalidArgumentError
+
+    with Engine(tiny, EngineConfig(threads=1)) as eng:
+        with pytest.raises(InvalidArgumentError, match="at least 1 token"):
+            eng.layout(0)
+        assert eng.layout(1).slots_needed >= 1
+
+
+def test_fixed_prefill_is_halved_at_open_until_it_fits(tiny: Path) -> None:
+    eng, lines = open_traced(tiny, expert_cache="100", prefill="2048")
+    with eng:
+        p = eng.plan
+        halved = [re.match(r"^plan: --prefill (\d+) halved to (\d+): it needs (\d+) slots, the cache lends at most (\d+)$", ln)
+                  for ln in lines if "halved" in ln]
+        assert halved and all(halved)
+        steps = [(int(m.group(1)), int(m.group(2))) for m in halved]  # type: ignore[union-attr]
+        assert steps[0][0] == 2048 and all(b == a // 2 for a, b in steps)
+        assert all(int(m.group(3)) > int(m.group(4)) == p.max_lend_slots for m in halved)  # type: ignore[union-attr]
+        assert p.auto_chunk == steps[-1][1] and eng.layout(p.auto_chunk).slots_needed <= p.max_lend_slots
+        eng.prefill(prompt(500))  # served in chunks of the halved size
+        assert eng.stats().last_chunk == p.auto_chunk

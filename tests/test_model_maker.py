@@ -296,7 +296,13 @@ def test_model_info_rejects_a_file_that_is_not_gguf(tmp_path: Path) -> None:
         [sys.executable, "-m", "strata.cli", "model", "info", str(bad)], capture_output=True, text=True
     )
     assert r.returncode == 1
-    assert "cannot read" in r.stderr
+    assert "cannot read" in r.stderr and "not a readable GGUF file" in r.stderr
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(ensure_model("tiny", "q8_0", 0).read_bytes()[:300_000])  # header intact, data cut
+    r = subprocess.run(
+        [sys.executable, "-m", "strata.cli", "model", "info", str(cut)], capture_output=True, text=True
+    )
+    assert r.returncode == 1 and "truncated or corrupt" in r.stderr
 
 
 def test_maker_routing_equals_the_reference_routing(tiny_f32: Path) -> None:
@@ -366,3 +372,22 @@ def test_cli_make_writes_the_file_and_prints_its_path(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 2 and "invalid choice: 'nope'" in r.stderr
+
+
+def test_the_skew_sets_the_lru_hit_rate(tmp_path: Path, tiny_f32: Path) -> None:
+    from strata.model._routing import lru_hit_rates
+
+    uniform = make_model("tiny", "f32", 0, tmp_path / "uniform.gguf", zipf_alpha=0.0)
+    tokens = _gguf_tokenizer(tiny_f32).encode(PROMPT_TEXT * 3).ids[:600]
+    sel_u = route_file(uniform, tokens)
+    sel_s = route_file(tiny_f32, tokens)
+    for s in sel_u:
+        assert spread(s, TINY.n_expert).entropy > 0.95
+    hit_u = lru_hit_rates(sel_u, TINY.n_expert, [0.5])[0.5]
+    hit_s = lru_hit_rates(sel_s, TINY.n_expert, [0.5])[0.5]
+    assert abs(hit_u - 0.5) < 0.08  # uniform routing: the hit rate is about the cache share
+    assert hit_s > hit_u + 0.12  # the default skew makes a cache of half the experts hit far more often
+    # the LRU simulation itself: a sequence that cycles through 3 experts always hits a cache of 3
+    cyc = [np.array([[i % 3] for i in range(30)])]
+    assert lru_hit_rates(cyc, 10, [0.3])[0.3] == pytest.approx(27 / 30)
+    assert lru_hit_rates(cyc, 10, [0.2])[0.2] == 0.0  # 2 slots, 3 experts in a cycle: LRU always misses

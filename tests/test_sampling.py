@@ -187,3 +187,30 @@ def test_sampled_generate_is_reproducible(model: Path) -> None:
             PROMPT, max_tokens=16, temperature=0.9, top_p=0.95, seed=11, stop_at_eos=False
         ).tokens
     assert a == b and len(a) == 16
+
+
+def test_a_full_context_ends_generation(model: Path, greedy: list[int]) -> None:
+    with Engine(model, EngineConfig(threads=1, max_context=16)) as eng:
+        assert eng.plan.max_context == 16
+        res = eng.generate(PROMPT, max_tokens=50, stop_at_eos=False)
+        # 7 prompt tokens + 9 decoded fill 16 positions; the 10th generated token needs no position
+        assert res.tokens == greedy[:10] and res.finish_reason == "length"
+        assert eng.n_past == 16
+        eng.kv_reset()
+        out = (ctypes.c_int32 * 50)()
+        n_out = ctypes.c_int32()
+        gp = C.strata_default_generate_params()
+        gp.max_tokens, gp.stop_at_eos = 50, 0
+        prompt = (ctypes.c_int32 * len(PROMPT))(*PROMPT)
+        st = C.strata_generate(
+            eng.handle,
+            prompt,
+            len(PROMPT),
+            ctypes.byref(gp),
+            C.TOKEN_FN(),
+            None,
+            out,
+            50,
+            ctypes.byref(n_out),
+        )
+        assert st == 0 and n_out.value == 10 and list(out[:10]) == greedy[:10]

@@ -321,7 +321,8 @@ STRATA_API strata_status strata_kv_truncate(strata_engine *eng, int32_t n_keep);
 STRATA_API void strata_kv_reset(strata_engine *eng);
 
 /* Prefill prompt (appended to the context), then sample up to max_tokens. Generated tokens are
- * written to out (up to out_cap) and counted in *n_out; on_token sees each one. */
+ * written to out (up to out_cap) and counted in *n_out; on_token sees each one. Generation also ends,
+ * with STRATA_OK, when the context is full (strata_n_past equals the plan's max_context). */
 STRATA_API strata_status strata_generate(strata_engine *eng, const int32_t *prompt, int32_t n_prompt,
                                          const strata_generate_params *gp, strata_token_fn on_token,
                                          void *user, int32_t *out, int32_t out_cap, int32_t *n_out);

@@ -187,6 +187,7 @@ strata_status strata_generate(strata_engine *e, const int32_t *prompt, int32_t n
         if (n_out) *n_out = produced;
         if (on_token && on_token(user, tok, e->logits, e->hp.n_vocab) != 0) break;
         if (produced >= g.max_tokens) break;
+        if (e->n_past >= e->n_ctx) break; /* the context is full: the last token cannot be appended */
         s = engine_decode(e, tok);
     }
     e->stats.state = 0;

@@ -40,7 +40,6 @@ void rmsnorm_rows(float *out, const float *x, const float *w, int32_t n, int32_t
 /* The largest quantized activation row any product of the model needs. */
 static size_t act_stride_of(const strata_engine *e) {
     const hparams *hp = &e->hp;
-    const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
     size_t m = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *L = &e->w.layers[l];
@@ -52,13 +51,13 @@ static size_t act_stride_of(const strata_engine *e) {
     }
     size_t b = mm_act_row_bytes(e->qt, e->w.output.type, e->w.output.cols);
     m = b > m ? b : m;
-    (void)QD;
     return STRATA_ALIGN_UP(m, 64);
 }
 
 typedef struct buf_spec {
     void **ptr;
     size_t bytes;
+    const char *name; /* for the arena's failure record */
 } buf_spec;
 
 static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *s) {
@@ -68,7 +67,7 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     const size_t KD = (size_t)hp->n_head_kv * (size_t)hp->head_dim, t = (size_t)T;
     const size_t st = e->w.layers ? act_stride_of(e) : 0; /* no layers: only enumerating the buffers to free */
     int n = 0;
-#define B(field, bytes) s[n++] = (buf_spec){(void **)&cb->field, (bytes)}
+#define B(field, bytes) s[n++] = (buf_spec){(void **)&cb->field, (bytes), #field}
     B(x, t * D * 4);
     B(xn, t * D * 4);
     B(act, t * st);
@@ -96,30 +95,28 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     return n;
 }
 
-strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T) {
-    chunk_buffers *cb = &e->cb;
+/* Lay the buffers of T tokens out in a, storing the pointers in cb (which need not be the engine's). */
+static strata_status layout_into(strata_engine *e, chunk_buffers *cb, arena *a, int32_t T) {
     buf_spec s[32];
     int n = fill_specs(e, cb, T, s);
     cb->cap = 0;
     for (int i = 0; i < n; i++) {
-        /* the name of each buffer goes into the arena's failure record */
-        static const char *names[] = {"x", "xn", "act", "q", "k", "v", "att", "o", "scores", "rope", "router", "sel",
-                                      "wsel", "grp_off", "grp_tok", "grp_slot", "g", "u", "hact", "ye", "segs", "views"};
-        *s[i].ptr = arena_alloc(a, (int64_t)s[i].bytes, i < (int)(sizeof names / sizeof names[0]) ? names[i] : "buffer");
+        *s[i].ptr = arena_alloc(a, (int64_t)s[i].bytes, s[i].name);
         if (!*s[i].ptr) return STRATA_ERR_BUDGET;
     }
     cb->cap = T;
     return STRATA_OK;
 }
 
+strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T) { return layout_into(e, &e->cb, a, T); }
+
 int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
-    /* the layout itself, run against a measuring arena, with the live pointers put back afterwards */
-    strata_engine *m = (strata_engine *)e;
-    chunk_buffers saved = m->cb;
+    /* the layout itself, run against a measuring arena into a scratch record: the live buffers are
+     * untouched, so layout(T) may be asked at any time */
+    chunk_buffers tmp;
     arena a;
     arena_init_measure(&a);
-    strata_status s = chunk_buffers_alloc(m, &a, T);
-    m->cb = saved;
+    strata_status s = layout_into((strata_engine *)e, &tmp, &a, T);
     return s == STRATA_OK ? a.used : -1;
 }
 

@@ -39,6 +39,20 @@ static void mm_item(void *ctx, int64_t item, int thread) {
     for (int32_t t0 = 0; t0 < s->n; t0 += MM_TOKEN_TILE) {
         int32_t t1 = t0 + MM_TOKEN_TILE < s->n ? t0 + MM_TOKEN_TILE : s->n;
         int64_t r = r0;
+        /* a weight row decoded once for the whole tile where the type has a kernel for it (out[k] is
+         * bit-identical to vec_dot) */
+        quant_dot_xn_fn xn = t1 - t0 > 1 ? quant_get_xn(s->qt) : NULL;
+        if (xn) {
+            const void *acts[MM_TOKEN_TILE];
+            float out[MM_TOKEN_TILE];
+            for (int32_t t = t0; t < t1; t++)
+                acts[t - t0] = s->act + (size_t)(s->act_idx ? s->act_idx[t] : t) * s->act_stride;
+            for (; r < r1; r++) {
+                xn(s->w.cols, s->w.data + (size_t)r * rb, acts, t1 - t0, out);
+                for (int32_t t = t0; t < t1; t++) s->y[(int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld + r] = out[t - t0];
+            }
+            continue;
+        }
         /* four rows at a time where the type has a kernel for it (bit-identical per row to vec_dot) */
         quant_dot_x4_fn x4 = quant_get_x4(s->qt);
         if (x4) {

@@ -22,8 +22,9 @@
  *   - a small chunk has too little math per expert to hide a copy: its ring holds the whole next layer
  *     while this one computes (PLAN_DEEP_RING_LAYERS = 2 layers of experts) and at least
  *     PLAN_DEEP_RING_BYTES (32 MiB) of copies in flight, which copy engines need to reach full bandwidth
- *     on small experts; capped at three quarters of max_lend so that a small cache keeps room for a
- *     small chunk's buffers, and never shallower than the large-chunk ring.
+ *     on small experts. Every ring is capped at three quarters of max_lend and at max_lend minus a
+ *     1-token chunk's buffers, so that a small cache keeps room for a small chunk (the deep ring is
+ *     never shallower than the large-chunk ring).
  *   - "small" is the scan's small pick: the largest candidate whose buffers fit the loan limit together
  *     with the deep ring (plan.small_chunk). Chunks at or below it get the deep ring, larger ones the
  *     byte-budget ring; the auto chunk is the largest candidate that fits with its own ring.
@@ -34,15 +35,19 @@
  * remains as the guard). Under --lend-policy legacy the loan is sized for the auto chunk only, and a
  * request at or below the small pick asks for more than that whenever the deep ring outweighs the
  * buffers the auto chunk adds. Worked figures (2 threads, lend_pct 0.5, floor 128):
- *   tiny preset (D 128, 4 layers, K 4 of E 32, F 64, Q8_0 experts 25.5 KiB, context 4096): ~8.3 KiB of
- *   buffers per token, big ring 32, deep ring 1286 (the 32 MiB floor). Chunk 4096 needs ~1338 slots,
- *   3072 with the deep ring ~2260, 2048 ~1935. Legacy fails for 2048/3072-token chunks (auto chunk
- *   4096) with --expert-cache 3880..5183; below, the small pick is under 2048 (the short chunks get the
- *   byte ring), above it the small pick reaches 4096 (the auto chunk gets the deep ring too).
- *   Qwen3-30B-A3B at Q4_K (experts ~2.65 MB, D 2048, 32 heads of 128, K 8 of E 128, F 768): ~214 KiB per
- *   token, big ring 50 slots (128 MiB), deep ring 256 (two layers). Legacy fails only in narrow bands of
- *   cache sizes between 850 and 1029 slots (20 sizes), where the small pick's deep-ring layout lies
- *   between the auto chunk's loan and the loan limit: "only with some cache sizes".
+ *   tiny preset (D 128, 4 layers, K 4 of E 32, F 64, Q8_0 experts 25.5 KiB, context 4096, 1-2 threads):
+ *   ~9.9 KiB of buffers per token, big ring 32, deep ring 1286 (the 32 MiB floor). Chunk 4096 needs
+ *   ~1590 slots, 2048 with the deep ring ~2066. Legacy fails for 2048-token chunks (auto chunk 4096)
+ *   with --expert-cache 4132..5687 and for 3072-token chunks with 4910..5687; below, the small pick is
+ *   under the short chunk (it gets the byte ring), above, the small pick reaches 4096 (the auto chunk
+ *   gets the deep ring too). The edges move by a few slots with the thread count (attention scratch).
+ *   Qwen3-30B-A3B at Q4_K (experts ~2.65 MB, D 2048, 32 heads of 128, K 8 of E 128, F 768, F32 router):
+ *   ~245 KiB of buffers per token (measured with the real dimensions), big ring 50 slots (128 MiB),
+ *   deep ring 256 (two layers). Chunk 4096 needs ~437 slots with its ring, 2048 with the deep ring ~450.
+ *   With no context cap the auto chunk fills the loan limit closely, so legacy fails only in narrow
+ *   bands of cache sizes, 46 sizes between 900 and 1115 slots (1 thread, context 32768), where the small
+ *   pick's deep-ring layout lies between the auto chunk's loan and the loan limit: "only with some cache
+ *   sizes", as the original report said.
  *
  * The request's chunk: a prompt of n tokens asks for t = min(auto chunk, n rounded up to
  * PLAN_GRANULARITY = 256 tokens). Scan candidates are multiples of 256 up to the largest allowed
@@ -59,6 +64,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "arena.h"
 #include "common.h"
 
 #define MIB(b) ((double)(b) / (1024.0 * 1024.0))
@@ -198,7 +204,9 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
                        kv_name(prm->kv_type), in->head_dim);
     pp->scratch_bytes = in->scratch_bytes;
     pp->reserve_bytes = (int64_t)prm->vram_reserve_mib << 20;
-    p->fixed_bytes = pp->resident_bytes + pp->kv_bytes + pp->scratch_bytes + pp->reserve_bytes;
+    /* as the device arena will hand them out: each buffer rounded up to the arena's alignment */
+    p->fixed_bytes = arena_size_of(pp->resident_bytes) + arena_size_of(pp->kv_bytes) +
+                     arena_size_of(pp->scratch_bytes) + arena_size_of(pp->reserve_bytes);
     p->no_cache = prm->expert_cache == 0;
 
     /* ---- host RAM ---- */
@@ -267,14 +275,14 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->budget_bytes = B;
     int64_t left = B;
     say(sayfn, sctx, "plan: budget %.1f MiB (%s)", MIB(B), budget_src);
-    left -= pp->resident_bytes;
+    left -= arena_size_of(pp->resident_bytes);
     say(sayfn, sctx, "plan: resident weights %.1f MiB, %.1f MiB left", MIB(pp->resident_bytes), MIB(left));
-    left -= pp->kv_bytes;
+    left -= arena_size_of(pp->kv_bytes);
     say(sayfn, sctx, "plan: KV cache %d tokens at %s %.1f MiB, %.1f MiB left", ctx, kv_name(prm->kv_type),
         MIB(pp->kv_bytes), MIB(left));
-    left -= pp->scratch_bytes;
+    left -= arena_size_of(pp->scratch_bytes);
     say(sayfn, sctx, "plan: decode scratch %.1f MiB, %.1f MiB left", MIB(pp->scratch_bytes), MIB(left));
-    left -= pp->reserve_bytes;
+    left -= arena_size_of(pp->reserve_bytes);
     say(sayfn, sctx, "plan: reserve %.1f MiB, %.1f MiB left", MIB(pp->reserve_bytes), MIB(left));
 
     /* ---- 2. fixed part ---- */
@@ -331,9 +339,13 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     if (pp->lend_floor > pp->n_slots) pp->lend_floor = pp->n_slots;
     int64_t by_pct = (int64_t)floor((double)pct * (double)pp->n_slots + 1e-9);
     pp->max_lend_slots = (int32_t)STRATA_MAX(0, STRATA_MIN(by_pct, (int64_t)pp->n_slots - pp->lend_floor));
-    /* no ring may take more than three quarters of what the cache lends (a small cache still needs room
-     * for the buffers), and a ring has at least one slot */
-    int32_t cap34 = (int32_t)STRATA_MAX(1, (int64_t)pp->max_lend_slots * 3 / 4);
+    /* no ring may take more than three quarters of what the cache lends, nor leave less than a 1-token
+     * chunk's buffers (which grow with the thread count: attention scratch per thread), so that a small
+     * cache still has room for a small chunk; a ring has at least one slot */
+    int64_t b1 = p->chunk_bytes(p->chunk_ctx, 1);
+    int64_t b1_slots = b1 > 0 ? (b1 + pp->slot_bytes - 1) / pp->slot_bytes : 0;
+    int32_t cap34 = (int32_t)STRATA_MAX(
+        1, STRATA_MIN((int64_t)pp->max_lend_slots * 3 / 4, (int64_t)pp->max_lend_slots - b1_slots));
     p->big_ring = STRATA_MIN(p->big_ring, cap34);
     p->deep_ring = STRATA_MAX(p->big_ring, STRATA_MIN(deep_raw, cap34));
 

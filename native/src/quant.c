@@ -112,6 +112,7 @@ float quant_f16_lut[1 << 16];
 /* Index 0 is unused (AUTO); levels 1..3 are SCALAR, AVX2, AVX512. */
 static quant_traits g_tables[4][QUANT_N_TYPES];
 static quant_dot_x4_fn g_x4[4][QUANT_N_TYPES];
+static quant_dot_xn_fn g_xn[4][QUANT_N_TYPES];
 
 /* The level of a table (or of a traits record inside one), or -1. */
 static int level_of(const quant_traits *p) {
@@ -128,6 +129,16 @@ void quant_set_x4(const quant_traits table[], int32_t type, quant_dot_x4_fn fn) 
 quant_dot_x4_fn quant_get_x4(const quant_traits *traits) {
     int l = traits ? level_of(traits) : -1;
     return l >= 0 ? g_x4[l][traits - g_tables[l]] : NULL;
+}
+
+void quant_set_xn(const quant_traits table[], int32_t type, quant_dot_xn_fn fn) {
+    int l = level_of(table);
+    if (l >= 0 && type >= 0 && type < QUANT_N_TYPES) g_xn[l][type] = fn;
+}
+
+quant_dot_xn_fn quant_get_xn(const quant_traits *traits) {
+    int l = traits ? level_of(traits) : -1;
+    return l >= 0 ? g_xn[l][traits - g_tables[l]] : NULL;
 }
 
 static void tables_build(void) {

@@ -38,6 +38,18 @@ void quant_set_x4(const quant_traits table[], int32_t type, quant_dot_x4_fn fn);
 /* The four-row kernel of a type's traits (as returned by quant_lookup), or NULL. */
 quant_dot_x4_fn quant_get_x4(const quant_traits *traits);
 
+/*
+ * Optional many-token kernels: one weight row against n_act activation rows (pointers), decoding the
+ * weights once for all of them (the prompt path). out[k] must be bit-identical to vec_dot(n, w, act[k]).
+ * Set with quant_set_xn like the four-row kernels; matmul uses it for token tiles of more than one row.
+ */
+typedef void (*quant_dot_xn_fn)(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out);
+void quant_set_xn(const quant_traits table[], int32_t type, quant_dot_xn_fn fn);
+/* The many-token kernel of a type's traits, or NULL. */
+quant_dot_xn_fn quant_get_xn(const quant_traits *traits);
+/* Activation rows a many-token kernel keeps in flight at once (any n_act works). */
+#define QUANT_DOT_N_MAX 32
+
 /* Type ids are GGUF's; tables are indexed by them. */
 #define QUANT_N_TYPES 40
 

@@ -67,7 +67,7 @@ class _File:
     def hp(self, key: str):  # type: ignore[no-untyped-def]
         return self.field(f"{self.arch}.{key}")
 
-    def get(self, name: str, index: object = None) -> np.ndarray:
+    def get(self, name: str, index: int | np.ndarray | None = None) -> np.ndarray:
         from gguf import dequantize
 
         t = self.t[name]

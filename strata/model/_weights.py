@@ -25,7 +25,7 @@ import numpy as np
 
 from ._presets import Preset
 
-__all__ = ["ANCHOR", "WeightGen", "log_popularity", "tensor_specs"]
+__all__ = ["ANCHOR", "WeightGen", "log_popularity", "stream_rng", "tensor_specs"]
 
 ANCHOR = 1.0  # the constant in coordinate 0 of every embedding
 
@@ -57,14 +57,15 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
     return specs
 
 
-def _rng(seed: int, *key: object) -> np.random.Generator:
+def stream_rng(seed: int, *key: object) -> np.random.Generator:
+    """An independent random stream for (seed, key...): each tensor draws from its own."""
     words = [seed & 0xFFFFFFFF] + [zlib.crc32(str(k).encode()) for k in key]
     return np.random.default_rng(words)
 
 
 def log_popularity(p: Preset, seed: int, layer: int) -> np.ndarray:
     """Per-expert log-popularity of one layer, mean zero: ``-alpha * log(rank)`` over a permutation."""
-    rng = _rng(seed, "popularity", layer)
+    rng = stream_rng(seed, "popularity", layer)
     ranks = rng.permutation(p.n_expert) + 1
     lp = -p.zipf_alpha * np.log(ranks.astype(np.float64))
     return (lp - lp.mean()).astype(np.float32)
@@ -101,7 +102,7 @@ class WeightGen:
 
     def tensor(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """The float32 values of one tensor."""
-        rng = _rng(self.seed, name)
+        rng = stream_rng(self.seed, name)
         kind = self.kind(name)
         if len(shape) == 1:  # norm weights: positive, around 1
             return rng.uniform(0.8, 1.2, size=shape).astype(np.float32)

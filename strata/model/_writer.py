@@ -22,7 +22,7 @@ from ._presets import Preset, get_preset
 from ._routing import PROMPT_TEXT, LayerSpread, expected_spread, route_file, spread
 from ._template import CHAT_TEMPLATE
 from ._tokenizer import build_vocab
-from ._weights import ANCHOR, WeightGen, tensor_specs
+from ._weights import ANCHOR, WeightGen, stream_rng, tensor_specs
 
 __all__ = [
     "BASE_QUANTS",
@@ -197,13 +197,11 @@ class _Pools:
         self.zero: dict[tuple[int, str], np.ndarray] = {}
 
     def rows(self, name: str, shape: tuple[int, ...], type_name: str) -> np.ndarray:
-        from ._weights import _rng
-
         kind = self.gen.kind(name)
         key = (kind, shape[-1], type_name)
         if key not in self.pools:
             n = self.EMBD_ROWS if kind == "token_embd" else self.ROWS
-            rng = _rng(self.gen.seed, "pool", *key)
+            rng = stream_rng(self.gen.seed, "pool", *key)
             f = WeightGen.normal(rng, (n, shape[-1]), self.gen.std(kind))
             if kind == "token_embd":
                 f[:, 0] = ANCHOR
@@ -212,7 +210,7 @@ class _Pools:
         # Runs of RUN consecutive pool rows at random offsets: memcpy-speed copies, no row gather.
         n_rows = math.prod(shape[:-1])
         out = np.empty((n_rows, pool.shape[-1]), np.uint8)
-        starts = _rng(self.gen.seed, "rows", name).integers(
+        starts = stream_rng(self.gen.seed, "rows", name).integers(
             0, len(pool) - self.RUN + 1, size=-(-n_rows // self.RUN)
         )
         for i, s0 in enumerate(starts.tolist()):
@@ -228,8 +226,6 @@ class _Pools:
 
 
 def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
-    from gguf import TokenType  # noqa: F401  (the token type values written below are TokenType's)
-
     q = _check_quant(quant)
     file_type = BASE_QUANTS[q][1] if q in BASE_QUANTS else MIXES[q][2] if q in MIXES else _MIX_FILE_TYPES[q]
     w.add_type("model")
@@ -385,9 +381,11 @@ def write_weights(
     return target
 
 
-def model_cache_path(preset: str, quant: str, seed: int) -> Path:
-    """Where ``ensure_model`` keeps the model for these arguments."""
-    return cache_dir("models") / f"{preset}-{quant}-seed{seed}-v{MAKER_VERSION}.gguf"
+def model_cache_path(preset: str, quant: str, seed: int, **overrides: object) -> Path:
+    """Where ``ensure_model`` keeps the model for these arguments (overrides of preset fields, if
+    any, become part of the name)."""
+    extra = "".join(f"-{k}{v}" for k, v in sorted(overrides.items()))
+    return cache_dir("models") / f"{preset}-{quant}-seed{seed}{extra}-v{MAKER_VERSION}.gguf"
 
 
 def ensure_model(preset: str = "tiny", quant: str | None = None, seed: int = 0) -> Path:

@@ -36,6 +36,18 @@ def add_parser(subparsers: Any) -> None:
     mk.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     mk.add_argument("--out", type=Path, default=None, help="write here instead of the cache")
     mk.add_argument("--force", action="store_true", help="remake even if the cached file exists")
+    mk.add_argument(
+        "--zipf-alpha",
+        type=float,
+        default=None,
+        help="expert popularity skew: p(rank r) ~ 1/r**A in each layer (default: the preset's, 0.8; 0 = uniform)",
+    )
+    mk.add_argument(
+        "--route-noise",
+        type=float,
+        default=None,
+        help="std of the token-dependent part of the router logits (default: the preset's, 1.25)",
+    )
     mk.set_defaults(func=_cmd_make)
 
     info = sub.add_parser("info", help="architecture, dimensions, tensor types and expert sizes of a GGUF")
@@ -63,16 +75,19 @@ def _cmd_make(args: argparse.Namespace) -> int:
         print(s, file=sys.stderr, flush=True)
 
     quant = args.quant or get_preset(args.preset).default_quant
+    shape = {
+        k: v for k, v in (("zipf_alpha", args.zipf_alpha), ("route_noise", args.route_noise)) if v is not None
+    }
     out = args.out
     if out is None:
-        out = model_cache_path(args.preset, quant, args.seed)
+        out = model_cache_path(args.preset, quant, args.seed, **shape)
         if out.exists() and not args.force:
             say(f"already made: {out}")
             print(out)
             return 0
     t0 = time.perf_counter()
     try:
-        path = make_model(args.preset, quant, args.seed, out, say=say)
+        path = make_model(args.preset, quant, args.seed, out, say=say, **shape)
     except (ValueError, NotImplementedError, RoutingCollapsedError) as e:
         print(f"strata model make: {e}", file=sys.stderr)
         return 1
@@ -87,7 +102,12 @@ def describe(path: Path) -> dict[str, Any]:
 
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
-    r = GGUFReader(str(path))
+    try:
+        r = GGUFReader(str(path))
+    except Exception as e:  # gguf-py reports truncation and corruption as assorted numpy errors
+        raise ValueError(
+            f"not a readable GGUF file (truncated or corrupt?): {e}; make a fresh one with `strata model make`"
+        ) from e
 
     def field(key: str) -> Any:
         f = r.fields.get(key)
@@ -188,7 +208,16 @@ def _cmd_routing(args: argparse.Namespace) -> int:
     from ._routing import lru_hit_rates, route_file, spread
     from ._tokenizer import corpus_texts
 
-    d = describe(args.file)
+    try:
+        d = describe(args.file)
+    except (OSError, ValueError) as e:
+        print(f"strata model routing: cannot read {args.file}: {e}", file=sys.stderr)
+        return 1
+    if d["architecture"] != "qwen3moe" or "expert_count" not in d["dimensions"]:
+        print(
+            f"strata model routing: {args.file} is {d['architecture']}, not a qwen3moe model", file=sys.stderr
+        )
+        return 1
     n_expert = int(d["dimensions"]["expert_count"])
     tok = _gguf_tokenizer(args.file)
     text = "\n\n".join(corpus_texts()[:400])

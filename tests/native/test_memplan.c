@@ -137,9 +137,10 @@ static void scan_model(const char *name, dims *d, int ctx, int n_max, int contig
 
 static void check_plan(void) {
     /* tiny: D 128, 4 heads of 32, 2 KV heads, E 32, K 4, F 128, Q8_0 experts */
-    dims tiny = {128, 128, 64, 32, 4, 64, 4, 2048, 4096, 192, 3 * 128 * 64 / 32 * 34};
+    /* act_stride: the widest activation row, the F32 router's (D floats) in both models */
+    dims tiny = {128, 128, 64, 32, 4, 64, 4, 2048, 4096, 128 * 4, 3 * 128 * 64 / 32 * 34};
     /* Qwen3-30B-A3B: D 2048, 32 heads of 128, 4 KV heads, E 128, K 8, F 768, Q4_K experts (~2.65 MB) */
-    dims qwen = {2048, 4096, 512, 128, 8, 768, 48, 151936, 32768, 4672, 2654208};
+    dims qwen = {2048, 4096, 512, 128, 8, 768, 48, 151936, 32768, 2048 * 4, 2654208};
     scan_model("tiny", &tiny, 4096, 8000, 1);
     scan_model("qwen3-30b-a3b", &qwen, 32768, 3000, 0);
     plan_inputs in = inputs_of(&qwen);
@@ -167,14 +168,17 @@ static void check_plan(void) {
     prm = params(64 << 20, 100000, STRATA_LEND_CURRENT);
     CHECK(plan_make(&p, &in, &prm, NULL, NULL, &err) == STRATA_ERR_BUDGET && strstr(err.msg, "--expert-cache"), "%s",
           err.msg);
-    /* non-monotonic on tiny: 3072 needs more than 4096 in a big-enough cache */
+    /* non-monotonic on tiny: the small pick (a deep ring) needs more than the auto chunk 4096 */
     prm = params(0, 4600, STRATA_LEND_CURRENT);
     prm.max_context = 4096;
     CHECK(plan_make(&p, &in, &prm, NULL, NULL, &err) == STRATA_OK, "%s", err.msg);
     strata_layout a, b;
-    plan_layout(&p, 3072, &a, NULL);
+    CHECK(p.pub.auto_chunk == 4096 && p.pub.small_chunk >= 2048 && p.pub.small_chunk < 4096, "auto %d small %d",
+          p.pub.auto_chunk, p.pub.small_chunk);
+    plan_layout(&p, p.pub.small_chunk, &a, NULL);
     plan_layout(&p, 4096, &b, NULL);
-    CHECK(a.slots_needed > b.slots_needed, "3072 needs %d, 4096 needs %d", a.slots_needed, b.slots_needed);
+    CHECK(a.slots_needed > b.slots_needed, "%d needs %d, 4096 needs %d", p.pub.small_chunk, a.slots_needed,
+          b.slots_needed);
     plan_line(&p, line, sizeof line);
     printf("%s\n", line);
 }

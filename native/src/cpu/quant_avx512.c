@@ -1,10 +1,9 @@
 /*
- * quant_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) dot products of the base types (F32, F16, Q8_0).
+ * quant_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) dot products of the base types (F32, F16, BF16, Q8_0).
  *
- * Compiled with the AVX-512 flags; only called when the CPU has them. Orders: the float dots keep
- * two 16-lane accumulators over 32-element steps, one over 16-element steps, a scalar tail, combined
- * in a fixed tree; Q8_0 takes two blocks per step with VNNI, each block's integer dot exact, scaled
- * and added in block order. All fixed by n.
+ * Compiled with the AVX-512 flags; only called when the CPU has them. Orders: see each kernel; all
+ * are fixed by n alone. Each type has a four-row kernel, the same code instantiated for four rows, so
+ * each row's result is bit-identical to the one-row kernel's.
  */
 #include <immintrin.h>
 
@@ -12,36 +11,64 @@
 #include "quant.h"
 #include "strata.h"
 
-static float f32_vec_dot_avx512(int64_t n, const void *w, const void *act) {
-    const float *a = w, *b = act;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    float sum = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-    for (; i < n; i++) sum += a[i] * b[i];
-    return sum;
+/* ---- float weights (F32, F16, BF16) against F32 activations ----------------------------------- */
+
+enum { W_F32, W_F16, W_BF16 };
+
+static inline __attribute__((always_inline)) __m512 load16(const void *w, int64_t i, const int wt) {
+    if (wt == W_F32) return _mm512_loadu_ps((const float *)w + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+    if (wt == W_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* bf16: the top half of an f32 */
 }
 
-static float f16_vec_dot_avx512(int64_t n, const void *w, const void *act) {
-    const uint16_t *a = w;
-    const float *b = act;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    int64_t i = 0;
-#define LD16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm512_fmadd_ps(LD16(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(LD16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(LD16(a + i), _mm512_loadu_ps(b + i), s0);
-#undef LD16
-    float sum = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
-    for (; i < n; i++) sum += quant_f16_lut[a[i]] * b[i];
-    return sum;
+static inline __attribute__((always_inline)) float load1(const void *w, int64_t i, const int wt) {
+    if (wt == W_F32) return ((const float *)w)[i];
+    uint16_t h = ((const uint16_t *)w)[i];
+    return wt == W_F16 ? quant_f16_lut[h] : strata_bf16_to_f32(h);
 }
+
+/* R weight rows against one activation row. Per row: two 16-lane accumulators over 32-element steps,
+ * one more 16-element step into the first, reduced (_mm512_reduce_add_ps: a fixed tree), then a scalar
+ * tail. Instantiated for R = 1 and R = 4: bit-identical per row. */
+static inline __attribute__((always_inline)) void float_rows_avx512(int64_t n, const uint8_t *w, size_t ws,
+                                                                   const float *b, float *out, const int R,
+                                                                   const int wt) {
+    __m512 s0[4], s1[4];
+    for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 b0 = _mm512_loadu_ps(b + i), b1 = _mm512_loadu_ps(b + i + 16);
+        for (int r = 0; r < R; r++) {
+            s0[r] = _mm512_fmadd_ps(load16(w + (size_t)r * ws, i, wt), b0, s0[r]);
+            s1[r] = _mm512_fmadd_ps(load16(w + (size_t)r * ws, i + 16, wt), b1, s1[r]);
+        }
+    }
+    if (i + 16 <= n) {
+        __m512 b0 = _mm512_loadu_ps(b + i);
+        for (int r = 0; r < R; r++) s0[r] = _mm512_fmadd_ps(load16(w + (size_t)r * ws, i, wt), b0, s0[r]);
+        i += 16;
+    }
+    for (int r = 0; r < R; r++) {
+        float sum = _mm512_reduce_add_ps(_mm512_add_ps(s0[r], s1[r]));
+        for (int64_t j = i; j < n; j++) sum += load1(w + (size_t)r * ws, j, wt) * b[j];
+        out[r] = sum;
+    }
+}
+
+#define FLOAT_KERNELS(name, wt)                                                                       \
+    static float name##_vec_dot_avx512(int64_t n, const void *w, const void *act) {                \
+        float out[1];                                                                               \
+        float_rows_avx512(n, w, 0, act, out, 1, wt);                                                \
+        return out[0];                                                                              \
+    }                                                                                               \
+    static void name##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) { \
+        float_rows_avx512(n, w, ws, act, out, 4, wt);                                               \
+    }
+FLOAT_KERNELS(f32, W_F32)
+FLOAT_KERNELS(f16, W_F16)
+FLOAT_KERNELS(bf16, W_BF16)
+#undef FLOAT_KERNELS
 
 /* One Q8_0 block's integer dot with VNNI: dpbusd takes unsigned x signed, so |qa| against qb with
  * qa's sign moved onto it (exact: the sums stay far inside int32). */
@@ -112,6 +139,10 @@ static void q8_0_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const vo
 void quant_base_avx512(quant_traits t[]) {
     t[STRATA_TYPE_F32].vec_dot = f32_vec_dot_avx512;
     t[STRATA_TYPE_F16].vec_dot = f16_vec_dot_avx512;
+    t[STRATA_TYPE_BF16].vec_dot = bf16_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_F32, f32_vec_dot_x4_avx512);
+    quant_set_x4(t, STRATA_TYPE_F16, f16_vec_dot_x4_avx512);
+    quant_set_x4(t, STRATA_TYPE_BF16, bf16_vec_dot_x4_avx512);
     t[STRATA_TYPE_Q8_0].vec_dot = q8_0_vec_dot_avx512;
     quant_set_x4(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_x4_avx512);
 }

@@ -180,10 +180,15 @@ void quant_legacy_avx2(quant_traits table[]);
 void quant_legacy_avx512(quant_traits table[]);
 
 void quant_register_k(quant_traits table[], int32_t simd);
+/* The portable Q8_K activation quantizer (the SIMD ones give its bytes; they fall back to it for
+ * blocks with infinities or NaN). */
+void quant_q8k_quantize_act_scalar(const float *x, void *dst, int64_t n);
 void quant_k_avx2(quant_traits table[]);
 void quant_k_avx512(quant_traits table[]);
 
 void quant_register_iq(quant_traits table[], int32_t simd);
+/* IQ4_NL's AVX2 dot lives with the other 32-value blocks (quant_legacy_avx2.c). */
+float quant_iq4nl_vec_dot_avx2(int64_t n, const void *w, const void *act);
 void quant_iq_avx2(quant_traits table[]);
 void quant_iq_avx512(quant_traits table[]);
 

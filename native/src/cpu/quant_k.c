@@ -71,12 +71,18 @@ static void q6k_values(const block_q6_K *b, int8_t q[QK_K]) {
 
 /* ---- Q8_K: the activation type --------------------------------------------------------------- */
 
-/* Scale max|x| / 127; values rounded to nearest, ties away from zero; so |qs| <= 127. */
-static void q8k_quantize_act(const float *x, void *dst, int64_t n) {
+/* Scale max|x| / 127; values rounded to nearest, ties to even, by adding and removing 1.5 * 2^23
+ * (exact for |v| <= 2^22; here |v| <= 127): plain float adds, which vectorize and need no libm call,
+ * unlike roundf on the generic x86-64 target. So |qs| <= 127. */
+void quant_q8k_quantize_act_scalar(const float *x, void *dst, int64_t n) {
+    const float magic = 12582912.0f;
     block_q8_K *b = dst;
     for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
         float amax = 0.0f;
-        for (int j = 0; j < QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
+        for (int j = 0; j < QK_K; j++) {
+            const float a = fabsf(x[j]);
+            amax = a > amax ? a : amax;
+        }
         if (amax == 0.0f) {
             memset(&b[i], 0, sizeof b[i]);
             continue;
@@ -84,8 +90,8 @@ static void q8k_quantize_act(const float *x, void *dst, int64_t n) {
         const float id = 127.0f / amax;
         b[i].d = amax / 127.0f;
         for (int j = 0; j < QK_K; j++) {
-            float v = roundf(x[j] * id);
-            b[i].qs[j] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+            const float v = (x[j] * id + magic) - magic;
+            b[i].qs[j] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v == v ? (int)v : 0);
         }
         for (int g = 0; g < QK_K / 16; g++) {
             int s = 0;
@@ -293,7 +299,7 @@ void quant_register_k(quant_traits t[], int32_t simd) {
     KQ(STRATA_TYPE_Q6_K, "Q6_K", block_q6_K, q6k_dequant, q6k_vec_dot);
 #undef KQ
     t[STRATA_TYPE_Q8_K] = (quant_traits){"Q8_K", STRATA_TYPE_Q8_K, QK_K, sizeof(block_q8_K), STRATA_TYPE_Q8_K,
-                                         q8k_dequant, q8k_quantize_act, q8k_vec_dot};
+                                         q8k_dequant, quant_q8k_quantize_act_scalar, q8k_vec_dot};
     if (simd >= STRATA_SIMD_AVX2) quant_k_avx2(t);
     if (simd >= STRATA_SIMD_AVX512) quant_k_avx512(t);
 }

@@ -1,9 +1,388 @@
 /*
- * quant_k_avx512.c — avx512 overrides of the k family's kernels (see quant_blocks.h).
+ * quant_k_avx512.c — AVX-512 (BW + VNNI) dot products of Q4_K, Q5_K, Q6_K against Q8_K.
+ *
+ * Same arithmetic as quant_k.c, 128 values per step: maddubs turns unsigned weight values times
+ * signed activations into int16 pairs (no saturation: bounds in quant_k.c), and VNNI's dpwssd
+ * multiplies the pairs by their sub-block scale and accumulates in int32 — exact, so A and B are the
+ * scalar kernel's integers and the float expression per block is the same: bit-identical results.
+ * Q2_K and Q3_K keep their AVX2 kernels.
  */
 #include <immintrin.h>
+#include <string.h>
 
+#include "common.h"
 #include "quant_blocks.h"
 #include "strata.h"
 
-void quant_k_avx512(quant_traits t[]) { (void)t; }
+static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+/* [p0 | p1]: two 32-byte loads into one 64-byte register */
+static inline __m512i load2x256(const void *p0, const void *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(load256(p0)), load256(p1), 1);
+}
+
+/* The 8 6-bit scales (sc) and mins (m) of a Q4_K/Q5_K block, one per byte, from its 12 bytes:
+ * bytes 0..3 hold sc0..3 (low 6 bits) and the top bits of sc4..7; 4..7 the same for the mins;
+ * 8..11 the low nibbles of sc4..7 and (high nibbles) of m4..7. */
+static inline void k_scale_words(const uint8_t *s, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t w[3];
+    memcpy(w, s, 12);
+    const uint32_t s_lo = w[0] & 0x3f3f3f3fu, s_hi = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u);
+    const uint32_t m_lo = w[1] & 0x3f3f3f3fu, m_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+    memcpy(sc, &s_lo, 4);
+    memcpy(sc + 4, &s_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+/* B = sum_j m_j * (bsums[2j] + bsums[2j+1]) */
+static inline int32_t k_min_sum(const uint8_t m[8], const int16_t *bsums) {
+    const __m128i b0 = _mm_loadu_si128((const __m128i *)bsums), b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+    const __m128i pairs = _mm_hadd_epi16(b0, b1); /* |pair| <= 2 * 16 * 127 */
+    const __m128i mm = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+    __m128i s = _mm_madd_epi16(pairs, mm);
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* int16 lanes 0..15 = scale a, 16..31 = scale b */
+static inline __m512i scale_pair(int a, int b) {
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
+}
+
+/* ---- Q4_K and Q5_K ------------------------------------------------------------------------------ */
+
+/* One 128-value step of Q4_K/Q5_K: 64 bytes of nibbles (groups 2p, 2p + 1 of 32 bytes), values
+ * lo = [sub 4p | sub 4p + 2], hi = [sub 4p + 1 | sub 4p + 3]. */
+static inline __m512i k_step(__m512i acc, __m512i lo, __m512i hi, const int8_t *q8, const uint8_t *sc, int p) {
+    const __m512i a_lo = load2x256(q8 + 128 * p, q8 + 128 * p + 64);
+    const __m512i a_hi = load2x256(q8 + 128 * p + 32, q8 + 128 * p + 96);
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(lo, a_lo), scale_pair(sc[4 * p], sc[4 * p + 2]));
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(hi, a_hi), scale_pair(sc[4 * p + 1], sc[4 * p + 3]));
+    return acc;
+}
+
+static float q4k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
+    const block_q4_K *x = w;
+    const block_q8_K *y = act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], m[8];
+        k_scale_words(x[i].scales, sc, m);
+        const int32_t B = k_min_sum(m, y[i].bsums);
+        __m512i acc = _mm512_setzero_si512();
+        for (int p = 0; p < 2; p++) {
+            const __m512i bits = _mm512_loadu_si512((const void *)(x[i].qs + 64 * p));
+            const __m512i lo = _mm512_and_si512(bits, m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+            acc = k_step(acc, lo, hi, y[i].qs, sc, p);
+        }
+        const int32_t A = _mm512_reduce_add_epi32(acc);
+        sum += (quant_f16_lut[x[i].d] * y[i].d) * (float)A - (quant_f16_lut[x[i].dmin] * y[i].d) * (float)B;
+    }
+    return sum;
+}
+
+/* Four int32 accumulators -> their four lane sums (exact integer adds, any order). */
+static inline __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+    /* 512 -> 256: [v0 | v1] halves added, [v2 | v3] halves added */
+    const __m512i a = _mm512_add_epi32(_mm512_shuffle_i64x2(v0, v1, 0x44), _mm512_shuffle_i64x2(v0, v1, 0xEE));
+    const __m512i b = _mm512_add_epi32(_mm512_shuffle_i64x2(v2, v3, 0x44), _mm512_shuffle_i64x2(v2, v3, 0xEE));
+    /* 256 -> 128: lanes [v0 v1 v2 v3] */
+    const __m512i c = _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, 0x88), _mm512_shuffle_i64x2(a, b, 0xDD));
+    /* each 128-bit lane holds one accumulator: sum its four ints */
+    const __m512i d = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_BADC));
+    const __m512i e = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_CDAB));
+    /* lane k of the result = element 0 of 128-bit lane k */
+    return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), e));
+}
+
+/* Four 8-lane int32 vectors -> their four sums. */
+static inline __m128i reduce4_256(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* m_j in int16 lanes 2j and 2j + 1: madd with the 16 bsums gives m_j * (bsums[2j] + bsums[2j+1]). */
+static inline __m256i mins_pairs(const uint8_t m[8]) {
+    /* int32 lane j = m_j, i.e. its two int16 halves are m_j and 0; the caller copies m_j up */
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+}
+
+/* Unpacked Q4_K block in the activations' order: w[q] holds values 64q .. 64q + 63 (sub-block 2q
+ * from the low nibbles of bytes 32q .. 32q + 31, sub-block 2q + 1 from their high nibbles), so each
+ * activation row is read with four plain 64-byte loads; s[q] the matching int16 scale lanes. */
+typedef struct {
+    __m512i w[4], s[4];
+    __m256i mpair; /* int16 lanes 2j, 2j + 1 = m_j */
+    float d, dmin;
+} q4k_unpacked;
+
+static inline void q4k_unpack(const block_q4_K *b, q4k_unpacked *u) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    uint8_t sc[8], m[8];
+    k_scale_words(b->scales, sc, m);
+    for (int q = 0; q < 4; q++) {
+        const __m256i bits = load256(b->qs + 32 * q);
+        const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        u->w[q] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        u->s[q] = scale_pair(sc[2 * q], sc[2 * q + 1]);
+    }
+    const __m256i mm = mins_pairs(m);
+    u->mpair = _mm256_or_si256(mm, _mm256_slli_epi32(mm, 16));
+    u->d = quant_f16_lut[b->d];
+    u->dmin = quant_f16_lut[b->dmin];
+}
+
+/* A's lanes of one unpacked block against one activation block */
+static inline __m512i q4k_acc(const q4k_unpacked *u, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->w[q], _mm512_loadu_si512((const void *)(q8 + 64 * q))),
+                                  u->s[q]);
+    return acc;
+}
+
+/* B's lanes: m_j * (bsums[2j] + bsums[2j+1]) */
+static inline __m256i q4k_bacc(const q4k_unpacked *u, const int16_t *bsums) {
+    return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), u->mpair);
+}
+
+/* Blocks unpacked at once by the many-token kernels (kept on the stack, in L1). */
+#define XN_CHUNK 8
+
+/* Q4_K against several activation rows: a chunk of the row's blocks is unpacked once for all the rows;
+ * four rows' integer sums are reduced together; each row's float sum runs over the blocks in order
+ * with vec_dot's expression (lane k of the 4-wide float ops is exactly the scalar sequence), so
+ * out[k] is bit for bit vec_dot(n, w, act[k]). */
+static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    const block_q4_K *x = w;
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            q4k_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) q4k_unpack(&x[c0 + c], &u[c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const q4k_unpacked *uc = &u[c];
+                    const __m128i A = reduce4(q4k_acc(uc, y[0][c].qs), q4k_acc(uc, y[1][c].qs), q4k_acc(uc, y[2][c].qs),
+                                              q4k_acc(uc, y[3][c].qs));
+                    const __m128i B = reduce4_256(q4k_bacc(uc, y[0][c].bsums), q4k_bacc(uc, y[1][c].bsums),
+                                                  q4k_bacc(uc, y[2][c].bsums), q4k_bacc(uc, y[3][c].bsums));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A));
+                    const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->dmin), yd), _mm_cvtepi32_ps(B));
+                    sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+                }
+                _mm_storeu_ps(sums + k0, sum);
+            }
+        }
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
+    }
+}
+
+static float q5k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
+    const block_q5_K *x = w;
+    const block_q8_K *y = act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        uint8_t sc[8], m[8];
+        k_scale_words(x[i].scales, sc, m);
+        const int32_t B = k_min_sum(m, y[i].bsums);
+        /* fifth bits: bit k of qh[c] belongs to value 32 k + c (sub-block k) */
+        const __m512i qh = _mm512_broadcast_i64x4(load256(x[i].qh));
+        __m512i acc = _mm512_setzero_si512();
+        for (int p = 0; p < 2; p++) {
+            const __m512i bits = _mm512_loadu_si512((const void *)(x[i].qs + 64 * p));
+            /* lo holds sub-blocks 4p (low half) and 4p + 2 (high half); hi 4p + 1 and 4p + 3 */
+            const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi64(4 * p), _mm256_set1_epi64x(4 * p + 2), 1);
+            const __m512i sh_hi = _mm512_add_epi64(sh_lo, _mm512_set1_epi64(1));
+            const __m512i h_lo = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_lo), one);
+            const __m512i h_hi = _mm512_and_si512(_mm512_srlv_epi64(qh, sh_hi), one);
+            const __m512i lo = _mm512_or_si512(_mm512_and_si512(bits, m4), _mm512_slli_epi16(h_lo, 4));
+            const __m512i hi =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bits, 4), m4), _mm512_slli_epi16(h_hi, 4));
+            acc = k_step(acc, lo, hi, y[i].qs, sc, p);
+        }
+        const int32_t A = _mm512_reduce_add_epi32(acc);
+        sum += (quant_f16_lut[x[i].d] * y[i].d) * (float)A - (quant_f16_lut[x[i].dmin] * y[i].d) * (float)B;
+    }
+    return sum;
+}
+
+/* ---- Q6_K --------------------------------------------------------------------------------------- */
+
+static float q6k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
+    const block_q6_K *x = w;
+    const block_q8_K *y = act;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    /* int16 lane l of the scale vector for 64 values starting at group j0 takes scale j0 + l / 8 */
+    const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        /* C = sum_j sc_j * bsum_j: the part of A removed by the offset -32 */
+        const __m256i c = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)y[i].bsums));
+        const __m512i scv = _mm512_castsi256_si512(sc16);
+        const int8_t *q8 = y[i].qs;
+        __m512i acc = _mm512_setzero_si512();
+        for (int g = 0; g < 2; g++) {
+            const __m512i l = _mm512_loadu_si512((const void *)(x[i].ql + 64 * g)); /* values 128g + [0,64) low */
+            const __m512i h = _mm512_broadcast_i64x4(load256(x[i].qh + 32 * g));
+            /* values 128g + 32k + c take bits 2k of qh[32g + c]: k = 0, 1 in the first vector, 2, 3 in the second */
+            const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi64(0), _mm256_set1_epi64x(2), 1);
+            const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi64(4), _mm256_set1_epi64x(6), 1);
+            const __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
+            const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
+            const __m512i sc01 = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
+            const __m512i sc23 =
+                _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q01, _mm512_loadu_si512((const void *)(q8 + 128 * g))),
+                                      sc01);
+            acc = _mm512_dpwssd_epi32(
+                acc, _mm512_maddubs_epi16(q23, _mm512_loadu_si512((const void *)(q8 + 128 * g + 64))), sc23);
+        }
+        __m128i cs = _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(1, 0, 3, 2)));
+        cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(2, 3, 0, 1)));
+        const int32_t A = _mm512_reduce_add_epi32(acc) - 32 * _mm_cvtsi128_si32(cs);
+        sum += (quant_f16_lut[x[i].d] * y[i].d) * (float)A;
+    }
+    return sum;
+}
+
+/* Unpacked Q6_K block: values 64q .. 64q + 63 (biased by 32, 0..63) and their int16 scale lanes. */
+typedef struct {
+    __m512i q[4], s[4];
+    __m256i sc16; /* the 16 scales as int16 */
+    float d;
+} q6k_unpacked;
+
+static inline void q6k_unpack(const block_q6_K *b, q6k_unpacked *u) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+    const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi64(0), _mm256_set1_epi64x(2), 1);
+    const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi64(4), _mm256_set1_epi64x(6), 1);
+    u->sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
+    const __m512i scv = _mm512_castsi256_si512(u->sc16);
+    for (int g = 0; g < 2; g++) {
+        const __m512i l = _mm512_loadu_si512((const void *)(b->ql + 64 * g));
+        const __m512i h = _mm512_broadcast_i64x4(load256(b->qh + 32 * g));
+        u->q[2 * g] = _mm512_or_si512(_mm512_and_si512(l, m4),
+                                      _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
+        u->q[2 * g + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
+        u->s[2 * g] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
+        u->s[2 * g + 1] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
+    }
+    u->d = quant_f16_lut[b->d];
+}
+
+static inline __m512i q6k_acc(const q6k_unpacked *u, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->q[q], _mm512_loadu_si512((const void *)(q8 + 64 * q))),
+                                  u->s[q]);
+    return acc;
+}
+
+/* Q6_K against several activation rows (see q4k_vec_dot_n_avx512): A = acc - 32 sum_j sc_j bsum_j. */
+static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    const block_q6_K *x = w;
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            q6k_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) q6k_unpack(&x[c0 + c], &u[c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const q6k_unpacked *uc = &u[c];
+                    __m256i cc[4];
+                    for (int k = 0; k < 4; k++)
+                        cc[k] = _mm256_madd_epi16(uc->sc16, _mm256_loadu_si256((const __m256i *)y[k][c].bsums));
+                    const __m128i C = reduce4_256(cc[0], cc[1], cc[2], cc[3]);
+                    const __m128i A =
+                        _mm_sub_epi32(reduce4(q6k_acc(uc, y[0][c].qs), q6k_acc(uc, y[1][c].qs), q6k_acc(uc, y[2][c].qs),
+                                              q6k_acc(uc, y[3][c].qs)),
+                                      _mm_slli_epi32(C, 5));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A)));
+                }
+                _mm_storeu_ps(sums + k0, sum);
+            }
+        }
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
+    }
+}
+
+/* ---- Q8_K activations --------------------------------------------------------------------------- */
+
+/* The scalar q8k_quantize_act's operations on 16 lanes: the same IEEE multiplies and adds (the
+ * magic-number round), the same max, so the same bytes. */
+static void q8k_quantize_act_avx512(const float *x, void *dst, int64_t n) {
+    const __m512 magic = _mm512_set1_ps(12582912.0f), lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
+    block_q8_K *b = dst;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m512 mx = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (int j = 0; j < QK_K; j += 16) {
+            const __m512 v = _mm512_loadu_ps(x + j);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        }
+        const float amax = _mm512_reduce_max_ps(mx);
+        if (nan || !(amax <= 3.4028235e38f)) { /* NaN or inf inputs: the scalar kernel's path */
+            quant_q8k_quantize_act_scalar(x, &b[i], QK_K);
+            continue;
+        }
+        if (amax == 0.0f) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        const __m512 id = _mm512_set1_ps(127.0f / amax);
+        b[i].d = amax / 127.0f;
+        for (int j = 0; j < QK_K; j += 16) {
+            __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), id), magic), magic);
+            v = _mm512_min_ps(_mm512_max_ps(v, nlim), lim);
+            const __m512i q = _mm512_cvttps_epi32(v);
+            _mm_storeu_si128((__m128i *)(b[i].qs + j), _mm512_cvtepi32_epi8(q));
+            const __m256i q16 = _mm512_cvtepi32_epi16(q);
+            /* bsums[j / 16]: the 16 values of this step */
+            __m128i s = _mm_add_epi16(_mm256_castsi256_si128(q16), _mm256_extracti128_si256(q16, 1));
+            s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+            s = _mm_add_epi16(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+            s = _mm_add_epi16(s, _mm_srli_epi32(s, 16));
+            b[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(s);
+        }
+    }
+}
+
+void quant_k_avx512(quant_traits t[]) {
+    t[STRATA_TYPE_Q8_K].quantize_act = q8k_quantize_act_avx512;
+    t[STRATA_TYPE_Q4_K].vec_dot = q4k_vec_dot_avx512;
+    t[STRATA_TYPE_Q5_K].vec_dot = q5k_vec_dot_avx512;
+    t[STRATA_TYPE_Q6_K].vec_dot = q6k_vec_dot_avx512;
+    quant_set_xn(t, STRATA_TYPE_Q4_K, q4k_vec_dot_n_avx512);
+    quant_set_xn(t, STRATA_TYPE_Q6_K, q6k_vec_dot_n_avx512);
+}

@@ -1,9 +1,71 @@
 /*
- * quant_legacy_avx512.c — avx512 overrides of the legacy family's kernels (see quant_blocks.h).
+ * quant_legacy_avx512.c — AVX-512 many-token kernel of Q8_0 weights (the prompt path).
+ *
+ * Q8_0's one-row kernel is the base family's (cpu/quant_avx512.c, q8_0_rows_avx512). This kernel
+ * runs exactly its operations for every activation row — the same pairs of blocks in 512-bit halves,
+ * the same fused multiply-adds into the same lanes, the same tail block and final tree — only with
+ * each weight block loaded and sign-split once for four rows. So out[k] is bit for bit
+ * vec_dot(n, w, act[k]); tests/test_quants.py checks that matmul equals matvec for Q8_0 too.
+ * The other 32-value types keep their AVX2 kernels.
  */
 #include <immintrin.h>
+#include <string.h>
 
+#include "common.h"
 #include "quant_blocks.h"
 #include "strata.h"
 
-void quant_legacy_avx512(quant_traits t[]) { (void)t; }
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return quant_f16_lut[h];
+}
+
+static void q8_0_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    const uint8_t *a = w;
+    const int64_t nb = n / 32;
+    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
+        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
+        const uint8_t *b[4];
+        for (int k = 0; k < 4; k++) b[k] = act[k0 + (k < kn ? k : 0)];
+        __m512 acc2[4];
+        for (int k = 0; k < 4; k++) acc2[k] = _mm512_setzero_ps();
+        int64_t i = 0;
+        for (; i + 2 <= nb; i += 2) {
+            const uint8_t *ai = a + i * 34;
+            const __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(ai + 2))),
+                                                  _mm256_loadu_si256((const __m256i *)(ai + 36)), 1);
+            const __m512i ua = _mm512_abs_epi8(qa);
+            const __mmask64 neg = _mm512_movepi8_mask(qa);
+            const float da0 = f16_at(ai), da1 = f16_at(ai + 34);
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *bb = b[k] + i * 34;
+                const __m512i qb = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bb + 2))),
+                    _mm256_loadu_si256((const __m256i *)(bb + 36)), 1);
+                const __m512i sb = _mm512_mask_sub_epi8(qb, neg, _mm512_setzero_si512(), qb);
+                const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ua, sb);
+                const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(da0 * f16_at(bb)), _mm256_set1_ps(da1 * f16_at(bb + 34)), 1);
+                acc2[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc2[k]);
+            }
+        }
+        for (int k = 0; k < kn; k++) {
+            const uint8_t *ai = a + i * 34, *bb = b[k] + i * 34;
+            __m256 acc = _mm256_add_ps(_mm512_castps512_ps256(acc2[k]), _mm512_extractf32x8_ps(acc2[k], 1));
+            if (i < nb) {
+                const __m256i qa = _mm256_loadu_si256((const __m256i *)(ai + 2));
+                const __m256i qb = _mm256_loadu_si256((const __m256i *)(bb + 2));
+                const __m256i p =
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(qa, qa), _mm256_sign_epi8(qb, qa));
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(ai) * f16_at(bb)), _mm256_cvtepi32_ps(p), acc);
+            }
+            __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
+            lo = _mm_add_ps(lo, hi);
+            lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+            lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+            out[k0 + k] = _mm_cvtss_f32(lo);
+        }
+    }
+}
+
+void quant_legacy_avx512(quant_traits t[]) { quant_set_xn(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_n_avx512); }

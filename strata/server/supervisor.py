@@ -1,0 +1,401 @@
+"""Runs the engine in a worker process, one request at a time, and restarts it when it dies.
+
+Requests wait in a FIFO (``Job``s); the one at the head runs on the worker while the others see their
+position. The run loop hands each job the worker's events (prompt progress, tokens, the result). A
+job whose client went away is cancelled: a queued one leaves the queue, a running one tells the
+worker to stop, which it does after at most one more token.
+
+When the worker exits while a job runs, that job ends with ``engine_exited`` ("the engine stopped
+unexpectedly (exit code N)" and the tail of the engine log) and a fresh worker is started for the
+requests that follow. A worker that cannot open the engine reports why (``start_failed``) and exits;
+that message is what ``start()`` raises and what a request gets as ``engine_start_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._config import EngineConfig
+from .protocol import decode_frame, encode_frame, frame_length
+
+__all__ = ["EngineStartError", "Job", "Supervisor"]
+
+_LOG_LINES = 200
+_TAIL_LINES = 20
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not be started; the message is the engine's own."""
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def _set_pdeathsig() -> None:
+    # the worker goes away with the server, even when the server is killed
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+@dataclass
+class Job:
+    """One request in the FIFO: its parameters for the worker and the events it receives."""
+
+    seq: int
+    params: dict[str, Any]
+    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    submitted: float = field(default_factory=time.monotonic)
+    started: float | None = None
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    cancelled: bool = False
+    run_index: int | None = None  # 1 for the first job the engine ran, 2 for the next, ...
+    _sup: Supervisor | None = None
+
+    def cancel(self) -> None:
+        """The client is gone: leave the queue, or stop the generation within one token."""
+        if self.cancelled or self.finished.is_set():
+            return
+        self.cancelled = True
+        if self._sup is not None:
+            self._sup._cancel(self)
+
+    @property
+    def position(self) -> int:
+        """0 while running, k for the k-th job in the queue, -1 when finished."""
+        if self._sup is None or self.finished.is_set():
+            return -1
+        return self._sup.position_of(self)
+
+
+class _Worker:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.exit_code: int | None = None
+        self.reader: asyncio.Task[None] | None = None
+        self.log_reader: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    def send(self, msg: dict[str, Any]) -> bool:
+        if self.proc.stdin is None or self.proc.stdin.is_closing() or self.exit_code is not None:
+            return False
+        try:
+            self.proc.stdin.write(encode_frame(msg))
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            return False
+        return True
+
+
+class Supervisor:
+    """The engine worker's lifecycle and the FIFO of requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        config: EngineConfig,
+        *,
+        echo_log: bool = True,
+        env: dict[str, str] | None = None,
+        python: str = sys.executable,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.config = config
+        self.echo_log = echo_log
+        self.env = env
+        self.python = python
+        self.log: collections.deque[str] = collections.deque(maxlen=_LOG_LINES)
+        self.state = "loading"
+        self.start_error: str | None = None
+        self.info: dict[str, Any] | None = None
+        self.plan: dict[str, Any] | None = None
+        self.stats: dict[str, Any] | None = None
+        self.restarts = 0
+        self.last_exit_code: int | None = None
+        self.prompt_progress: dict[str, Any] | None = None
+        self._worker: _Worker | None = None
+        self._spawning: asyncio.Task[_Worker] | None = None
+        self._queue: collections.deque[Job] = collections.deque()
+        self._wakeup = asyncio.Event()
+        self._current: Job | None = None
+        self._seq = itertools.count(1)
+        self._runs = itertools.count(1)
+        self._run_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the worker and the run loop; raises EngineStartError with the engine's message."""
+        if self._run_task is None:
+            self._run_task = asyncio.create_task(self._run(), name="strata-supervisor")
+        await self._ensure_worker()
+
+    @property
+    def ready(self) -> bool:
+        w = self._worker
+        return w is not None and w.ready.done() and not w.ready.exception() and w.exit_code is None
+
+    @property
+    def pid(self) -> int | None:
+        w = self._worker
+        return w.proc.pid if w is not None and w.exit_code is None else None
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._run_task is not None:
+            self._run_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._run_task
+        for job in list(self._queue):
+            self._finish(job, {"ev": "error", "code": "engine_exited", "message": "the server is shutting down"})
+        self._queue.clear()
+        if self._current is not None:
+            self._finish(self._current, {"ev": "error", "code": "engine_exited", "message": "the server is shutting down"})
+        w = self._worker
+        if w is not None and w.exit_code is None:
+            w.stopping = True
+            w.send({"op": "shutdown"})
+            try:
+                await asyncio.wait_for(w.proc.wait(), 10)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+        if w is not None and w.reader is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(w.reader, 5)
+
+    async def _ensure_worker(self) -> _Worker:
+        if self.ready:
+            assert self._worker is not None
+            return self._worker
+        if self._spawning is None or self._spawning.done():
+            self._spawning = asyncio.create_task(self._spawn(), name="strata-worker-start")
+        return await asyncio.shield(self._spawning)
+
+    async def _spawn(self) -> _Worker:
+        self.state = "loading" if self.restarts == 0 and self.last_exit_code is None else "restarting"
+        self.start_error = None
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        cmd = [self.python, "-m", "strata.server.worker", "--model", self.model_path,
+               "--config", json.dumps(self.config.to_dict())]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                preexec_fn=_set_pdeathsig,
+            )
+        except OSError as e:
+            self.state = "failed"
+            self.start_error = f"cannot start the engine worker ({self.python}): {e}"
+            raise EngineStartError(self.start_error) from e
+        w = _Worker(proc)
+        self._worker = w
+        self._log(f"engine worker started (pid {proc.pid})")
+        w.log_reader = asyncio.create_task(self._read_log(w), name="strata-worker-log")
+        w.reader = asyncio.create_task(self._read_frames(w), name="strata-worker-frames")
+        try:
+            msg = await w.ready
+        except EngineStartError as e:
+            self.state = "failed"
+            self.start_error = str(e)
+            raise
+        self.info, self.plan, self.stats = msg.get("info"), msg.get("plan"), msg.get("stats")
+        self.state = "idle" if self._current is None else self.state
+        return w
+
+    # ---- worker I/O --------------------------------------------------------------------------------
+
+    def _log(self, line: str) -> None:
+        self.log.append(line)
+        if self.echo_log:
+            print(f"engine: {line}", file=sys.stderr, flush=True)
+
+    def log_tail(self, n: int = _TAIL_LINES) -> str:
+        return "\n".join(list(self.log)[-n:])
+
+    async def _read_log(self, w: _Worker) -> None:
+        assert w.proc.stderr is not None
+        while True:
+            line = await w.proc.stderr.readline()
+            if not line:
+                break
+            self._log(line.decode("utf-8", "replace").rstrip("\n"))
+
+    async def _read_frames(self, w: _Worker) -> None:
+        assert w.proc.stdout is not None
+        try:
+            while True:
+                header = await w.proc.stdout.readexactly(4)
+                data = await w.proc.stdout.readexactly(frame_length(header))
+                self._on_event(w, decode_frame(data))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except Exception as e:  # a corrupt stream: stop this worker, the exit path takes over
+            self._log(f"engine worker sent a bad frame: {type(e).__name__}: {e}")
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+        code = await w.proc.wait()
+        if w.log_reader is not None:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(w.log_reader), 2)
+        self._on_exit(w, code)
+
+    def _on_event(self, w: _Worker, msg: dict[str, Any]) -> None:
+        ev = msg.get("ev")
+        if ev == "ready":
+            if not w.ready.done():
+                w.ready.set_result(msg)
+            return
+        if ev == "start_failed":
+            if not w.ready.done():
+                w.ready.set_exception(EngineStartError(str(msg.get("message") or "the engine did not start")))
+            return
+        if msg.get("stats"):
+            self.stats = msg["stats"]
+        job = self._current
+        if job is None:
+            return
+        if ev == "progress":
+            elapsed = time.monotonic() - (job.started or time.monotonic())
+            done = int(msg.get("done", 0))
+            self.state = "reading"
+            self.prompt_progress = {"done": done, "total": int(msg.get("total", 0)),
+                                    "tokens_per_second": done / elapsed if elapsed > 0 else 0.0}
+        elif ev == "token":
+            self.state = "generating"
+            self.prompt_progress = None
+        elif ev == "stats":
+            return
+        job.events.put_nowait(msg)
+        if ev in ("done", "error"):
+            self._finish(job, None)
+
+    def _on_exit(self, w: _Worker, code: int) -> None:
+        w.exit_code = code
+        was_ready = w.ready.done() and w.ready.exception() is None
+        if not w.ready.done():
+            tail = self.log_tail()
+            w.ready.set_exception(EngineStartError(
+                f"the engine stopped while starting (exit code {code})" + (f"\n{tail}" if tail else "")))
+        if w is not self._worker:
+            return
+        self.last_exit_code = code
+        if w.stopping or self._closing:
+            return
+        self._log(f"engine worker exited with code {code}")
+        job = self._current
+        if job is not None and was_ready:
+            how = f" It was killed by {_signal_name(code)}." if code < 0 else ""
+            tail = self.log_tail()
+            message = f"the engine stopped unexpectedly (exit code {code}).{how}"
+            if tail:
+                message += f" Last lines of the engine log:\n{tail}"
+            self._finish(job, {"ev": "error", "code": "engine_exited", "message": message, "exit_code": code})
+        if was_ready:
+            # it had been running: start a fresh one for the requests that follow
+            self.restarts += 1
+            self.state = "restarting"
+            self._spawning = asyncio.create_task(self._spawn(), name="strata-worker-restart")
+            self._spawning.add_done_callback(_consume)  # a failure is reported through the state
+
+    # ---- the queue ---------------------------------------------------------------------------------
+
+    def submit(self, params: dict[str, Any]) -> Job:
+        """Queue a generation; read its events from ``job.events`` until ``done`` or ``error``."""
+        job = Job(seq=next(self._seq), params=params, _sup=self)
+        self._queue.append(job)
+        self._wakeup.set()
+        return job
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> Job | None:
+        return self._current
+
+    def position_of(self, job: Job) -> int:
+        if job is self._current:
+            return 0
+        try:
+            return self._queue.index(job) + 1
+        except ValueError:
+            return -1
+
+    def _cancel(self, job: Job) -> None:
+        if job is self._current:
+            w = self._worker
+            if w is not None:
+                w.send({"op": "cancel"})
+        elif job in self._queue:
+            self._queue.remove(job)
+            job.finished.set()
+
+    def _finish(self, job: Job, event: dict[str, Any] | None) -> None:
+        if event is not None:
+            job.events.put_nowait(event)
+        job.finished.set()
+
+    async def _run(self) -> None:
+        while True:
+            while not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            job = self._queue.popleft()
+            self._current = job
+            try:
+                try:
+                    w = await self._ensure_worker()
+                except EngineStartError as e:
+                    self._finish(job, {"ev": "error", "code": "engine_start_failed", "message": str(e)})
+                    continue
+                except Exception as e:
+                    self._finish(job, {"ev": "error", "code": "engine_start_failed",
+                                       "message": f"{type(e).__name__}: {e}"})
+                    continue
+                job.started = time.monotonic()
+                job.run_index = next(self._runs)
+                job.events.put_nowait({"ev": "started"})
+                self.state = "reading"
+                self.prompt_progress = {"done": 0, "total": len(job.params.get("prompt", ())),
+                                        "tokens_per_second": 0.0}
+                if not w.send({"op": "generate", **job.params}):
+                    # the worker is going away; its exit path ends the job (or it is already gone)
+                    if w.exit_code is not None:
+                        self._finish(job, {"ev": "error", "code": "engine_exited",
+                                           "message": f"the engine stopped unexpectedly (exit code {w.exit_code})"})
+                elif job.cancelled:
+                    w.send({"op": "cancel"})
+                await job.finished.wait()
+            finally:
+                self._current = None
+                self.prompt_progress = None
+                if self.state in ("reading", "generating"):
+                    self.state = "idle"

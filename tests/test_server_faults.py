@@ -1,0 +1,242 @@
+"""Faults through a real ``strata serve``: a killed engine, clients that go away, a crowd of clients,
+and engines that cannot start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from _strata_server import Served, run_serve
+
+from strata.model import ensure_model
+
+pytestmark = pytest.mark.timeout(300)
+
+MSGS = [{"role": "user", "content": "Keep talking about experts."}]
+LONG = {"ignore_eos": True}  # a reply that only max_tokens ends
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    s = Served(ensure_model("tiny"), "--max-context", "4096", "--prefill", "256", "--threads", "2", "--quiet")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture
+def client(server: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _wait(cond, what: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
+    t_end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > t_end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _metric(server: Served, name: str) -> float:
+    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_prompt_progress_is_streamed_and_the_server_never_loads_the_engine(server: Served) -> None:
+    body = {"model": "m", "prompt": [(7 * i) % 1500 + 100 for i in range(1000)], "max_tokens": 2,
+            "temperature": 0, "stream": True}
+    reading: list[tuple[int, int]] = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith(": reading "):
+                done, total = line[len(": reading "):].split("/")
+                reading.append((int(done), int(total)))
+    # chunks of 256 tokens: the engine reports each one, and the client sees it
+    assert reading[-1] == (1000, 1000)
+    assert [d for d, _ in reading] == sorted(d for d, _ in reading) and len(reading) >= 4
+    # libstrata lives in the worker process only
+    pid = server.status()["engine"]["pid"]
+    assert "libstrata" in Path(f"/proc/{pid}/maps").read_text()
+    assert "libstrata" not in Path(f"/proc/{server.proc.pid}/maps").read_text()
+
+
+def test_engine_killed_mid_stream(server: Served, client: openai.OpenAI) -> None:
+    before = server.status()["engine"]
+    stream = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4000, temperature=0,
+                                            stream=True, extra_body=LONG)
+    pieces = 0
+    with pytest.raises(openai.APIError) as e:
+        for c in stream:
+            if c.choices and c.choices[0].delta.content:
+                pieces += 1
+                if pieces == 3:
+                    os.kill(before["pid"], signal.SIGKILL)
+    assert pieces >= 3
+    assert "the engine stopped unexpectedly (exit code -9)" in e.value.message
+    assert "SIGKILL" in e.value.message
+    assert (e.value.body or {}).get("code") == "engine_exited"  # type: ignore[union-attr]
+    # the next request gets a fresh engine
+    r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4, temperature=0)
+    assert r.usage is not None and r.usage.completion_tokens == 4
+    after = server.status()["engine"]
+    assert after["restarts"] == before["restarts"] + 1 and after["last_exit_code"] == -9
+    assert after["pid"] and after["pid"] != before["pid"]
+    assert _metric(server, "strata_engine_restarts_total") == after["restarts"]
+    h = httpx.get(f"{server.url}/health")
+    assert h.status_code == 200
+
+
+def test_client_disconnect_stops_generation_within_one_token(server: Served, client: openai.OpenAI) -> None:
+    cancelled_before = _metric(server, "strata_requests_cancelled_total")
+    body = {"model": "m", "messages": MSGS, "max_tokens": 4000, "temperature": 0, "stream": True, **LONG}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
+        seq = int(r.headers["x-strata-request-seq"])
+        n = 0
+        for line in r.iter_lines():
+            if line.startswith("data:") and '"content": "' in line and '"role"' not in line:
+                n += 1
+                if n == 3:
+                    break  # leaving the block closes the connection
+    last = _wait(lambda: (server.status()["last_request"] or {}).get("seq") == seq and server.status()["last_request"],
+                 "the cancelled request to be accounted")
+    assert last["finish_reason"] == "cancelled"
+    ext = last["strata"]
+    generated, seen = len(ext["token_ids"]), ext["cancel_seen_at"]
+    assert seen is not None and seen >= 3
+    assert generated - seen <= 1  # the engine stopped within one token of hearing about it
+    assert generated < 4000
+    assert _metric(server, "strata_requests_cancelled_total") == cancelled_before + 1
+    # nothing is left running or queued: the next request is served at once
+    st = server.status()
+    assert st["queue"]["length"] == 0 and st["queue"]["running"] is None and st["state"] == "idle"
+    ok = client.chat.completions.create(model="m", messages=MSGS, max_tokens=3, temperature=0)
+    assert ok.usage is not None and ok.usage.completion_tokens == 3
+
+
+def test_queued_client_that_leaves_is_dropped(server: Served) -> None:
+    body = {"model": "m", "messages": MSGS, "max_tokens": 4000, "temperature": 0, "stream": True, **LONG}
+
+    async def main() -> None:
+        leave = asyncio.Event()
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            async def first() -> int:
+                async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                    seq = int(r.headers["x-strata-request-seq"])
+                    async for _ in r.aiter_lines():
+                        if leave.is_set():
+                            break
+                return seq
+
+            t1 = asyncio.create_task(first())
+            await asyncio.to_thread(_wait, lambda: server.status()["queue"]["running"] is not None, "first running")
+            async with http.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": 5}) as r2:
+                seq2 = int(r2.headers["x-strata-request-seq"])
+                st = await asyncio.to_thread(server.status)
+                assert [w["position"] for w in st["queue"]["waiting"] if w["seq"] == seq2] == [1]
+            # gone before its turn: it leaves the queue at once and is never run
+            await asyncio.to_thread(_wait, lambda: server.status()["queue"]["length"] == 0, "the queue to empty")
+            assert server.status()["queue"]["running"] is not None  # the first is still generating
+            leave.set()
+            seq1 = await t1
+            last = await asyncio.to_thread(
+                _wait, lambda: (server.status()["last_request"] or {}).get("seq") == seq1 and server.status(),
+                "the first request to end")
+            assert last["last_request"]["finish_reason"] == "cancelled" and last["state"] == "idle"
+            assert seq2 > seq1 and last["queue"]["length"] == 0
+
+    asyncio.run(main())
+
+
+def test_twenty_streaming_clients_complete_in_fifo_order(server: Served) -> None:
+    n_clients, max_tokens = 20, 8
+    base = _seen(server)
+
+    async def main() -> None:
+        ac = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
+        done_order: list[int] = []
+        texts: dict[int, str] = {}
+        usages: dict[int, int] = {}
+        runs: dict[int, tuple[int, int]] = {}
+
+        async def one(k: int, n_tokens: int) -> None:
+            stream = await ac.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"Client {k} says hello."}], max_tokens=n_tokens,
+                temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=LONG)
+            parts = []
+            async for c in stream:
+                if c.choices and c.choices[0].delta.content:
+                    parts.append(c.choices[0].delta.content)
+                if c.usage is not None:
+                    usages[k] = c.usage.completion_tokens
+                    ext = (c.model_extra or {})["strata"]
+                    runs[k] = (ext["request_seq"], ext["run_index"])
+            done_order.append(k)
+            texts[k] = "".join(parts)
+
+        # a first request that holds the engine until all twenty wait in the queue behind it
+        release = asyncio.Event()
+
+        async def blocker() -> None:
+            body = {"model": "m", "messages": MSGS, "max_tokens": 4000, "temperature": 0, "stream": True, **LONG}
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+                async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                    async for _ in r.aiter_lines():
+                        if release.is_set():
+                            break
+
+        held = asyncio.create_task(blocker())
+        await asyncio.to_thread(_wait, lambda: _seen(server) >= base + 1, "the first request to arrive")
+        tasks = []
+        for k in range(n_clients):
+            tasks.append(asyncio.create_task(one(k, max_tokens)))
+            # the next client is sent only once the server has taken this one in (so arrival order is k)
+            await asyncio.to_thread(_wait, lambda k=k: _seen(server) >= base + k + 2, f"client {k} to arrive")
+        st = await asyncio.to_thread(server.status)
+        assert [w["position"] for w in st["queue"]["waiting"]] == list(range(1, n_clients + 1))
+        release.set()
+        await asyncio.gather(held, *tasks)
+        await ac.close()
+        assert sorted(done_order) == list(range(n_clients))  # none lost
+        # the server ran them in the order they arrived: first come, first served
+        seqs = [runs[k][0] for k in range(n_clients)]
+        assert seqs == sorted(seqs) == [w["seq"] for w in st["queue"]["waiting"]]
+        assert [runs[k][1] for k in range(n_clients)] == list(range(runs[0][1], runs[0][1] + n_clients))
+        assert all(usages[k] == max_tokens and texts[k] for k in range(n_clients))
+
+    asyncio.run(main())
+
+
+def _seen(server: Served) -> int:
+    """Requests the server has taken in so far (running, queued or finished), by their sequence numbers."""
+    st = server.status()
+    seqs = [w["seq"] for w in st["queue"]["waiting"]]
+    if st["queue"]["running"] is not None:
+        seqs.append(st["queue"]["running"])
+    if st["last_request"]:
+        seqs.append(st["last_request"]["seq"])
+    return max(seqs, default=0)
+
+
+def test_start_up_failures_exit_with_the_engines_message(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.gguf"
+    good = ensure_model("tiny").read_bytes()
+    bad.write_bytes(good[: len(good) // 2])  # the tensors run past the end of the file
+    p = run_serve("--model", str(bad))
+    assert p.returncode != 0 and "listening" not in p.stdout
+    assert "broken.gguf" in p.stderr
+    p = run_serve("--model", str(ensure_model("tiny")), "--vram-budget", "1MiB")
+    assert p.returncode == 1 and "listening" not in p.stdout
+    assert "the engine could not start" in p.stderr and "budget" in p.stderr.lower()
+    p = run_serve("--model", str(tmp_path / "missing.gguf"))
+    assert p.returncode == 2 and "model file not found" in p.stderr
