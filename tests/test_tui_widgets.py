@@ -119,3 +119,37 @@ def test_enter_sends_newline_key_inserts_up_recalls() -> None:
             assert box.text.count("x") == 1
 
     asyncio.run(run())
+
+
+def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
+    from strata_tui.widgets import ChatLog
+
+    async def run() -> None:
+        log = ChatLog()
+        async with _One(log).run_test(size=(80, 20)) as pilot:
+            view = MessageView("assistant", streaming=True)
+            await log.add(view)
+            # a big jump of content at once (a fast model between two draws) is still followed
+            await view.append(Delta(content="\n\n".join(f"paragraph {i}" for i in range(60))))
+            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            log.follow()
+            await pilot.pause(0.1)
+            assert log.scroll_y == log.max_scroll_y > 0
+            # the user scrolls up to read: new text no longer moves the view
+            log.scroll_to(y=0, animate=False)
+            await pilot.pause()
+            await view.append(Delta(content="\n\nmore text"))
+            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            log.follow()
+            await pilot.pause(0.1)
+            assert log.scroll_y == 0
+            # back at the end, it follows again
+            log.scroll_end(animate=False)
+            await pilot.pause()
+            await view.append(Delta(content="\n\n" + "\n\n".join(f"tail {i}" for i in range(20))))
+            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            log.follow()
+            await pilot.pause(0.1)
+            assert log.scroll_y == log.max_scroll_y
+
+    asyncio.run(run())

@@ -521,6 +521,7 @@ class ChatScreen(Screen[None]):
             r.view.stored = msg.message
             r.view.message_id = msg.message.id
             r.view.set_footer(_footer_for(msg.message, msg.finished))
+            self.log_view.follow()
         else:
             await r.view.remove()
             if msg.cancelled and r.user_view is not None:

@@ -26,6 +26,8 @@ _LABELS = {"user": "You", "assistant": "Assistant", "error": "Error", "note": "s
 class MessageView(Vertical, can_focus=True):
     """A message in the conversation. Focus it (Tab, or click) to copy, edit or regenerate it."""
 
+    DEFAULT_CSS = "MessageView { height: auto; }"
+
     BINDINGS = [
         Binding("c", "copy", "Copy"),
         Binding("e", "edit", "Edit & resend", show=False),
