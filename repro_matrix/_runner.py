@@ -94,6 +94,10 @@ class RunDir:
             # an earlier run in the same place is kept, not overwritten
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             keep = self.path / f"earlier-{stamp}"
+            n = 1
+            while keep.exists():
+                n += 1
+                keep = self.path / f"earlier-{stamp}-{n}"
             keep.mkdir()
             for name in ("matrix.json", "env.json", "cells.jsonl", "run.json", "table.csv", "table.jsonl",
                          "table.md", "verdicts.jsonl", "bisect.json", "report.md"):

@@ -112,6 +112,7 @@ def test_current_replies_equal_the_reference_token_for_token(builtin_run: Path):
 def test_report_of_the_legacy_run(builtin_run: Path):
     p = _cli("report", str(builtin_run))
     assert p.returncode == 0, p.stderr
+    assert "scrubbed" in p.stderr  # the user is told what was removed (or that nothing was)
     text = (builtin_run / "report.md").read_text()
     for section in ("## Setup", "## What happens", "## The matrix", "## Boundaries", "## Expected",
                     "## How to reproduce", "## What was not run"):
