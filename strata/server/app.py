@@ -334,6 +334,8 @@ class _Generation:
             return ApiError(500, msg, code="engine_exited")
         if code == "engine_start_failed":
             return ApiError(503, msg, code="engine_start_failed")
+        if code == "cancelled":
+            return ApiError(400, msg, code="cancelled")
         err = ev.get("error")
         if err == "LendError":
             return ApiError(500, msg, code="lend_failed")
