@@ -40,7 +40,6 @@ void rmsnorm_rows(float *out, const float *x, const float *w, int32_t n, int32_t
 /* The largest quantized activation row any product of the model needs. */
 static size_t act_stride_of(const strata_engine *e) {
     const hparams *hp = &e->hp;
-    const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
     size_t m = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *L = &e->w.layers[l];
@@ -52,7 +51,6 @@ static size_t act_stride_of(const strata_engine *e) {
     }
     size_t b = mm_act_row_bytes(e->qt, e->w.output.type, e->w.output.cols);
     m = b > m ? b : m;
-    (void)QD;
     return STRATA_ALIGN_UP(m, 64);
 }
 
