@@ -419,10 +419,11 @@ def _layout_main(argv: Sequence[str]) -> int:
     with Engine(model, cfg) as eng:
         out["plan"] = dataclasses.asdict(eng.plan)
         wanted = {int(x) for x in chunks.split(",") if x}
+        predict: Any = None
         try:  # what the plan will do with each prompt (its chunk, loan, verdict), where strata says
             from strata._memplan import predict
         except ImportError:
-            predict = None
+            pass
         for n in (int(x) for x in lengths.split(",") if x):
             if predict is not None:
                 pr = dataclasses.asdict(predict(eng, n))

@@ -297,10 +297,10 @@ class Matrix:
         if "fail_on" in d:
             m.fail_on = [str(x) for x in d["fail_on"]]
         expect = d.get("expect_fail", []) or []
-        for i, e in enumerate([expect] if isinstance(expect, dict) else expect):
-            for k in e:
+        for i, settings in enumerate([expect] if isinstance(expect, dict) else expect):
+            for k in settings:
                 _check_knob(k, f"expect_fail #{i + 1}")
-            m.expect_fail.append({k: _normalize(k, v) for k, v in e.items()})
+            m.expect_fail.append({k: _normalize(k, v) for k, v in settings.items()})
         m.cells()  # validate every cell now, not half way through a sweep
         return m
 

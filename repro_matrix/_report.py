@@ -48,7 +48,7 @@ def _group_name(cell: Cell, knobs: Sequence[str]) -> str:
 
 def _prompt_chunk(rec: dict[str, Any], k: int) -> tuple[int | None, int | None]:
     """(length, chunk) of prompt k: the chunk the plan gives it when recorded, else the declared one."""
-    p = next((p for p in rec.get("prompts", []) if p["index"] == k), {})
+    p: dict[str, Any] = next((p for p in rec.get("prompts", []) if p["index"] == k), {})
     n = p.get("length")
     pred = ((rec.get("layouts") or {}).get("predicted") or {}).get(str(n))
     if pred:

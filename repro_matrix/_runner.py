@@ -32,7 +32,7 @@ from ._cell import model_path, run_cell, stop_all_servers
 from ._matrix import Cell, Matrix, MatrixError, shard_cells
 from ._verdict import judge
 
-__all__ = ["RunDir", "RunOptions", "gpu_count", "plan_jobs", "run_matrix"]
+__all__ = ["RunDir", "RunOptions", "gpu_count", "merge_runs", "plan_jobs", "run_matrix"]
 
 
 class RunDir:
@@ -94,6 +94,10 @@ class RunDir:
             # an earlier run in the same place is kept, not overwritten
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             keep = self.path / f"earlier-{stamp}"
+            n = 1
+            while keep.exists():
+                n += 1
+                keep = self.path / f"earlier-{stamp}-{n}"
             keep.mkdir()
             for name in ("matrix.json", "env.json", "cells.jsonl", "run.json", "table.csv", "table.jsonl",
                          "table.md", "verdicts.jsonl", "bisect.json", "report.md"):
@@ -313,3 +317,25 @@ def _local_cell(matrix: Matrix, cell: Cell, gpu: int | None, cell_env: dict[str,
     rec["backend"] = "local"
     rec["queue_s"] = time.monotonic() - t - rec.get("wall_s", 0)
     return rec
+
+
+def merge_runs(out: str | Path, dirs: Sequence[str | Path]) -> tuple[Matrix, list[dict[str, Any]], int]:
+    """Combine runs of one matrix (its shards) into ``out``: the matrix, every record, cells still missing."""
+    runs = [RunDir(d) for d in dirs]
+    matrices = [r.matrix() for r in runs]
+    first = matrices[0]
+    for d, m in zip(dirs[1:], matrices[1:], strict=True):
+        if m.to_dict() != first.to_dict():
+            raise MatrixError(f"{d} ran another matrix than {dirs[0]}; only shards of one matrix merge")
+    dest = RunDir(out)
+    env = json.loads((runs[0].path / "env.json").read_text()) if (runs[0].path / "env.json").is_file() else {}
+    info = {"merged_from": [str(d) for d in dirs], "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    dest.start(first, env, info, resume=False)
+    seen: set[str] = set()
+    for r in runs:
+        for rec in r.records():
+            if rec["cell_id"] not in seen:
+                seen.add(rec["cell_id"])
+                dest.append(rec)
+    missing = len({c.cell_id for c in first.cells()} - seen)
+    return first, dest.records(), missing

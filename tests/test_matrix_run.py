@@ -112,6 +112,7 @@ def test_current_replies_equal_the_reference_token_for_token(builtin_run: Path):
 def test_report_of_the_legacy_run(builtin_run: Path):
     p = _cli("report", str(builtin_run))
     assert p.returncode == 0, p.stderr
+    assert "scrubbed" in p.stderr  # the user is told what was removed (or that nothing was)
     text = (builtin_run / "report.md").read_text()
     for section in ("## Setup", "## What happens", "## The matrix", "## Boundaries", "## Expected",
                     "## How to reproduce", "## What was not run"):
@@ -213,12 +214,11 @@ def test_two_shards_cover_the_matrix_exactly_once(tmp_path: Path, local_scale_ru
         _cli("run", str(m), "--out", str(out), "--shard", f"{k}/2", "--no-progress")
         ids += [r["cell_id"] for r in RunDir(out).records()]
     assert sorted(ids) == sorted(c.cell_id for c in load_matrix(m).cells())
-    # and the sharded cells reach the local run's verdicts (the reference is in shard 1 only, so
-    # compare the labels that do not need it)
-    local_v = {cid: set(lb) & _FAILURES for cid, (_, lb, _) in _verdicts(local).items()}
-    for k in (1, 2):
-        for cid, (_, lb, _) in _verdicts(tmp_path / f"shard{k}").items():
-            assert set(lb) & _FAILURES == local_v[cid]
+    # merged, the shards reach the local run's verdicts, and the merge gates on the legacy failure
+    p = _cli("merge", str(tmp_path / "merged"), str(tmp_path / "shard1"), str(tmp_path / "shard2"))
+    assert p.returncode == 1 and "lend failed" in p.stdout
+    merged = {cid: lb for cid, (_, lb, _) in _verdicts(tmp_path / "merged").items()}
+    assert merged == {cid: lb for cid, (_, lb, _) in _verdicts(local).items()}
 
 
 def test_ray_backend_reaches_the_same_verdicts(tmp_path: Path, local_scale_run: tuple[Path, Path]):

@@ -252,6 +252,14 @@ def test_malformed_and_huge_bodies_then_still_serving(server: Served, client: op
     r = httpx.post(url, content=big, headers=auth, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     assert str(1 << 20) in r.json()["error"]["message"]
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while the body streams in
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(40):
+            yield b"y" * 65536
+        yield b'"}]}'
+
+    r = httpx.post(url, content=chunks(), headers=auth, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(f"{server.url}/v1/nothing-here", headers=auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     ok = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4, temperature=0)

@@ -308,11 +308,12 @@ class _Generation:
                 elif kind == "error":
                     raise self._error(ev)
         finally:
-            if self.result is None and not self.job.finished.is_set():
-                # the client went away mid-reply: stop the engine, then let the rest drain in the
-                # background so that the request is still accounted for
+            if self.result is None:
+                # the client went away mid-reply: stop the engine (unless it is done already), then let
+                # the rest drain in the background so that the request is still accounted for
                 self.client_disconnected()
-                self._drainer = asyncio.get_running_loop().create_task(self._drain())
+                if not (self.job.finished.is_set() and self.job.events.empty()):
+                    self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
         while not (self.job.finished.is_set() and self.job.events.empty()):
@@ -334,6 +335,8 @@ class _Generation:
             return ApiError(500, msg, code="engine_exited")
         if code == "engine_start_failed":
             return ApiError(503, msg, code="engine_start_failed")
+        if code == "cancelled":
+            return ApiError(400, msg, code="cancelled")
         err = ev.get("error")
         if err == "LendError":
             return ApiError(500, msg, code="lend_failed")

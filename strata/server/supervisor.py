@@ -356,7 +356,8 @@ class Supervisor:
                 w.send({"op": "cancel"})
         elif job in self._queue:
             self._queue.remove(job)
-            job.finished.set()
+            self._finish(job, {"ev": "error", "code": "cancelled",
+                               "message": "the request was cancelled before the engine started it"})
 
     def _finish(self, job: Job, event: dict[str, Any] | None) -> None:
         if event is not None:
