@@ -120,7 +120,7 @@ def format_result(res: BisectResult, labels: dict[int, str] | None = None) -> st
         lines.append(f"{res.knob} ({name}): no failure in {lo}..{hi} ({len(res.outcomes)} values run)")
     if res.probes:
         steps = ", ".join(f"{v} {(labels or {}).get(v, 'fails' if res.outcomes[v] else 'passes')}"
-                          for v in res.probes)
+                          for v in sorted(res.probes))
         lines.append(f"  bisection ran {len(res.probes)} cells: {steps}")
     if res.not_run:
         lines.append(f"  {res.not_run} values between those run were not run (assumed like their neighbours)")

@@ -13,7 +13,9 @@ Prompts are random token ids of the model's ordinary vocabulary, drawn from (pro
 index): prompt k is the same in every cell and start (so replies compare), and no two prompts of a cell
 share a prefix (each starts with its own nonce, so nothing can be reused between requests).
 
-``python -m repro_matrix._cell layout MODEL CONFIG_JSON T,T,...`` is that layout helper.
+``python -m repro_matrix._cell layout MODEL CONFIG_JSON N,N,... [T,T,...]`` is that helper: for each
+prompt length N its chunk and what the plan predicts (``strata._memplan.predict``), and ``layout(T)``
+of every chunk involved.
 """
 
 from __future__ import annotations
@@ -325,10 +327,11 @@ def _one_start(model: Path, cell: Cell, get_prompts: Callable[[dict[str, Any]], 
     return rec
 
 
-def _layouts(model: Path, cell: Cell, tokens: Sequence[int], env: dict[str, str]) -> dict[str, Any]:
-    """Plan and layout(T) of each T, from a separate short-lived process that opens the engine."""
+def _layouts(model: Path, cell: Cell, lengths: Sequence[int], chunks: Sequence[int],
+             env: dict[str, str]) -> dict[str, Any]:
+    """Plan, each prompt's chunk and layout(T), from a separate short-lived process that opens the engine."""
     args = [sys.executable, "-m", "repro_matrix._cell", "layout", str(model), json.dumps(cell.engine),
-            ",".join(str(t) for t in sorted(set(tokens)))]
+            ",".join(str(n) for n in lengths), ",".join(str(t) for t in sorted(set(chunks)))]
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=_START_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
@@ -381,10 +384,10 @@ def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
     record["budget"] = (plan_src or {}).get("budget")
     auto = (record["plan"] or {}).get("auto_chunk")
     if record["plan"]:
-        # the declared chunks (capped by the auto chunk) and the chunks the engine reported using
-        chunks = {min(c or n, auto or c or n) for n, c in made.get("spec", [])}
-        chunks |= {int(r["chunk"]) for st in starts for r in st.get("requests", []) if r.get("chunk")}
-        record["layouts"] = _layouts(model, cell, [*sorted(chunks), *([auto] if auto else [])], env)
+        # each prompt's chunk as the plan decides it, and the chunks the engine reported using
+        chunks = {int(r["chunk"]) for st in starts for r in st.get("requests", []) if r.get("chunk")}
+        record["layouts"] = _layouts(model, cell, [n for n, _ in made.get("spec", [])],
+                                     [*chunks, *([auto] if auto else [])], env)
     else:
         record["layouts"] = {"error": "no engine start succeeded"}
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -410,13 +413,25 @@ def _layout_main(argv: Sequence[str]) -> int:
 
     from strata import Engine, EngineConfig
 
-    model, engine_json, tokens = argv[0], argv[1], argv[2]
+    model, engine_json, lengths, chunks = argv[0], argv[1], argv[2], argv[3] if len(argv) > 3 else ""
     cfg = EngineConfig.from_dict(json.loads(engine_json) if engine_json else {})
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"layouts": {}, "predicted": {}}
     with Engine(model, cfg) as eng:
         out["plan"] = dataclasses.asdict(eng.plan)
-        out["layouts"] = {}
-        for t in (int(x) for x in tokens.split(",") if x):
+        wanted = {int(x) for x in chunks.split(",") if x}
+        predict: Any = None
+        try:  # what the plan will do with each prompt (its chunk, loan, verdict), where strata says
+            from strata._memplan import predict
+        except ImportError:
+            pass
+        for n in (int(x) for x in lengths.split(",") if x):
+            if predict is not None:
+                pr = dataclasses.asdict(predict(eng, n))
+                out["predicted"][str(n)] = pr
+                wanted.add(int(pr["chunk"]))
+            else:
+                wanted.add(min(n, eng.plan.auto_chunk))
+        for t in sorted(wanted):
             out["layouts"][str(t)] = dataclasses.asdict(eng.layout(t))
     print(json.dumps(out))
     return 0
@@ -425,5 +440,5 @@ def _layout_main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "layout":
         sys.exit(_layout_main(sys.argv[2:]))
-    print("usage: python -m repro_matrix._cell layout MODEL ENGINE_JSON T,T,...", file=sys.stderr)
+    print("usage: python -m repro_matrix._cell layout MODEL ENGINE_JSON N,N,... [T,T,...]", file=sys.stderr)
     sys.exit(2)

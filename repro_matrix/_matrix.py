@@ -297,10 +297,10 @@ class Matrix:
         if "fail_on" in d:
             m.fail_on = [str(x) for x in d["fail_on"]]
         expect = d.get("expect_fail", []) or []
-        for i, e in enumerate([expect] if isinstance(expect, dict) else expect):
-            for k in e:
+        for i, settings in enumerate([expect] if isinstance(expect, dict) else expect):
+            for k in settings:
                 _check_knob(k, f"expect_fail #{i + 1}")
-            m.expect_fail.append({k: _normalize(k, v) for k, v in e.items()})
+            m.expect_fail.append({k: _normalize(k, v) for k, v in settings.items()})
         m.cells()  # validate every cell now, not half way through a sweep
         return m
 
@@ -335,9 +335,12 @@ class Matrix:
             out.append(Cell.make({**self.engine, **dict(zip(names, combo, strict=True))}))
         for extra in self.extra:
             out.append(Cell.make({**self.engine, **extra}, origin="extra"))
-        # two declarations of the same cell run once
+        # two declarations of the same cell run once; a cell that is the reference is run as the reference
         unique: dict[str, Cell] = {}
+        same_as_ref = (ref.engine, ref.request) if ref is not None else None
         for c in out:
+            if not c.reference and (c.engine, c.request) == same_as_ref:
+                continue
             unique.setdefault(c.cell_id, c)
         return list(unique.values())
 

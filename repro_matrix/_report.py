@@ -36,8 +36,26 @@ _EXPECTED = (
 )
 
 
+def _failing(df: pd.DataFrame) -> pd.DataFrame:
+    """The failing cells, the matrix's first; the reference's own failure counts too."""
+    bad = df[df["failing"]]
+    return pd.concat([bad[bad["cell"] != "reference"], bad[bad["cell"] == "reference"]])
+
+
 def _group_name(cell: Cell, knobs: Sequence[str]) -> str:
     return ", ".join(f"`{k}={cell.knob(k)}`" for k in knobs)
+
+
+def _prompt_chunk(rec: dict[str, Any], k: int) -> tuple[int | None, int | None]:
+    """(length, chunk) of prompt k: the chunk the plan gives it when recorded, else the declared one."""
+    p: dict[str, Any] = next((p for p in rec.get("prompts", []) if p["index"] == k), {})
+    n = p.get("length")
+    pred = ((rec.get("layouts") or {}).get("predicted") or {}).get(str(n))
+    if pred:
+        return n, int(pred["chunk"])
+    auto = (rec.get("plan") or {}).get("auto_chunk")
+    chunk = p.get("chunk") or n
+    return n, (min(chunk, auto) if chunk and auto else chunk)
 
 
 def _below_auto(records: dict[str, dict[str, Any]], ids: Sequence[str]) -> bool:
@@ -46,13 +64,11 @@ def _below_auto(records: dict[str, dict[str, Any]], ids: Sequence[str]) -> bool:
     for cid in ids:
         rec = records[cid]
         auto = (rec.get("plan") or {}).get("auto_chunk")
-        prompts = {p["index"]: p for p in rec.get("prompts", [])}
         for st in rec.get("starts", []):
             for r in st.get("requests", []):
                 if r.get("status") == "ok" or r.get("error_code") not in ("lend_failed", "engine_exited"):
                     continue
-                p = prompts.get(r["prompt"], {})
-                chunk = p.get("chunk") or p.get("length")
+                _, chunk = _prompt_chunk(rec, r["prompt"])
                 if not auto or not chunk or chunk >= auto:
                     return False
                 seen = True
@@ -61,7 +77,7 @@ def _below_auto(records: dict[str, dict[str, Any]], ids: Sequence[str]) -> bool:
 
 def _title(df: pd.DataFrame, knobs: Sequence[str], records: dict[str, dict[str, Any]],
            bisected: dict[str, str]) -> str:
-    bad = df[df["failing"] & (df["cell"] != "reference")]
+    bad = _failing(df)
     if bad.empty:
         return "No failures: every cell of the matrix passes"
     labels = [lb for lb in ("lend failed", "engine exited", "engine start failed", "request failed",
@@ -98,7 +114,7 @@ def _title(df: pd.DataFrame, knobs: Sequence[str], records: dict[str, dict[str, 
 
 def _what_happens(records: dict[str, dict[str, Any]], df: pd.DataFrame, vs: dict[str, Verdict],
                   knobs: Sequence[str]) -> str:
-    bad = df[df["failing"] & (df["cell"] != "reference")]
+    bad = _failing(df)
     out = [summarize(df)]
     if bad.empty:
         return "\n".join(out)
@@ -128,13 +144,10 @@ def _what_happens(records: dict[str, dict[str, Any]], df: pd.DataFrame, vs: dict
                 break
         if failing_req:
             st, r = failing_req
-            prompts = {p["index"]: p for p in rec.get("prompts", [])}
-            p = prompts.get(r["prompt"], {})
             lay = ((rec.get("layouts") or {}).get("layouts") or {})
-            chunk = p.get("chunk") or p.get("length")
-            need = lay.get(str(min(chunk, plan.get("auto_chunk") or chunk))) if chunk else None
-            out.append(f"Prompt {r['prompt']} ({p.get('length')} tokens"
-                       + (f", chunk {min(chunk, plan.get('auto_chunk') or chunk)}" if chunk else "") + ")"
+            n, chunk = _prompt_chunk(rec, r["prompt"])
+            need = lay.get(str(chunk)) if chunk else None
+            out.append(f"Prompt {r['prompt']} ({n} tokens" + (f", chunk {chunk}" if chunk else "") + ")"
                        + (f", whose layout needs {need['slots_needed']} slots (ring {need['ring_slots']})"
                           if need else "")
                        + f", got HTTP {r.get('http_status', '?')} `{r.get('error_code')}`:\n")
@@ -156,7 +169,7 @@ def _what_happens(records: dict[str, dict[str, Any]], df: pd.DataFrame, vs: dict
 
 
 def _shortest_command(records: dict[str, dict[str, Any]], df: pd.DataFrame, matrix: Matrix) -> str:
-    bad = df[df["failing"] & (df["cell"] != "reference")]
+    bad = _failing(df)
     if bad.empty:
         return "Nothing to reproduce.\n"
     row = bad.iloc[0]
@@ -186,8 +199,9 @@ def _shortest_command(records: dict[str, dict[str, Any]], df: pd.DataFrame, matr
                  f"```sh\ncurl -s http://127.0.0.1:8080/v1/completions -H 'content-type: application/json' "
                  f"-d '{body}'\n```\n")
     one = ["repro_matrix", "run", "-", "--model", str(model_spec)]
-    for k, v in cell.engine.items():
-        one += ["--set", f"{k}={v}"]
+    # the engine flags in their shortest form (sizes with units), as --set knob=value
+    for flag, v in zip(args[::2], args[1::2], strict=True):
+        one += ["--set", f"{flag[2:].replace('-', '_')}={v}"]
     for k, v in cell.request.items():
         from ._matrix import REQUEST_KNOBS
 
@@ -225,8 +239,9 @@ def _not_run(rd: RunDir, matrix: Matrix, records: Sequence[dict[str, Any]], env:
     if bis.is_file():
         for res in json.loads(bis.read_text()):
             if res.get("not_run"):
-                lines.append(f"- {res['not_run']} values of {res['knob']} between those run were not run "
-                             "(assumed to behave like their neighbours).")
+                group = ", ".join(f"{k}={v}" for k, v in res.get("group", {}).items())
+                lines.append(f"- {group}: {res['not_run']} values of {res['knob']} between those run were not "
+                             "run (assumed to behave like their neighbours).")
     else:
         lines.append("- The boundaries were not bisected (`repro_matrix bisect DIR --knob expert_cache`).")
     if not any(r["cell"].get("reference") for r in records):
@@ -264,15 +279,18 @@ def build_report(out: str | Path) -> str:
                  f"{n_fail} failing.\n")
     parts.append("## Setup\n")
     parts.append(env_markdown(env) if env else "- environment not recorded\n")
-    prompt_desc = ", ".join(str(c) for c in matrix.chunks) if matrix.chunks else ""
+    prompt_parts = []
+    if matrix.chunks:
+        prompt_parts.append("prompts whose chunk rounds to " + ", ".join(map(str, matrix.chunks)) + " tokens")
     if matrix.lengths:
-        prompt_desc += (", " if prompt_desc else "") + "lengths " + ", ".join(map(str, matrix.lengths))
+        prompt_parts.append("prompts of " + ", ".join(map(str, matrix.lengths)) + " tokens")
+    prompt_desc = " and ".join(prompt_parts)
     shared = " ".join(Cell.make(dict(matrix.engine)).config.to_cli_args())
     req = Cell.make(dict(matrix.engine)).request
     parts.append(f"- **Model**: `{matrix.model}`" + (f" ({Path(model_file).name})" if model_file else ""))
     parts.append(f"- **Matrix**: `{matrix.name}`; shared flags `{shared or '(defaults)'}`; swept "
                  + (", ".join(f"`{k}` = {_axis_text(v)}" for k, v in matrix.axes.items()) or "nothing")
-                 + f"; {matrix.starts} start(s) per cell; prompts whose chunk rounds to {prompt_desc} tokens "
+                 + f"; {matrix.starts} start(s) per cell; {prompt_desc} "
                  f"(each with its own nonce), {req['max_tokens']} tokens at temperature {req['temperature']}, "
                  "thinking off.\n")
     parts.append("## What happens\n")

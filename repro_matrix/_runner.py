@@ -28,11 +28,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ._cell import run_cell, stop_all_servers
+from ._cell import model_path, run_cell, stop_all_servers
 from ._matrix import Cell, Matrix, MatrixError, shard_cells
 from ._verdict import judge
 
-__all__ = ["RunDir", "RunOptions", "gpu_count", "plan_jobs", "run_matrix"]
+__all__ = ["RunDir", "RunOptions", "gpu_count", "merge_runs", "plan_jobs", "run_matrix"]
 
 
 class RunDir:
@@ -94,6 +94,10 @@ class RunDir:
             # an earlier run in the same place is kept, not overwritten
             stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
             keep = self.path / f"earlier-{stamp}"
+            n = 1
+            while keep.exists():
+                n += 1
+                keep = self.path / f"earlier-{stamp}-{n}"
             keep.mkdir()
             for name in ("matrix.json", "env.json", "cells.jsonl", "run.json", "table.csv", "table.jsonl",
                          "table.md", "verdicts.jsonl", "bisect.json", "report.md"):
@@ -180,8 +184,9 @@ class _Progress:
             )
 
             self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("cells, [red]{task.fields[failing]} failing"), TimeElapsedColumn(),
-                                 TextColumn("left"), TimeRemainingColumn(), console=Console(stderr=True),
+                                 TextColumn("cells, [red]{task.fields[failing]} failing[/red], elapsed"),
+                                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("left"),
+                                 console=Console(stderr=True),
                                  transient=False)
             self._task = self._bar.add_task(title, total=total, failing=0)
             self._bar.start()
@@ -248,6 +253,11 @@ def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | N
         "ray_address": opts.ray, "resume": opts.resume, "planned": [c.cell_id for c in planned],
         "skipped": skipped, "total_cells": len(all_cells),
     }
+    if todo:
+        try:  # a bad model path fails here, once, not in every cell; a preset is made before the pool starts
+            model_path(matrix.model)
+        except (FileNotFoundError, ValueError) as e:
+            raise MatrixError(f"model {matrix.model!r}: {e}") from None
     rd.start(matrix, env_info if env_info is not None else collect_env(), run_info, resume=opts.resume)
     reference = next((r for r in rd.records() if r["cell"].get("reference")), None)
     ran: list[str] = []
@@ -307,3 +317,25 @@ def _local_cell(matrix: Matrix, cell: Cell, gpu: int | None, cell_env: dict[str,
     rec["backend"] = "local"
     rec["queue_s"] = time.monotonic() - t - rec.get("wall_s", 0)
     return rec
+
+
+def merge_runs(out: str | Path, dirs: Sequence[str | Path]) -> tuple[Matrix, list[dict[str, Any]], int]:
+    """Combine runs of one matrix (its shards) into ``out``: the matrix, every record, cells still missing."""
+    runs = [RunDir(d) for d in dirs]
+    matrices = [r.matrix() for r in runs]
+    first = matrices[0]
+    for d, m in zip(dirs[1:], matrices[1:], strict=True):
+        if m.to_dict() != first.to_dict():
+            raise MatrixError(f"{d} ran another matrix than {dirs[0]}; only shards of one matrix merge")
+    dest = RunDir(out)
+    env = json.loads((runs[0].path / "env.json").read_text()) if (runs[0].path / "env.json").is_file() else {}
+    info = {"merged_from": [str(d) for d in dirs], "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    dest.start(first, env, info, resume=False)
+    seen: set[str] = set()
+    for r in runs:
+        for rec in r.records():
+            if rec["cell_id"] not in seen:
+                seen.add(rec["cell_id"])
+                dest.append(rec)
+    missing = len({c.cell_id for c in first.cells()} - seen)
+    return first, dest.records(), missing

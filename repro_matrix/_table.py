@@ -184,6 +184,8 @@ def summarize(df: pd.DataFrame) -> str:
     lines = []
     group_by = [k for k in df.attrs.get("knobs", []) if k != "expert_cache"]
     cells = df[df["cell"] != "reference"]
+    if cells.empty:  # a matrix of its reference alone
+        cells = df
     groups = cells.groupby(group_by, dropna=False, sort=False) if group_by else [((), cells)]
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)

@@ -2,6 +2,7 @@
 
     repro_matrix run MATRIX [--out DIR] [--jobs N] [--shard K/N] [--ray [ADDRESS]] [--resume DIR]
     repro_matrix bisect DIR [--knob expert_cache] [--where KNOB=VALUE]
+    repro_matrix merge OUT DIR DIR...
     repro_matrix report DIR [--output FILE]
     repro_matrix env
 
@@ -63,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--fail-on", help="comma list of verdicts that count as failing (default: those seen)")
     b.add_argument("--jobs", type=int, default=1, help="boundaries searched at the same time")
     b.set_defaults(func=cmd_bisect)
+
+    mg = sub.add_parser("merge", help="combine the run directories of shards into one",
+                        description="Combine shard runs (--shard K/N) of one matrix into one run directory, print "
+                                    "its table, and exit 1 on any failure the matrix does not expect (a CI gate).")
+    mg.add_argument("out", type=Path, help="the combined run directory")
+    mg.add_argument("dirs", type=Path, nargs="+", help="shard run directories")
+    mg.set_defaults(func=cmd_merge)
 
     rp = sub.add_parser("report", help="write the Markdown bug report of a run")
     rp.add_argument("dir", type=Path, help="run directory")
@@ -217,6 +225,22 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     (rd.path / "bisect.json").write_text(json.dumps([r.to_dict() for r in results], indent=1))
     (rd.path / "bisect.txt").write_text(text + "\n")
     return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from ._matrix import MatrixError
+    from ._runner import merge_runs
+
+    try:
+        matrix, records, missing = merge_runs(args.out, args.dirs)
+    except MatrixError as e:
+        return _err(str(e))
+    failing, unexpected = _print_table(args.out, matrix, records)
+    print(f"{len(records)} cells from {len(args.dirs)} runs in {args.out}; {failing} failing"
+          + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
+    if missing:
+        print(f"note: {missing} cells of the matrix have no result in these runs", file=sys.stderr)
+    return 1 if unexpected else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

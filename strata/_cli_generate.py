@@ -165,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
                 if tok is not None:
                     sys.stdout.write(tok.decode(streamed)[len(printed[0]) :])
                 sys.stdout.write("\n")
+                sys.stdout.flush()  # the text first, then the speeds on stderr
                 print(
                     f"prompt: {timings['prompt_n']} tokens in {timings['prompt_ms']:.1f} ms "
                     f"({timings['prompt_per_second']:.1f} tokens/s); decode: {timings['predicted_n']} tokens in "

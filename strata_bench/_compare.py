@@ -60,6 +60,7 @@ class CompareResult:
     only_old: int = 0
     only_new: int = 0
     matched: int = 0
+    ignored_fields: list[str] = field(default_factory=list)  # key fields only one side has
 
     @property
     def ok(self) -> bool:
@@ -80,7 +81,7 @@ def _frame(
                 cols += [c for c in f if c.startswith("knobs.") and c not in cols]
         elif k not in cols:
             cols.append(k)
-    df = pd.DataFrame(flat)
+    df = pd.DataFrame(flat, dtype=object)  # object: an int knob stays 2, not 2.0 next to a missing one
     for c in cols:
         if c not in df.columns:
             df[c] = None
@@ -101,11 +102,12 @@ def compare(
 ) -> CompareResult:
     df_old, cols_old = _frame(old, key, "OLD")
     df_new, cols_new = _frame(new, key, "NEW")
-    cols = cols_old + [c for c in cols_new if c not in cols_old]
-    for df in (df_old, df_new):
-        for c in cols:
-            if c not in df.columns:
-                df[c] = "-"
+    # A knob that only one side knows (added or removed between the two versions) cannot tell rows
+    # apart across them: it leaves the key, and the result says so.
+    cols = [c for c in cols_old if c in cols_new]
+    ignored = [c for c in cols_old + cols_new if c not in cols]
+    df_old = df_old.drop_duplicates(subset=cols, keep="last")
+    df_new = df_new.drop_duplicates(subset=cols, keep="last")
     value_fields = sorted({"mean"} | {g.field for g in gates})
     for g in gates:
         if g.field not in df_old.columns and g.field not in df_new.columns:
@@ -120,9 +122,15 @@ def compare(
         indicator=True,
         sort=False,
     )
-    shown = [c for c in cols if merged[c].nunique(dropna=False) > 1 or c == "test"]
+    # columns worth showing: the test, and fields that tell rows of one target apart
+    by_target = merged.groupby("target", dropna=False) if "target" in cols else [(None, merged)]
+    shown = [
+        c for c in cols
+        if c == "test" or (c == "target" and merged[c].nunique() > 1)
+        or (c != "target" and any(g[c].nunique(dropna=False) > 1 for _, g in by_target))
+    ]  # fmt: skip
     headers = [c.removeprefix("knobs.") for c in shown] + ["old", "new", "new/old", "change", "verdict"]
-    res = CompareResult(headers=headers, rows=[])
+    res = CompareResult(headers=headers, rows=[], ignored_fields=ignored)
     gate_hits = {g: 0 for g in gates}
     for _, row in merged.iterrows():
         old_v, new_v = row.get("mean.old"), row.get("mean.new")

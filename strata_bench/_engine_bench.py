@@ -132,7 +132,7 @@ def run_strata(
     advance: Callable[[int], None] | None = None,
 ) -> int:
     """Run every test under every configuration; each finished test becomes a record. Returns the row count."""
-    from strata import Engine
+    from strata import Engine, StrataError
 
     weights = weight_bytes(model_path)
     need = max((t.context for t in tests), default=1)
@@ -141,45 +141,52 @@ def run_strata(
         run_cfg = dataclasses.replace(cfg)
         if run_cfg.max_context is None:
             run_cfg.max_context = need  # like llama-bench, a context exactly as long as the tests need
-        with Engine(model_path, run_cfg) as eng:
-            info, plan = eng.info, eng.plan
-            n_vocab = int(info.n_vocab)
-            for ti, test in enumerate(tests):
-                rng = np.random.default_rng([seed, ti])
-                samples_ns: list[int] = []
-                runs: list[dict[str, Any]] = []
-                with GpuSampler() as gpu:
-                    for rep in range(warmup + repetitions):
-                        ns, stats = _run_once(eng, test, rng, n_vocab)
-                        if rep >= warmup:
-                            samples_ns.append(ns)
-                            runs.append(stats)
-                        if advance:
-                            advance(1)
-                n_tokens = test.n_prompt or test.n_gen
-                samples = [n_tokens * 1e9 / ns for ns in samples_ns]
-                seconds = sum(samples_ns) / len(samples_ns) / 1e9
-                on_record(
-                    base_record(
-                        target="strata",
-                        test=test.name,
-                        kind="pp" if test.n_prompt else "tg",
-                        n_prompt=test.n_prompt,
-                        n_gen=test.n_gen,
-                        n_depth=test.n_depth,
-                        unit="t/s",
-                        repetitions=repetitions,
-                        warmup=warmup,
-                        seed=seed,
-                        **model,
-                        knobs=run_cfg.to_dict(),
-                        samples=samples,
-                        samples_ns=samples_ns,
-                        **summarize(samples),
-                        metrics=_metrics(runs, test, seconds, weights, run_cfg.kv),
-                        plan=_stats_dict(plan),
-                        nvml=gpu.summary(),
+        flags = " ".join(cfg.to_cli_args()) or "(default flags)"
+        where = "opening the engine"
+        try:
+            with Engine(model_path, run_cfg) as eng:
+                info, plan = eng.info, eng.plan
+                n_vocab = int(info.n_vocab)
+                for ti, test in enumerate(tests):
+                    where = test.name
+                    rng = np.random.default_rng([seed, ti])
+                    samples_ns: list[int] = []
+                    runs: list[dict[str, Any]] = []
+                    with GpuSampler() as gpu:
+                        for rep in range(warmup + repetitions):
+                            ns, stats = _run_once(eng, test, rng, n_vocab)
+                            if rep >= warmup:
+                                samples_ns.append(ns)
+                                runs.append(stats)
+                            if advance:
+                                advance(1)
+                    n_tokens = test.n_prompt or test.n_gen
+                    samples = [n_tokens * 1e9 / ns for ns in samples_ns]
+                    seconds = sum(samples_ns) / len(samples_ns) / 1e9
+                    on_record(
+                        base_record(
+                            target="strata",
+                            test=test.name,
+                            kind="pp" if test.n_prompt else "tg",
+                            n_prompt=test.n_prompt,
+                            n_gen=test.n_gen,
+                            n_depth=test.n_depth,
+                            unit="t/s",
+                            repetitions=repetitions,
+                            warmup=warmup,
+                            seed=seed,
+                            **model,
+                            knobs=cfg.to_dict(),  # as given; what the engine made of them is in "plan"
+                            samples=samples,
+                            samples_ns=samples_ns,
+                            **summarize(samples),
+                            metrics=_metrics(runs, test, seconds, weights, run_cfg.kv),
+                            plan=_stats_dict(plan),
+                            nvml=gpu.summary(),
+                        )
                     )
-                )
-                n += 1
+                    n += 1
+        except StrataError as e:
+            # which configuration of a grid failed, and where, in front of the engine's own words
+            raise type(e)(f"strata {flags}, {where}: {e}", e.status) from None
     return n

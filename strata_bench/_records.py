@@ -235,7 +235,8 @@ def to_markdown(
     body = [["" if c is None else str(c) for c in r] for r in rows]
     if align is None:
         align = [
-            "r" if body and all(_looks_numeric(r[i]) for r in body) else "l" for i in range(len(headers))
+            "r" if body and all(_looks_numeric(r[i]) or r[i] in ("", "-") for r in body) else "l"
+            for i in range(len(headers))
         ]
     widths = [max([len(h)] + [len(r[i]) for r in body]) for i, h in enumerate(headers)]
     widths = [max(w, 3) for w in widths]

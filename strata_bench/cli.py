@@ -375,6 +375,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             rt.add_row(*row, style="red" if row[-1].startswith("FAIL") else None)
         Console().print(rt)
     print(f"{res.matched} rows matched, {res.only_old} only in OLD, {res.only_new} only in NEW")
+    if res.ignored_fields:
+        print(f"not part of the key (only one side has them): {', '.join(res.ignored_fields)}")
     if res.failures:
         for f in res.failures:
             print(f"FAIL {f}")

@@ -101,3 +101,12 @@ def test_cli_exit_codes(tmp_path, capsys) -> None:
     assert "FAIL tg128:-5%" in out and "-16.7%" in out
     assert main(["compare", old, str(tmp_path / "nope.jsonl")]) == 1
     assert "no such records file" in capsys.readouterr().err
+
+
+def test_a_knob_only_one_side_has_leaves_the_key() -> None:
+    new = copy.deepcopy(OLD)
+    for r in new:
+        r["knobs"]["prefetch"] = "on"  # a knob added after OLD was recorded
+    res = compare(OLD, new, gates=[parse_gate("tg128:-5%")])
+    assert res.ok and res.matched == 4
+    assert res.ignored_fields == ["knobs.prefetch"]

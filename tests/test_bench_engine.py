@@ -155,3 +155,16 @@ def test_sigint_keeps_finished_engine_rows(tiny, tmp_path) -> None:
     assert 1 <= len(rows) < 16
     assert all(len(r["samples"]) == 5 for r in rows)
     assert f"{len(rows)} finished rows kept" in err
+
+
+def test_a_failing_grid_cell_names_its_flags_and_keeps_earlier_rows(tiny, tmp_path, capsys) -> None:
+    out = tmp_path / "r.jsonl"
+    # 64 KiB cannot hold even the resident weights: the second configuration fails when it opens
+    assert bench(f"run --model {tiny} -p 16 -n 0 -r 5 --vram-budget 256MiB,64KiB --output {out}") == 1
+    err = capsys.readouterr().err
+    assert (
+        "strata --vram-budget 64KiB, opening the engine:" in err
+        and "--vram-budget" in err.split("engine:")[1]
+    )
+    assert "1 finished rows kept" in err
+    assert [r["knobs"]["vram_budget"] for r in _rows(out)] == [256 << 20]

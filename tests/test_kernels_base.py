@@ -64,7 +64,8 @@ def q8_0_act(x: np.ndarray) -> np.ndarray:
     d = (np.abs(b).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
     v = b * inv
-    q = np.trunc(v + np.copysign(np.float32(0.5), v))  # round half away from zero
+    q = np.trunc(v)
+    q = q + np.sign(v) * (np.abs(v - q) >= 0.5)  # round half away from zero (C's roundf)
     return (q * d.astype(np.float16).astype(np.float32)).reshape(x.shape)
 
 
@@ -103,6 +104,27 @@ def test_rows_tokens_and_threads_do_not_change_a_result(level: str, t: QT) -> No
     for r in (0, 5, 22):  # a row alone gives the same value as inside a group of four
         one = K.matvec(int(t), raw[r * row_bytes : (r + 1) * row_bytes], 1, cols, x[3])
         assert one[0] == full[3, r]
+
+
+def test_q8_0_activations_are_quantized_exactly_as_defined(level: str) -> None:
+    """One-hot Q8_0 weight rows (scale 1, a single 1) read back each quantized activation exactly."""
+    cols = 128
+    one_hot = np.zeros((cols, cols // 32, 34), dtype=np.uint8)
+    for j in range(cols):
+        one_hot[j, j // 32, :2] = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
+        one_hot[j, j // 32, 2 + j % 32] = 1
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        x = (rng.standard_normal(cols) * 10.0 ** rng.uniform(-4, 4)).astype(np.float32)
+        if trial % 4 == 0:  # exact halves after scaling: the rounding ties
+            x = (np.round(rng.uniform(-126, 126, cols)) + 0.5).astype(np.float32)  # scale 1: v = x
+            x[::32] = 127.0
+        if trial == 1:
+            x[:32] = 0.0  # an all-zero block: scale 0
+        got = K.matvec(int(QT.Q8_0), one_hot.tobytes(), cols, cols, x)
+        assert np.array_equal(got, q8_0_act(x)), (
+            f"trial {trial}: first difference at {np.flatnonzero(got != q8_0_act(x))[:4]}"
+        )
 
 
 def test_bad_arguments_raise() -> None:

@@ -79,7 +79,7 @@ def test_command_line_declaration_matches_toml(tmp_path: Path):
     p = tmp_path / "m.toml"
     p.write_text('[axes]\nexpert_cache = ["1..4"]\n')
     m2 = load_matrix(p, ["expert_cache=7"])
-    assert {c.knob("expert_cache") for c in m2.cells() if not c.reference} == {"7"}
+    assert {c.knob("expert_cache") for c in m2.cells()} == {"7"}
 
 
 @pytest.mark.parametrize(
@@ -132,3 +132,13 @@ def test_shards_cover_the_matrix_exactly_once(n_cells, n_shards):
 def test_bad_shard(bad):
     with pytest.raises(MatrixError, match="--shard"):
         shard_cells([], bad)
+
+
+def test_a_cell_equal_to_the_reference_runs_once_as_the_reference():
+    m = Matrix.from_dict({"axes": {"lend_policy": ["legacy", "current"]}, "reference": {"lend_policy": "current"}})
+    cells = m.cells()
+    assert len(cells) == 2 and cells[0].reference and cells[0].knob("lend_policy") == "current"
+    assert not cells[1].reference and cells[1].knob("lend_policy") == "legacy"
+    # a matrix declared by flags alone is its reference
+    one = load_matrix("-", ["expert_cache=4132", "lend_policy=legacy"])
+    assert [c.reference for c in one.cells()] == [True]

@@ -121,6 +121,25 @@ def test_completions_token_ids_strings_and_stop(client: openai.OpenAI, tok: Toke
     assert s.choices[0].finish_reason == "stop"
 
 
+def test_cached_prompt_prefix_gives_the_same_reply(client: openai.OpenAI) -> None:
+    first = [{"role": "user", "content": "Tell me about the expert cache."}]
+    r1 = client.chat.completions.create(model="m", messages=first, max_tokens=8, temperature=0)
+    follow = [*first, {"role": "assistant", "content": r1.choices[0].message.content},
+              {"role": "user", "content": "And what about the loan?"}]
+    cold = client.chat.completions.create(model="m", messages=follow, max_tokens=8, temperature=0)
+    assert cold.usage is not None and cold.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
+    # the first turn again, then the follow-up reuses what the KV cache holds of it
+    client.chat.completions.create(model="m", messages=first, max_tokens=8, temperature=0)
+    warm = client.chat.completions.create(model="m", messages=follow, max_tokens=8, temperature=0,
+                                          extra_body={"cache_prompt": True})
+    assert warm.usage is not None
+    cached = warm.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+    assert cached > 10 and cached == _extra(warm, "strata")["cached_tokens"]
+    assert warm.usage.prompt_tokens == cold.usage.prompt_tokens
+    assert _extra(warm, "timings")["prompt_n"] == warm.usage.prompt_tokens - cached
+    assert _extra(warm, "strata")["token_ids"] == _extra(cold, "strata")["token_ids"]
+
+
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> list[int]:
         r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=1.0, top_p=0.95,
@@ -233,6 +252,14 @@ def test_malformed_and_huge_bodies_then_still_serving(server: Served, client: op
     r = httpx.post(url, content=big, headers=auth, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     assert str(1 << 20) in r.json()["error"]["message"]
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while the body streams in
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(40):
+            yield b"y" * 65536
+        yield b'"}]}'
+
+    r = httpx.post(url, content=chunks(), headers=auth, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(f"{server.url}/v1/nothing-here", headers=auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     ok = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4, temperature=0)

@@ -25,7 +25,7 @@ LONG = {"ignore_eos": True}  # a reply that only max_tokens ends
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Served]:
-    s = Served(ensure_model("tiny"), "--max-context", "4096", "--threads", "2", "--quiet")
+    s = Served(ensure_model("tiny"), "--max-context", "4096", "--prefill", "256", "--threads", "2", "--quiet")
     yield s
     assert s.stop() == 0
 
@@ -51,6 +51,24 @@ def _metric(server: Served, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")
+
+
+def test_prompt_progress_is_streamed_and_the_server_never_loads_the_engine(server: Served) -> None:
+    body = {"model": "m", "prompt": [(7 * i) % 1500 + 100 for i in range(1000)], "max_tokens": 2,
+            "temperature": 0, "stream": True}
+    reading: list[tuple[int, int]] = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith(": reading "):
+                done, total = line[len(": reading "):].split("/")
+                reading.append((int(done), int(total)))
+    # chunks of 256 tokens: the engine reports each one, and the client sees it
+    assert reading[-1] == (1000, 1000)
+    assert [d for d, _ in reading] == sorted(d for d, _ in reading) and len(reading) >= 4
+    # libstrata lives in the worker process only
+    pid = server.status()["engine"]["pid"]
+    assert "libstrata" in Path(f"/proc/{pid}/maps").read_text()
+    assert "libstrata" not in Path(f"/proc/{server.proc.pid}/maps").read_text()
 
 
 def test_engine_killed_mid_stream(server: Served, client: openai.OpenAI) -> None:

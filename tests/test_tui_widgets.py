@@ -28,22 +28,45 @@ def test_open_fence() -> None:
     assert _open_fence("no fences") is None
 
 
-def test_long_streamed_reply_ends_as_one_document() -> None:
-    # a reply long enough to be drawn in several segments, with a code block cut across segments
-    words = " ".join(f"w{i}" for i in range(400))
-    code = "\n".join(f"line_{i} = {i}" for i in range(200))
-    text = f"{words}\n\n```python\n{code}\n```\n\nThe end."
-    pieces = [text[i : i + 7] for i in range(0, len(text), 7)]
+async def _stream(view: MessageView, text: str, piece: int = 7, batch: int = 40) -> int:
+    """Stream ``text`` into ``view`` in pieces; returns the most segments seen while streaming."""
+    pieces = [text[i : i + piece] for i in range(0, len(text), piece)]
+    most = 1
+    for i in range(0, len(pieces), batch):
+        await view.append(Delta(content="".join(pieces[i : i + batch])))
+        most = max(most, len(view.query(".body")))
+    return most
+
+
+def test_long_reply_streams_in_segments_cut_between_blocks() -> None:
+    paragraphs = [" ".join(f"p{j}w{i}" for i in range(60)) for j in range(12)]
+    text = "\n\n".join(paragraphs[:6]) + "\n\n```python\n" + "\n\nx = 1\n" * 10 + "```\n\n" + "\n\n".join(paragraphs[6:])
 
     async def run() -> None:
         view = MessageView("assistant", streaming=True)
-        app = _One(view)
-        async with app.run_test(size=(100, 40)) as pilot:
-            seen_segments = 1
-            for i in range(0, len(pieces), 40):
-                await view.append(Delta(content="".join(pieces[i : i + 40])))
-                seen_segments = max(seen_segments, len(view.query(".body")))
-            assert seen_segments > 2  # it was drawn in segments while streaming
+        async with _One(view).run_test(size=(100, 40)) as pilot:
+            assert await _stream(view, text) > 2
+            await view.end_stream()
+            await pilot.pause()
+            bodies = list(view.query(".body").results(Markdown))
+            # every segment ends where a block ends: never inside the code block
+            assert "".join(b.source for b in bodies) == text == view.content
+            for b in bodies:
+                assert _open_fence(b.source) is None
+            assert all(b.source.endswith("\n\n") for b in bodies[:-1])
+
+    asyncio.run(run())
+
+
+def test_reply_with_no_block_boundary_ends_as_one_document() -> None:
+    # one code block far longer than a segment: cut inside it while streaming, merged at the end
+    code = "\n".join(f"line_{i} = {i}" for i in range(600))
+    text = f"Intro\n\n```python\n{code}\n```\nThe end."
+
+    async def run() -> None:
+        view = MessageView("assistant", streaming=True)
+        async with _One(view).run_test(size=(100, 40)) as pilot:
+            assert await _stream(view, text) > 1
             await view.end_stream()
             await pilot.pause()
             bodies = list(view.query(".body").results(Markdown))
@@ -61,11 +84,13 @@ def test_reasoning_is_kept_apart_and_folded_when_the_answer_starts() -> None:
             await view.append(Delta(reasoning="Thinking about it. " * 100))
             box = view.query_one(".reasoning-box")
             assert box.display and not box.collapsed  # type: ignore[attr-defined]
+            await view.append(Delta(content="\n"))  # whitespace before the answer does not fold it
+            assert not box.collapsed  # type: ignore[attr-defined]
             await view.append(Delta(content="Answer."))
             await view.end_stream()
             await pilot.pause()
             assert box.collapsed  # type: ignore[attr-defined]
-            assert view.reasoning == "Thinking about it. " * 100 and view.content == "Answer."
+            assert view.reasoning == "Thinking about it. " * 100 and view.content == "\nAnswer."
             assert "300 words" in box.title  # type: ignore[attr-defined]
             assert len(view.query(".reasoning")) == 1
 
@@ -94,5 +119,39 @@ def test_enter_sends_newline_key_inserts_up_recalls() -> None:
             await pilot.press("x")  # with text in the box, up moves the cursor instead
             await pilot.press("up")
             assert box.text.count("x") == 1
+
+    asyncio.run(run())
+
+
+def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
+    from strata_tui.widgets import ChatLog
+
+    async def run() -> None:
+        log = ChatLog()
+        async with _One(log).run_test(size=(80, 20)) as pilot:
+            view = MessageView("assistant", streaming=True)
+            await log.add(view)
+            # a big jump of content at once (a fast model between two draws) is still followed
+            await view.append(Delta(content="\n\n".join(f"paragraph {i}" for i in range(60))))
+            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            log.follow()
+            await pilot.pause(0.1)
+            assert log.scroll_y == log.max_scroll_y > 0
+            # the user scrolls up to read: new text no longer moves the view
+            log.scroll_to(y=0, animate=False)
+            await pilot.pause()
+            await view.append(Delta(content="\n\nmore text"))
+            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            log.follow()
+            await pilot.pause(0.1)
+            assert log.scroll_y == 0
+            # back at the end, it follows again
+            log.scroll_end(animate=False)
+            await pilot.pause()
+            await view.append(Delta(content="\n\n" + "\n\n".join(f"tail {i}" for i in range(20))))
+            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            log.follow()
+            await pilot.pause(0.1)
+            assert log.scroll_y == log.max_scroll_y
 
     asyncio.run(run())

@@ -40,7 +40,6 @@ void rmsnorm_rows(float *out, const float *x, const float *w, int32_t n, int32_t
 /* The largest quantized activation row any product of the model needs. */
 static size_t act_stride_of(const strata_engine *e) {
     const hparams *hp = &e->hp;
-    const int64_t QD = (int64_t)hp->n_head * hp->head_dim;
     size_t m = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *L = &e->w.layers[l];
@@ -52,7 +51,6 @@ static size_t act_stride_of(const strata_engine *e) {
     }
     size_t b = mm_act_row_bytes(e->qt, e->w.output.type, e->w.output.cols);
     m = b > m ? b : m;
-    (void)QD;
     return STRATA_ALIGN_UP(m, 64);
 }
 
@@ -241,9 +239,14 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     int nt = p.n_threads > 0 ? p.n_threads : pool_cpu_count();
     s = pool_create(nt, &e->pool, err);
     if (s != STRATA_OK) goto fail;
-    trace_emit(&e->trace, "model %s: D=%d layers=%d heads=%d/%d hd=%d experts=%d used=%d F=%d vocab=%d; %d threads",
+    const int32_t level = p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd;
+    trace_emit(&e->trace,
+               "model %s: D=%d layers=%d heads=%d/%d hd=%d experts=%d used=%d F=%d vocab=%d; %d threads, %s kernels "
+               "(cpu: %s)",
                e->hp.arch, e->hp.n_embd, e->hp.n_layer, e->hp.n_head, e->hp.n_head_kv, e->hp.head_dim,
-               e->hp.n_expert, e->hp.n_expert_used, e->hp.n_ff_exp, e->hp.n_vocab, nt);
+               e->hp.n_expert, e->hp.n_expert_used, e->hp.n_ff_exp, e->hp.n_vocab, nt,
+               level == STRATA_SIMD_AVX512 ? "avx512" : level == STRATA_SIMD_AVX2 ? "avx2" : "scalar",
+               quant_cpu_features());
     /* the memory plan decides the context, the chunk, the device arena and the cache */
     s = mem_open(e, err);
     if (s != STRATA_OK) goto fail;

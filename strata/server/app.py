@@ -73,6 +73,7 @@ class ServerState:
     max_body: int = DEFAULT_MAX_BODY
     metrics: Metrics = field(default_factory=Metrics)
     last_request: dict[str, Any] | None = None
+    cache_prompt: bool = False  # the default of the request field cache_prompt
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -132,9 +133,10 @@ class GenParams:
     logprobs: bool
     top_logprobs: int
     ignore_eos: bool = False
+    cache_prompt: bool = False
 
 
-def _gen_params(body: dict[str, Any], *, chat: bool) -> GenParams:
+def _gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False) -> GenParams:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _bad("model", f"must be a string (got {type(model).__name__})")
@@ -183,6 +185,7 @@ def _gen_params(body: dict[str, Any], *, chat: bool) -> GenParams:
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=_boolean(body, "ignore_eos", False),
+        cache_prompt=_boolean(body, "cache_prompt", cache_prompt),
     )
 
 
@@ -250,6 +253,7 @@ class _Generation:
             "seed": gen.seed,
             "stop_tokens": [] if gen.ignore_eos else sorted(tok.eog_ids),
             "stop_at_eos": not gen.ignore_eos,
+            "cache_prompt": gen.cache_prompt,
             "top_logits": 2,
             "want_logprobs": gen.logprobs,
             "logprobs": gen.top_logprobs,
@@ -274,7 +278,7 @@ class _Generation:
         Raises ApiError when the engine fails."""
         try:
             pos = self.job.position
-            if pos > 0:
+            if pos > 1 or (pos == 1 and self.state.supervisor.running is not None):
                 yield {"queued": pos}
             while True:
                 ev = await self.job.events.get()
@@ -304,11 +308,12 @@ class _Generation:
                 elif kind == "error":
                     raise self._error(ev)
         finally:
-            if self.result is None and not self.job.finished.is_set():
-                # the client went away mid-reply: stop the engine, then let the rest drain in the
-                # background so that the request is still accounted for
+            if self.result is None:
+                # the client went away mid-reply: stop the engine (unless it is done already), then let
+                # the rest drain in the background so that the request is still accounted for
                 self.client_disconnected()
-                self._drainer = asyncio.get_running_loop().create_task(self._drain())
+                if not (self.job.finished.is_set() and self.job.events.empty()):
+                    self._drainer = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
         while not (self.job.finished.is_set() and self.job.events.empty()):
@@ -330,6 +335,8 @@ class _Generation:
             return ApiError(500, msg, code="engine_exited")
         if code == "engine_start_failed":
             return ApiError(503, msg, code="engine_start_failed")
+        if code == "cancelled":
+            return ApiError(400, msg, code="cancelled")
         err = ev.get("error")
         if err == "LendError":
             return ApiError(500, msg, code="lend_failed")
@@ -360,10 +367,12 @@ class _Generation:
             "predicted_per_second": dn * 1000.0 / dms if dms > 0 else 0.0,
         }
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
         t = self.timings()
-        return {"prompt_tokens": t["prompt_n"], "completion_tokens": t["predicted_n"],
-                "total_tokens": t["prompt_n"] + t["predicted_n"]}
+        cached = int((self.result or {}).get("cached_tokens") or 0)
+        n = len(self.prompt)
+        return {"prompt_tokens": n, "completion_tokens": t["predicted_n"], "total_tokens": n + t["predicted_n"],
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def extension(self) -> dict[str, Any]:
         r = self.result or {}
@@ -382,6 +391,7 @@ class _Generation:
             "queue_ms": ((self.job.started or self.t0) - self.job.submitted) * 1000.0,
             "engine_finish_reason": r.get("finish_reason"),
             "cancel_seen_at": r.get("cancel_seen_at"),
+            "cached_tokens": int(r.get("cached_tokens") or 0),
             "request_seq": self.job.seq,
             "run_index": self.job.run_index,
         }
@@ -632,7 +642,7 @@ def create_app(state: ServerState) -> Starlette:
         try:
             _check_auth(state, request)
             body = await _read_json(state, request)
-            gen = _gen_params(body, chat=chat)
+            gen = _gen_params(body, chat=chat, cache_prompt=state.cache_prompt)
             prompt, param = _prompt_of(body) if chat else _completion_prompt(body)
             ctx = await _max_context(state)
             _check_context(len(prompt), gen, ctx, param)
@@ -812,4 +822,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"]),
     ]
-    return Starlette(routes=routes)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        return _error(ApiError(500, f"the server failed on this request: {type(exc).__name__}: {exc}",
+                               code="internal_error"))
+
+    return Starlette(routes=routes, exception_handlers={Exception: internal_error})

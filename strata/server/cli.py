@@ -41,6 +41,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1 endpoints (default: $STRATA_API_KEY)")
     g.add_argument("--model-name", help="model id shown by /v1/models (default: the file name)")
     g.add_argument("--max-body-mib", type=float, default=16.0, help="largest request body in MiB (default 16)")
+    g.add_argument("--cache-prompt", action="store_true",
+                   help="reuse the KV cache for the part of a prompt that the previous request shared "
+                        "(requests can also ask with \"cache_prompt\": true)")
     g.add_argument("--quiet", action="store_true", help="do not echo the engine log on stderr")
     p.set_defaults(func=run)
     return p
@@ -52,7 +55,9 @@ def _url(host: str, port: int) -> str:
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say they are
+    # TCP, and with Nagle on, a reused keep-alive connection waits ~40 ms for delayed ACKs per reply
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)
@@ -114,7 +119,7 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
     sup = Supervisor(str(model), config, echo_log=not args.quiet)
     state = ServerState(supervisor=sup, tokenizer=tokenizer, template=template,
                         model_name=args.model_name or model.name, api_key=args.api_key or None,
-                        max_body=int(args.max_body_mib * (1 << 20)))
+                        max_body=int(args.max_body_mib * (1 << 20)), cache_prompt=args.cache_prompt)
     app = create_app(state)
     uconf = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                            timeout_graceful_shutdown=5)

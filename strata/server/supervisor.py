@@ -205,10 +205,15 @@ class Supervisor:
         env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [self.python, "-m", "strata.server.worker", "--model", self.model_path,
                "--config", json.dumps(self.config.to_dict())]
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-            preexec_fn=_set_pdeathsig,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                preexec_fn=_set_pdeathsig,
+            )
+        except OSError as e:
+            self.state = "failed"
+            self.start_error = f"cannot start the engine worker ({self.python}): {e}"
+            raise EngineStartError(self.start_error) from e
         w = _Worker(proc)
         self._worker = w
         self._log(f"engine worker started (pid {proc.pid})")
@@ -351,7 +356,8 @@ class Supervisor:
                 w.send({"op": "cancel"})
         elif job in self._queue:
             self._queue.remove(job)
-            job.finished.set()
+            self._finish(job, {"ev": "error", "code": "cancelled",
+                               "message": "the request was cancelled before the engine started it"})
 
     def _finish(self, job: Job, event: dict[str, Any] | None) -> None:
         if event is not None:

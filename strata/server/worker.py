@@ -41,6 +41,7 @@ class _Channel:
         self.closed = threading.Event()  # stdin closed: the server is gone
         self.n_generated = 0
         self.cancel_seen_at: int | None = None
+        self.context: list[int] = []  # the tokens in the engine's KV cache, in order
 
     def send(self, msg: dict[str, Any]) -> None:
         with self._lock:
@@ -115,11 +116,23 @@ def _generate(eng: Any, ch: _Channel, cmd: dict[str, Any]) -> None:
         ch.send({"ev": "progress", "done": int(done), "total": int(total), "stats": _asdict(eng.stats())})
         return ch.cancel.is_set()
 
+    prompt = [int(t) for t in cmd["prompt"]]
+    # with cache_prompt, the longest prefix the KV cache already holds is kept (at least one prompt
+    # token is always read again: its logits pick the first reply token)
+    reuse = 0
+    if cmd.get("cache_prompt"):
+        held, limit = ch.context, min(len(ch.context), len(prompt) - 1)
+        while reuse < limit and held[reuse] == prompt[reuse]:
+            reuse += 1
     before = _asdict(eng.stats())
     try:
-        eng.kv_reset()
+        if reuse > 0:
+            eng.kv_truncate(reuse)
+        else:
+            eng.kv_reset()
+        ch.context = []
         r = eng.generate(
-            cmd["prompt"],
+            prompt[reuse:],
             max_tokens=int(cmd["max_tokens"]),
             temperature=float(cmd.get("temperature", 0.0)),
             top_k=int(cmd.get("top_k", 0)),
@@ -137,6 +150,7 @@ def _generate(eng: Any, ch: _Channel, cmd: dict[str, Any]) -> None:
         ch.send({"ev": "error", **_error_event(e), "stats": after})
         return
     after = _asdict(eng.stats())
+    ch.context = (prompt + list(r.tokens))[: eng.n_past]  # what the KV cache now holds
     finish = r.finish_reason
     if ch.cancel.is_set():
         finish = "cancelled"
@@ -152,6 +166,7 @@ def _generate(eng: Any, ch: _Channel, cmd: dict[str, Any]) -> None:
         "stats": after,
         "delta": {k: after[k] - before[k] for k in _DELTA_FIELDS if k in after and k in before},
         "cancel_seen_at": ch.cancel_seen_at,
+        "cached_tokens": reuse,
     })
 
 

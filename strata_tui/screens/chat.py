@@ -54,12 +54,13 @@ _NEW_TITLE = "New conversation"
 _BUSY_STATES = ("loading", "reading", "generating", "restarting")
 # Streamed text is drawn at most this often: every draw of a growing reply lays out and repaints the
 # conversation, and at one draw per token a fast model would keep the event loop busy enough to delay
-# the keys the user types. Batches of ~80 ms still read as a smooth stream; while the user is typing,
-# the stream is drawn less often still, so that keys rarely have to wait behind a draw.
+# the keys the user types. Batches of ~80 ms still read as a smooth stream. While the user types, a
+# draw waits until no key has come for _QUIET_S (so that a key never queues behind a draw it could
+# have missed), but never leaves text undrawn for longer than _MAX_WAIT_S.
 _DRAW_INTERVAL_S = 0.08
-_POST_INTERVAL_S = 0.03
-_DRAW_INTERVAL_TYPING_S = 0.3
-_TYPING_S = 0.5
+_QUIET_S = 0.15
+_MAX_WAIT_S = 1.0
+_POST_INTERVAL_S = 0.03  # how often the reply worker hands what arrived to the screen
 
 
 class _Pending:
@@ -99,6 +100,7 @@ class _Reply:
         self.n_pieces = 0
         self.pending = Delta()  # text received but not drawn yet (drawn in batches, see _flush)
         self.flush_timer: Timer | None = None
+        self.last_draw = time.monotonic()
 
 
 class ChatScreen(Screen[None]):
@@ -254,6 +256,7 @@ class ChatScreen(Screen[None]):
             p = msg.status.get("prompt") or {}
             if self._status_state == "reading" and p.get("total"):
                 self.reply.view.set_footer(f"reading the prompt: {p.get('done', 0):,} / {p['total']:,} tokens")
+                self.log_view.follow()
             elif self._status_state == "restarting":
                 self.reply.view.set_footer("the engine is restarting…")
 
@@ -486,14 +489,19 @@ class ChatScreen(Screen[None]):
         if r.n_pieces == msg.n_pieces:
             await self._flush(r)  # the first words show at once
         elif r.flush_timer is None:
-            typing = time.monotonic() - self.input.last_key_at < _TYPING_S
-            r.flush_timer = self.set_timer(_DRAW_INTERVAL_TYPING_S if typing else _DRAW_INTERVAL_S, lambda: self._flush(r))
+            r.flush_timer = self.set_timer(_DRAW_INTERVAL_S, lambda: self._flush(r, typing_ok=False))
 
-    async def _flush(self, r: _Reply) -> None:
-        """Draw what arrived since the last draw."""
+    async def _flush(self, r: _Reply, *, typing_ok: bool = True) -> None:
+        """Draw what arrived since the last draw (later, while the user is typing)."""
         r.flush_timer = None
         if self.reply is not r or not (r.pending.content or r.pending.reasoning):
             return
+        now = time.monotonic()
+        since_key = now - self.input.last_key_at
+        if not typing_ok and since_key < _QUIET_S and now - r.last_draw < _MAX_WAIT_S:
+            r.flush_timer = self.set_timer(_QUIET_S - since_key, lambda: self._flush(r, typing_ok=False))
+            return
+        r.last_draw = now
         piece, r.pending = r.pending, Delta()
         await r.view.append(piece)
         now = time.perf_counter()
@@ -514,10 +522,12 @@ class ChatScreen(Screen[None]):
             r.view.stored = msg.message
             r.view.message_id = msg.message.id
             r.view.set_footer(_footer_for(msg.message, msg.finished))
+            self.log_view.follow()
         else:
             await r.view.remove()
             if msg.cancelled and r.user_view is not None:
                 r.user_view.set_footer("cancelled before the reply started")
+                self.log_view.follow()
         fin = msg.finished
         if fin is not None:
             t = fin.timings or {}
@@ -553,8 +563,9 @@ class ChatScreen(Screen[None]):
         self.run_worker(self._note("error", msg.error), group="ui")
 
     async def _note(self, role: str, text: str) -> None:
-        await self.log_view.add(MessageView(role, text))
-        self.log_view.scroll_end(animate=False)
+        log = self.log_view
+        log.sticky = True  # a note or an error is news: show it
+        await log.add(MessageView(role, text))
 
     # ---- actions ------------------------------------------------------------------------------
 

@@ -17,13 +17,16 @@ from ..store import StoredMessage
 
 __all__ = ["MessageView"]
 
-_SEAL_CHARS = 1200  # longest segment of a streaming reply that is redrawn on each draw
+_SEAL_CHARS = 1200  # a streaming segment ends at the next block boundary after this many characters
+_FORCE_CHARS = 4 * _SEAL_CHARS  # ... or here, wherever that is
 
 _LABELS = {"user": "You", "assistant": "Assistant", "error": "Error", "note": "strata"}
 
 
 class MessageView(Vertical, can_focus=True):
     """A message in the conversation. Focus it (Tab, or click) to copy, edit or regenerate it."""
+
+    DEFAULT_CSS = "MessageView { height: auto; }"
 
     BINDINGS = [
         Binding("c", "copy", "Copy"),
@@ -59,7 +62,8 @@ class MessageView(Vertical, can_focus=True):
         self.stored = stored  # the history entry this view shows (None for notes and errors)
         self._live_text = ""  # text of the segment being streamed into
         self._live_reasoning = ""
-        self._segmented = False
+        self._forced = False  # a segment was cut inside a block: merge them at the end
+        self._folded = False  # the reasoning was folded when the answer started
         self.pieces = 0  # streamed pieces this reply arrived in (0 when loaded from the store)
 
     def compose(self) -> ComposeResult:
@@ -86,36 +90,54 @@ class MessageView(Vertical, can_focus=True):
         if delta.reasoning:
             await self._append_reasoning(delta.reasoning)
         if delta.content:
-            if not self.content and self.reasoning:
-                # the answer has started: fold the reasoning away (it stays one click away)
+            if self.reasoning and not self._folded and delta.content.strip():
+                # the answer has started: fold the reasoning away, once (it stays one click away)
+                self._folded = True
                 self.query_one(".reasoning-box", Collapsible).collapsed = True
             self.content += delta.content
             await self._append_content(delta.content)
 
-    # While a reply streams, its text is drawn in segments of at most _SEAL_CHARS: a finished segment
+    # While a reply streams, its text is drawn in segments of about _SEAL_CHARS: a finished segment
     # never changes again, so its size and lines stay cached, and each draw costs the same however
-    # long the reply has grown. When the stream ends the segments are replaced by one document.
+    # long the reply has grown. Segments end at a blank line outside code, where Markdown blocks end
+    # anyway, so they read as one document. Only text with no such place for _FORCE_CHARS is cut
+    # elsewhere (a code fence is closed and reopened around the cut); then, when the stream ends,
+    # the segments are replaced by one document.
 
     def _live_md(self) -> Markdown:
         return list(self.query(".body").results(Markdown))[-1]
 
-    async def _append_content(self, text: str) -> None:
-        md = self._live_md()
+    async def _write_live(self, text: str) -> None:
+        if not text:
+            return
         if self._stream is None:
-            self._stream = Markdown.get_stream(md)
+            self._stream = Markdown.get_stream(self._live_md())
         self._live_text += text
         await self._stream.write(text)
-        if len(self._live_text) >= _SEAL_CHARS:
-            fence = _open_fence(self._live_text)
+
+    async def _new_segment(self, head: str = "") -> None:
+        md = self._live_md()
+        if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        await self.mount(Markdown(head, classes="body"), after=md)
+        self._live_text = head
+
+    async def _append_content(self, text: str) -> None:
+        if len(self._live_text) + len(text) >= _SEAL_CHARS:
+            cut = _block_boundary(self._live_text, text)
+            if cut is not None:
+                await self._write_live(text[:cut])
+                await self._new_segment()
+                await self._write_live(text[cut:])
+                return
+        await self._write_live(text)
+        if len(self._live_text) >= _FORCE_CHARS:
+            fence = _open_fence(self._live_text)
             if fence is not None:
-                await md.append("\n" + _closer(fence) + "\n")
-            head = fence + "\n" if fence is not None else ""
-            nxt = Markdown(head, classes="body")
-            await self.mount(nxt, after=md)
-            self._live_text = head
-            self._segmented = True
+                await self._live_md().append("\n" + _closer(fence) + "\n")
+            await self._new_segment(fence + "\n" if fence is not None else "")
+            self._forced = True
 
     async def _append_reasoning(self, text: str) -> None:
         self.reasoning += text
@@ -134,12 +156,12 @@ class MessageView(Vertical, can_focus=True):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
-        if self._segmented:
+        if self._forced:
             bodies = list(self.query(".body").results(Markdown))
             await self.mount(Markdown(self.content, classes="body"), after=bodies[-1])
             for b in bodies:
                 await b.remove()
-            self._segmented = False
+            self._forced = False
         parts = list(self.query(".reasoning").results(Static))
         if len(parts) > 1:
             parts[0].update(self.reasoning)
@@ -170,6 +192,17 @@ class MessageView(Vertical, can_focus=True):
     def action_toggle_reasoning(self) -> None:
         box = self.query_one(".reasoning-box", Collapsible)
         box.collapsed = not box.collapsed
+
+
+def _block_boundary(before: str, text: str) -> int | None:
+    """Where in ``text`` (appended to ``before``) a Markdown block ends: just after the last blank
+    line that is outside a code fence. None when there is none."""
+    i = text.rfind("\n\n")
+    while i >= 0:
+        if _open_fence(before + text[: i + 2]) is None:
+            return i + 2
+        i = text.rfind("\n\n", 0, i)
+    return None
 
 
 def _closer(opener: str) -> str:

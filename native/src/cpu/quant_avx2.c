@@ -123,6 +123,41 @@ static void q8_0_vec_dot_x4_avx2(int64_t n, const void *w, size_t ws, const void
     q8_0_rows_avx2(n, w, ws, act, out, 4);
 }
 
+/* Activations to Q8_0, bit-identical to the scalar quantizer: the same max (exact in any order), the
+ * same scale and product per value, and roundf's ties-away-from-zero rounding rebuilt from a truncation
+ * (t - trunc(t) is exact, so |t - trunc(t)| >= 0.5 decides the step away from zero exactly). */
+static void q8_0_quantize_act_avx2(const float *x, void *dst, int64_t n) {
+    uint8_t *o = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' lane interleave */
+    for (int64_t b = 0; b < n / 32; b++, x += 32, o += 34) {
+        __m256 v[4];
+        for (int j = 0; j < 4; j++) v[j] = _mm256_loadu_ps(x + 8 * j);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = strata_f32_to_f16(d);
+        memcpy(o, &dh, 2);
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) {
+            __m256 t = _mm256_mul_ps(v[j], vid);
+            __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __m256 away = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(t, r)), half, _CMP_GE_OQ);
+            r = _mm256_add_ps(r, _mm256_and_ps(away, _mm256_or_ps(_mm256_and_ps(t, sign), one)));
+            q[j] = _mm256_cvttps_epi32(r);
+        }
+        __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b), order);
+        _mm256_storeu_si256((__m256i *)(o + 2), p8);
+    }
+}
+
 void quant_base_avx2(quant_traits t[]) {
     t[STRATA_TYPE_F32].vec_dot = f32_vec_dot_avx2;
     t[STRATA_TYPE_F16].vec_dot = f16_vec_dot_avx2;
@@ -132,4 +167,5 @@ void quant_base_avx2(quant_traits t[]) {
     quant_set_x4(t, STRATA_TYPE_BF16, bf16_vec_dot_x4_avx2);
     t[STRATA_TYPE_Q8_0].vec_dot = q8_0_vec_dot_avx2;
     quant_set_x4(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_x4_avx2);
+    t[STRATA_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
 }
