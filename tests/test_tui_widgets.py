@@ -84,11 +84,13 @@ def test_reasoning_is_kept_apart_and_folded_when_the_answer_starts() -> None:
             await view.append(Delta(reasoning="Thinking about it. " * 100))
             box = view.query_one(".reasoning-box")
             assert box.display and not box.collapsed  # type: ignore[attr-defined]
+            await view.append(Delta(content="\n"))  # whitespace before the answer does not fold it
+            assert not box.collapsed  # type: ignore[attr-defined]
             await view.append(Delta(content="Answer."))
             await view.end_stream()
             await pilot.pause()
             assert box.collapsed  # type: ignore[attr-defined]
-            assert view.reasoning == "Thinking about it. " * 100 and view.content == "Answer."
+            assert view.reasoning == "Thinking about it. " * 100 and view.content == "\nAnswer."
             assert "300 words" in box.title  # type: ignore[attr-defined]
             assert len(view.query(".reasoning")) == 1
 

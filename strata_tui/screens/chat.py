@@ -256,6 +256,7 @@ class ChatScreen(Screen[None]):
             p = msg.status.get("prompt") or {}
             if self._status_state == "reading" and p.get("total"):
                 self.reply.view.set_footer(f"reading the prompt: {p.get('done', 0):,} / {p['total']:,} tokens")
+                self.log_view.follow()
             elif self._status_state == "restarting":
                 self.reply.view.set_footer("the engine is restarting…")
 
@@ -526,6 +527,7 @@ class ChatScreen(Screen[None]):
             await r.view.remove()
             if msg.cancelled and r.user_view is not None:
                 r.user_view.set_footer("cancelled before the reply started")
+                self.log_view.follow()
         fin = msg.finished
         if fin is not None:
             t = fin.timings or {}
@@ -561,8 +563,9 @@ class ChatScreen(Screen[None]):
         self.run_worker(self._note("error", msg.error), group="ui")
 
     async def _note(self, role: str, text: str) -> None:
-        await self.log_view.add(MessageView(role, text))
-        self.log_view.scroll_end(animate=False)
+        log = self.log_view
+        log.sticky = True  # a note or an error is news: show it
+        await log.add(MessageView(role, text))
 
     # ---- actions ------------------------------------------------------------------------------
 
