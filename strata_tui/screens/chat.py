@@ -579,7 +579,10 @@ class ChatScreen(Screen[None]):
         if self.reply is not None:
             self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
             return
-        self._new()
+        if self.conv is not None and not self.history and self.conv.title == _NEW_TITLE:
+            self.notify("This conversation is new already.")  # no pile of empty conversations
+        else:
+            self._new()
         self.input.focus()
 
     async def action_regenerate(self, from_view: MessageView | None = None) -> None:
@@ -805,10 +808,10 @@ class ChatScreen(Screen[None]):
         elif name == "/quit":
             self.app.exit()
         elif name == "/new":
-            if self.reply is None:
-                self._new(arg or _NEW_TITLE)
+            if arg and self.reply is None:
+                self._new(arg)
             else:
-                self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+                self.action_new_conversation()
         elif self.conv is None:
             raise ValueError("no conversation is open yet")
         elif name == "/rename":
