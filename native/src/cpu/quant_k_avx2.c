@@ -48,6 +48,15 @@ static inline int32_t k_min_sum(uint64_t m, const int16_t *bsums) {
     return _mm_cvtsi128_si32(s);
 }
 
+/* int16 lanes 0-7 = scale byte j, lanes 8-15 = scale byte j + 1 of `sc` (16 signed scale bytes in both
+ * 128-bit halves); index bytes with the top bit set give 0, the sign is restored by a shift pair. */
+static inline __m256i scales_for(__m256i sc, int j) {
+    const __m256i base = _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 1, -128,
+                                          1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128, 1, -128);
+    const __m256i v = _mm256_shuffle_epi8(sc, _mm256_add_epi8(base, _mm256_set1_epi8((char)j)));
+    return _mm256_srai_epi16(_mm256_slli_epi16(v, 8), 8);
+}
+
 /* ---- Q4_K: q <= 15, so a maddubs pair is at most 2 * 15 * 127 --------------------------------- */
 
 static float q4k_vec_dot_avx2(int64_t n, const void *w, const void *act) {
@@ -121,9 +130,10 @@ static float q6k_vec_dot_avx2(int64_t n, const void *w, const void *act) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const int8_t *sc = x[i].scales;
-        int32_t C = 0; /* sum_j sc_j * bsum_j: the part of A that the offset -32 removes */
-        for (int j = 0; j < 16; j++) C += sc[j] * y[i].bsums[j];
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i scv = _mm256_broadcastsi128_si256(sc8);
+        /* C = sum_j sc_j * bsum_j: the part of A that the offset -32 removes */
+        const int32_t C = hsum_i32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8), _mm256_loadu_si256((const __m256i *)y[i].bsums)));
         const int8_t *q8 = y[i].qs;
         __m256i acc = _mm256_setzero_si256();
         for (int g = 0; g < 2; g++) {
@@ -140,10 +150,7 @@ static float q6k_vec_dot_avx2(int64_t n, const void *w, const void *act) {
             for (int k = 0; k < 4; k++) {
                 const int j = 8 * g + 2 * k; /* the 32 values are groups j and j + 1 of 16 */
                 const __m256i p = _mm256_maddubs_epi16(q[k], load256(q8 + 128 * g + 32 * k));
-                const __m256i s = _mm256_setr_epi16(sc[j], sc[j], sc[j], sc[j], sc[j], sc[j], sc[j], sc[j], sc[j + 1],
-                                                    sc[j + 1], sc[j + 1], sc[j + 1], sc[j + 1], sc[j + 1],
-                                                    sc[j + 1], sc[j + 1]);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales_for(scv, j)));
             }
         }
         const int32_t A = hsum_i32(acc) - 32 * C;
@@ -160,8 +167,19 @@ static float q3k_vec_dot_avx2(int64_t n, const void *w, const void *act) {
     const __m256i m2 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        int8_t sc[16];
-        q3k_scales(x[i].scales, sc);
+        /* the 16 scales, in registers: low 4 bits from the nibbles of bytes 0..7, high 2 bits from
+         * bytes 8..11 (scale 4k + b: bits 2k of byte 8 + b), minus 32 */
+        uint64_t l8;
+        uint32_t h4;
+        memcpy(&l8, x[i].scales, 8);
+        memcpy(&h4, x[i].scales + 8, 4);
+        const __m128i lv = _mm_cvtsi64_si128((long long)l8);
+        const __m128i m4 = _mm_set1_epi8(0x0F);
+        const __m128i lo4 = _mm_unpacklo_epi64(_mm_and_si128(lv, m4), _mm_and_si128(_mm_srli_epi16(lv, 4), m4));
+        const __m128i hi2 = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h4), _mm_setr_epi32(0, 2, 4, 6)),
+                                          _mm_set1_epi8(3));
+        const __m128i sc16 = _mm_sub_epi8(_mm_or_si128(lo4, _mm_slli_epi16(hi2, 4)), _mm_set1_epi8(32));
+        const __m256i scv = _mm256_broadcastsi128_si256(sc16);
         const int8_t *q8 = y[i].qs;
         const __m256i hm = load256(x[i].hmask);
         __m256i acc = _mm256_setzero_si256();
@@ -175,10 +193,7 @@ static float q3k_vec_dot_avx2(int64_t n, const void *w, const void *act) {
                 const __m256i off = _mm256_slli_epi16(_mm256_xor_si256(hb, one), 2);
                 const __m256i a = load256(q8 + v0);
                 const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(lo, a), _mm256_maddubs_epi16(off, a));
-                const __m256i s = _mm256_setr_epi16(sc[j], sc[j], sc[j], sc[j], sc[j], sc[j], sc[j], sc[j], sc[j + 1],
-                                                    sc[j + 1], sc[j + 1], sc[j + 1], sc[j + 1], sc[j + 1],
-                                                    sc[j + 1], sc[j + 1]);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales_for(scv, j)));
             }
         }
         const int32_t A = hsum_i32(acc);
@@ -195,9 +210,11 @@ static float q2k_vec_dot_avx2(int64_t n, const void *w, const void *act) {
     const __m256i m2 = _mm256_set1_epi8(3);
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const uint8_t *scb = x[i].scales;
-        int32_t B = 0;
-        for (int j = 0; j < 16; j++) B += (scb[j] >> 4) * y[i].bsums[j];
+        const __m128i sb = _mm_loadu_si128((const __m128i *)x[i].scales);
+        const __m256i scv = _mm256_broadcastsi128_si256(_mm_and_si128(sb, _mm_set1_epi8(0x0F)));
+        /* B = sum_j m_j bsums[j], m_j the high nibbles */
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0F)));
+        const int32_t B = hsum_i32(_mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums)));
         const int8_t *q8 = y[i].qs;
         __m256i acc = _mm256_setzero_si256();
         for (int g = 0; g < 2; g++) {
@@ -206,9 +223,7 @@ static float q2k_vec_dot_avx2(int64_t n, const void *w, const void *act) {
                 const int v0 = 128 * g + 32 * k, j = v0 / 16;
                 const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * k), m2);
                 const __m256i p = _mm256_maddubs_epi16(q, load256(q8 + v0));
-                const int16_t s0 = scb[j] & 0xF, s1 = scb[j + 1] & 0xF;
-                const __m256i s = _mm256_setr_epi16(s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1);
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales_for(scv, j)));
             }
         }
         const int32_t A = hsum_i32(acc);
