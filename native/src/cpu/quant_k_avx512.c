@@ -153,6 +153,46 @@ static inline __m256i q4k_bacc(const q4k_unpacked *u, const int16_t *bsums) {
 /* Blocks unpacked at once by the many-token kernels (kept on the stack, in L1). */
 #define XN_CHUNK 8
 
+/* Q4_K, four weight rows against one activation row (decode): the activation block is loaded once
+ * (four 64-byte registers) for the four rows, whose integer sums are reduced together; per row the
+ * float steps are vec_dot's, blocks in order, so out[r] is bit for bit vec_dot of row r. */
+static void q4k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, const void *act, float out[4]) {
+    const block_q8_K *y = act;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m512i a[4];
+        for (int q = 0; q < 4; q++) a[q] = _mm512_loadu_si512((const void *)(y[i].qs + 64 * q));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        __m512i acc[4];
+        __m256i bacc[4];
+        float dd[4], dm[4];
+        for (int r = 0; r < 4; r++) {
+            const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            uint8_t sc[8];
+            const uint64_t m = k_scale_words(b->scales, sc);
+            acc[r] = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) {
+                const __m256i bits = load256(b->qs + 32 * q);
+                const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(wq, a[q]), scale_pair(sc[2 * q], sc[2 * q + 1]));
+            }
+            const __m256i mp = mins_pairs(m);
+            bacc[r] = _mm256_madd_epi16(bs, _mm256_or_si256(mp, _mm256_slli_epi32(mp, 16)));
+            dd[r] = quant_f16_lut[b->d];
+            dm[r] = quant_f16_lut[b->dmin];
+        }
+        const __m128i A = reduce4(acc[0], acc[1], acc[2], acc[3]);
+        const __m128i B = reduce4_256(bacc[0], bacc[1], bacc[2], bacc[3]);
+        const __m128 yd = _mm_set1_ps(y[i].d);
+        const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dd), yd), _mm_cvtepi32_ps(A));
+        const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dm), yd), _mm_cvtepi32_ps(B));
+        sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+    }
+    _mm_storeu_ps(out, sum);
+}
+
 /* Q4_K against several activation rows: a chunk of the row's blocks is unpacked once for all the rows;
  * four rows' integer sums are reduced together; each row's float sum runs over the blocks in order
  * with vec_dot's expression (lane k of the 4-wide float ops is exactly the scalar sequence), so
@@ -300,6 +340,33 @@ static inline __m512i q6k_acc(const q6k_unpacked *u, const int8_t *q8) {
     return acc;
 }
 
+/* Q6_K, four weight rows against one activation row (decode), as q4k_vec_dot_x4_avx512. */
+static void q6k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, const void *act, float out[4]) {
+    const block_q8_K *y = act;
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m512i a[4];
+        for (int q = 0; q < 4; q++) a[q] = _mm512_loadu_si512((const void *)(y[i].qs + 64 * q));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        __m512i acc[4];
+        __m256i cc[4];
+        float dd[4];
+        for (int r = 0; r < 4; r++) {
+            const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            q6k_unpacked u;
+            q6k_unpack(b, &u);
+            acc[r] = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u.q[q], a[q]), u.s[q]);
+            cc[r] = _mm256_madd_epi16(u.sc16, bs);
+            dd[r] = u.d;
+        }
+        const __m128i C = reduce4_256(cc[0], cc[1], cc[2], cc[3]);
+        const __m128i A = _mm_sub_epi32(reduce4(acc[0], acc[1], acc[2], acc[3]), _mm_slli_epi32(C, 5));
+        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dd), _mm_set1_ps(y[i].d)), _mm_cvtepi32_ps(A)));
+    }
+    _mm_storeu_ps(out, sum);
+}
+
 /* Q6_K against several activation rows (see q4k_vec_dot_n_avx512): A = acc - 32 sum_j sc_j bsum_j. */
 static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
     const block_q6_K *x = w;
@@ -384,5 +451,7 @@ void quant_k_avx512(quant_traits t[]) {
     t[STRATA_TYPE_Q5_K].vec_dot = q5k_vec_dot_avx512;
     t[STRATA_TYPE_Q6_K].vec_dot = q6k_vec_dot_avx512;
     quant_set_xn(t, STRATA_TYPE_Q4_K, q4k_vec_dot_n_avx512);
+    quant_set_x4(t, STRATA_TYPE_Q4_K, q4k_vec_dot_x4_avx512);
     quant_set_xn(t, STRATA_TYPE_Q6_K, q6k_vec_dot_n_avx512);
+    quant_set_x4(t, STRATA_TYPE_Q6_K, q6k_vec_dot_x4_avx512);
 }
