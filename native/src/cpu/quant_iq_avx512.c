@@ -133,6 +133,34 @@ static inline __m512i iq4xs_acc(const iq4xs_unpacked *u, const int8_t *q8) {
     return acc;
 }
 
+/* IQ4_XS, four weight rows against one activation row (decode): the activation block is loaded
+ * once for the four rows, whose sums are reduced together; per row the float steps are vec_dot's. */
+static void iq4xs_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, const void *act, float out[4]) {
+    const block_q8_K *y = act;
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values));
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m512i a[4];
+        for (int q = 0; q < 4; q++) a[q] = _mm512_loadu_si512((const void *)(y[i].qs + 64 * q));
+        __m512i acc[4];
+        float dd[4];
+        for (int r = 0; r < 4; r++) {
+            const block_iq4_xs *b = (const block_iq4_xs *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            iq4xs_unpacked u;
+            iq4xs_unpack(b, lut, &u);
+            acc[r] = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) {
+                const __m512i sa = _mm512_mask_sub_epi8(a[q], u.neg[q], _mm512_setzero_si512(), a[q]);
+                acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u.u[q], sa), u.f[q]);
+            }
+            dd[r] = u.d;
+        }
+        const __m128i A = reduce4(acc[0], acc[1], acc[2], acc[3]);
+        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dd), _mm_set1_ps(y[i].d)), _mm_cvtepi32_ps(A)));
+    }
+    _mm_storeu_ps(out, sum);
+}
+
 /* IQ4_XS against several activation rows: a chunk of the row's blocks is unpacked once for all rows;
  * four rows' sums are reduced together; per row the float steps are vec_dot's, blocks in order. */
 static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
@@ -168,4 +196,5 @@ static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *
 void quant_iq_avx512(quant_traits t[]) {
     t[STRATA_TYPE_IQ4_XS].vec_dot = iq4xs_vec_dot_avx512;
     quant_set_xn(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_n_avx512);
+    quant_set_x4(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_x4_avx512);
 }
