@@ -172,7 +172,10 @@ class ChatScreen(Screen[None]):
         if proc is not None and (proc.url is None or proc.exited() is not None):
             self.post_message(ServerStarting("starting strata serve…"))
             try:
-                url = await asyncio.to_thread(proc.start, lambda line: self.post_message(ServerStarting(line)))
+                def on_line(line: str) -> None:
+                    self.post_message(ServerStarting(line))
+
+                url = await asyncio.to_thread(proc.start, on_line)
             except ServerStartError as e:
                 self.post_message(ServerDown(str(e), None))
                 return
