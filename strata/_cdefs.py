@@ -517,4 +517,6 @@ def strata_cuda_mirror_matvec(type: int, w: Any, rows: int, cols: int, x: Any, y
     [c_int32, c_void_p, c_int64, c_int64, c_int64, c_int32, POINTER(c_double)],
     c_int32,
 )
-def strata_cuda_bench_matvec(type: int, w: Any, rows: int, cols: int, n: int, reps: int, median_us: Any) -> int: ...
+def strata_cuda_bench_matvec(
+    type: int, w: Any, rows: int, cols: int, n: int, reps: int, median_us: Any
+) -> int: ...

@@ -239,9 +239,14 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     int nt = p.n_threads > 0 ? p.n_threads : pool_cpu_count();
     s = pool_create(nt, &e->pool, err);
     if (s != STRATA_OK) goto fail;
-    trace_emit(&e->trace, "model %s: D=%d layers=%d heads=%d/%d hd=%d experts=%d used=%d F=%d vocab=%d; %d threads",
+    const int32_t level = p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd;
+    trace_emit(&e->trace,
+               "model %s: D=%d layers=%d heads=%d/%d hd=%d experts=%d used=%d F=%d vocab=%d; %d threads, %s kernels "
+               "(cpu: %s)",
                e->hp.arch, e->hp.n_embd, e->hp.n_layer, e->hp.n_head, e->hp.n_head_kv, e->hp.head_dim,
-               e->hp.n_expert, e->hp.n_expert_used, e->hp.n_ff_exp, e->hp.n_vocab, nt);
+               e->hp.n_expert, e->hp.n_expert_used, e->hp.n_ff_exp, e->hp.n_vocab, nt,
+               level == STRATA_SIMD_AVX512 ? "avx512" : level == STRATA_SIMD_AVX2 ? "avx2" : "scalar",
+               quant_cpu_features());
     /* the memory plan decides the context, the chunk, the device arena and the cache */
     s = mem_open(e, err);
     if (s != STRATA_OK) goto fail;

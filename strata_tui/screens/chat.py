@@ -256,6 +256,7 @@ class ChatScreen(Screen[None]):
             p = msg.status.get("prompt") or {}
             if self._status_state == "reading" and p.get("total"):
                 self.reply.view.set_footer(f"reading the prompt: {p.get('done', 0):,} / {p['total']:,} tokens")
+                self.log_view.follow()
             elif self._status_state == "restarting":
                 self.reply.view.set_footer("the engine is restarting…")
 
@@ -372,20 +373,21 @@ class ChatScreen(Screen[None]):
         text = msg.text
         if not text.strip():
             return
+        # the box was emptied when Enter was pressed (keys typed since then are in it now)
         cmd = parse_slash(text)
         if cmd is not None:
             self.input.last_sent = text
-            self.input.clear()
             await self.run_slash(*cmd)
             return
         if self.reply is not None:
+            self.input.give_back(text)
             self.notify("A reply is still streaming: Esc cancels it. Your message stays in the box.", severity="warning")
             return
         if self.conv is None or self.chat_app.client is None:
+            self.input.give_back(text)
             self.notify("Not connected yet: your message stays in the box.", severity="warning")
             return
         self.input.last_sent = text
-        self.input.clear()
         user = StoredMessage("user", text)
         self.history.append(user)
         user_view = MessageView("user", text, stored=user)
@@ -526,6 +528,7 @@ class ChatScreen(Screen[None]):
             await r.view.remove()
             if msg.cancelled and r.user_view is not None:
                 r.user_view.set_footer("cancelled before the reply started")
+                self.log_view.follow()
         fin = msg.finished
         if fin is not None:
             t = fin.timings or {}
@@ -549,9 +552,8 @@ class ChatScreen(Screen[None]):
             r.user_view.add_class("-failed")
             r.user_view.set_footer("not answered — the text is back in the box: Enter sends it again")
         await self._note("error", msg.error)
-        if msg.text and not self.input.text.strip():
-            self.input.load_text(msg.text)
-            self.input.move_cursor(self.input.document.end)
+        if msg.text:
+            self.input.give_back(msg.text)
         self.input.focus()
         if msg.unreachable:
             self.connected = False
@@ -561,8 +563,9 @@ class ChatScreen(Screen[None]):
         self.run_worker(self._note("error", msg.error), group="ui")
 
     async def _note(self, role: str, text: str) -> None:
-        await self.log_view.add(MessageView(role, text))
-        self.log_view.scroll_end(animate=False)
+        log = self.log_view
+        log.sticky = True  # a note or an error is news: show it
+        await log.add(MessageView(role, text))
 
     # ---- actions ------------------------------------------------------------------------------
 
@@ -576,7 +579,10 @@ class ChatScreen(Screen[None]):
         if self.reply is not None:
             self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
             return
-        self._new()
+        if self.conv is not None and not self.history and self.conv.title == _NEW_TITLE:
+            self.notify("This conversation is new already.")  # no pile of empty conversations
+        else:
+            self._new()
         self.input.focus()
 
     async def action_regenerate(self, from_view: MessageView | None = None) -> None:
@@ -802,10 +808,10 @@ class ChatScreen(Screen[None]):
         elif name == "/quit":
             self.app.exit()
         elif name == "/new":
-            if self.reply is None:
-                self._new(arg or _NEW_TITLE)
+            if arg and self.reply is None:
+                self._new(arg)
             else:
-                self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+                self.action_new_conversation()
         elif self.conv is None:
             raise ValueError("no conversation is open yet")
         elif name == "/rename":

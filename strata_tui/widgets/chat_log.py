@@ -32,4 +32,9 @@ class ChatLog(VerticalScroll):
 
     def follow(self) -> None:
         if self.sticky:
-            self.scroll_end(animate=False, immediate=False)
+            # after the next layout, so that a view mounted or grown just now counts
+            self.call_after_refresh(self._to_end)
+
+    def _to_end(self) -> None:
+        if self.sticky:
+            self.scroll_end(animate=False, immediate=True)

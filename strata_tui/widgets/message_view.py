@@ -63,6 +63,7 @@ class MessageView(Vertical, can_focus=True):
         self._live_text = ""  # text of the segment being streamed into
         self._live_reasoning = ""
         self._forced = False  # a segment was cut inside a block: merge them at the end
+        self._folded = False  # the reasoning was folded when the answer started
         self.pieces = 0  # streamed pieces this reply arrived in (0 when loaded from the store)
 
     def compose(self) -> ComposeResult:
@@ -89,8 +90,9 @@ class MessageView(Vertical, can_focus=True):
         if delta.reasoning:
             await self._append_reasoning(delta.reasoning)
         if delta.content:
-            if not self.content and self.reasoning:
-                # the answer has started: fold the reasoning away (it stays one click away)
+            if self.reasoning and not self._folded and delta.content.strip():
+                # the answer has started: fold the reasoning away, once (it stays one click away)
+                self._folded = True
                 self.query_one(".reasoning-box", Collapsible).collapsed = True
             self.content += delta.content
             await self._append_content(delta.content)
