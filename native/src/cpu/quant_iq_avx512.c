@@ -1,12 +1,15 @@
 /*
- * quant_iq_avx512.c — AVX-512 (BW + VNNI) dot product of IQ4_XS against Q8_K.
+ * quant_iq_avx512.c — AVX-512 (BW + VNNI) dot products of IQ4_XS against Q8_K.
  *
- * AVX-512 has no byte sign instruction, so the signed table values v are shifted into unsigned
- * bytes (v + 128 <= 241) and VNNI's dpbusd sums four products each in int32:
- *   sum v a = sum (v + 128) a - 128 sum a,
- * where sum a over a sub-block comes from the activation's bsums. All integers, exact: the block's
- * A and its float expression are the scalar kernel's, so the bits are the same. The other i-quants
- * keep their AVX2 kernels.
+ * The table values v are signed and AVX-512 has no byte sign instruction, so:
+ *   - one row (decode): v is shifted into unsigned bytes (v + 128 <= 241) and VNNI's dpbusd sums
+ *     four products each in int32: sum v a = sum (v + 128) a - 128 sum a, where sum a over a
+ *     sub-block comes from the activation's bsums;
+ *   - many rows (prompt): |v| and the sign mask are made once per block, the sign goes onto each
+ *     activation row (masked negate), and maddubs + dpwssd multiply and scale (pairs at most
+ *     2 * 127 * 127, no saturation).
+ * All integers, exact: the block's A and its float expression are the scalar kernel's, so the bits
+ * are the same. The other i-quants keep their AVX2 kernels.
  */
 #include <immintrin.h>
 #include <string.h>
@@ -15,6 +18,18 @@
 #include "iq_tables.h"
 #include "quant_blocks.h"
 #include "strata.h"
+
+/* The 8 sub-block factors ls_j - 32 of an IQ4_XS block in int32 lanes, built with vector shifts
+ * (no scalar stores: a wide load of values just stored one by one would stall on store forwarding). */
+static inline __m256i iq4xs_factors(const block_iq4_xs *b) {
+    uint32_t sl;
+    memcpy(&sl, b->scales_l, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)sl), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(0xF));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+}
 
 static float iq4xs_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     const block_iq4_xs *x = w;
@@ -25,13 +40,15 @@ static float iq4xs_vec_dot_avx512(int64_t n, const void *w, const void *act) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     /* qword indices: [L0 H0 L1 H1] and [L2 H2 L3 H3] of the 128-bit lanes of lo (L) and hi (H) */
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), ib = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    /* int32 lanes 0-7 take factor 2q, lanes 8-15 factor 2q + 1 */
+    const __m512i fsel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        int32_t ls[8];
-        for (int j = 0; j < 8; j++)
-            ls[j] = ((x[i].scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((x[i].scales_h >> (2 * j)) & 3) << 4);
-        int32_t corr = 0; /* 128 sum_j (ls_j - 32) sum(a over sub-block j) */
-        for (int j = 0; j < 8; j++) corr += (ls[j] - 32) * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        const __m256i l32 = iq4xs_factors(&x[i]);
+        /* corr = sum_j (ls_j - 32) * sum(a over sub-block j), from the bsums: int16 lanes 2j, 2j + 1 = factor j */
+        const __m256i lsp = _mm256_or_si256(_mm256_and_si256(l32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(l32, 16));
+        const __m256i cv = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), lsp);
+        const __m512i lz = _mm512_castsi256_si512(l32);
         __m512i acc = _mm512_setzero_si512();
         for (int p = 0; p < 2; p++) { /* sub-blocks 4p .. 4p + 3 */
             const __m512i bits = _mm512_loadu_si512((const void *)(x[i].qs + 64 * p));
@@ -43,12 +60,14 @@ static float iq4xs_vec_dot_avx512(int64_t n, const void *w, const void *act) {
             const __m512i a1 = _mm512_loadu_si512((const void *)(y[i].qs + 128 * p + 64));
             const __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), va, a0); /* lanes 0-7: sub 4p, 8-15: 4p+1 */
             const __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), vb, a1);
-            const __m512i f0 = _mm512_inserti64x4(_mm512_set1_epi32(ls[4 * p] - 32), _mm256_set1_epi32(ls[4 * p + 1] - 32), 1);
-            const __m512i f1 =
-                _mm512_inserti64x4(_mm512_set1_epi32(ls[4 * p + 2] - 32), _mm256_set1_epi32(ls[4 * p + 3] - 32), 1);
+            const __m512i f0 = _mm512_permutexvar_epi32(_mm512_add_epi32(fsel, _mm512_set1_epi32(4 * p)), lz);
+            const __m512i f1 = _mm512_permutexvar_epi32(_mm512_add_epi32(fsel, _mm512_set1_epi32(4 * p + 2)), lz);
             acc = _mm512_add_epi32(acc, _mm512_add_epi32(_mm512_mullo_epi32(s0, f0), _mm512_mullo_epi32(s1, f1)));
         }
-        const int32_t A = _mm512_reduce_add_epi32(acc) - 128 * corr;
+        __m128i cs = _mm_add_epi32(_mm256_castsi256_si128(cv), _mm256_extracti128_si256(cv, 1));
+        cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(1, 0, 3, 2)));
+        cs = _mm_add_epi32(cs, _mm_shuffle_epi32(cs, _MM_SHUFFLE(2, 3, 0, 1)));
+        const int32_t A = _mm512_reduce_add_epi32(acc) - 128 * _mm_cvtsi128_si32(cs);
         sum += (quant_f16_lut[x[i].d] * y[i].d) * (float)A;
     }
     return sum;
@@ -70,11 +89,13 @@ static inline __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
     return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), e));
 }
 
-/* An IQ4_XS block unpacked for the many-token kernel: v[q] the biased table values of values
- * 64q .. 64q + 63, f[q] their sub-block factors, lsp the factors in int16 pairs for the bsums. */
+/* An IQ4_XS block unpacked for the many-token kernel: for values 64q .. 64q + 63, the magnitudes of
+ * their table values (u[q]), which of them are negative (neg[q]: that sign goes onto the activation),
+ * and the int16 scale lanes of their two sub-blocks (f[q]). Then per activation row a 64-value step
+ * is maddubs (|v| * +-a, pairs at most 2 * 127 * 127: no saturation) and dpwssd (times ls - 32). */
 typedef struct {
-    __m512i v[4], f[4];
-    __m256i lsp;
+    __m512i u[4], f[4];
+    __mmask64 neg[4];
     float d;
 } iq4xs_unpacked;
 
@@ -83,30 +104,31 @@ typedef struct {
 static inline void iq4xs_unpack(const block_iq4_xs *b, __m512i lut, iq4xs_unpacked *u) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), ib = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    int32_t ls[8];
-    for (int j = 0; j < 8; j++)
-        ls[j] = (((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b->scales_h >> (2 * j)) & 3) << 4)) - 32;
-    /* int16 lanes 2j, 2j + 1 = ls_j: madd with the bsums gives ls_j * (sum of sub-block j) */
-    const __m256i l32 = _mm256_loadu_si256((const __m256i *)ls);
-    u->lsp = _mm256_or_si256(_mm256_and_si256(l32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(l32, 16));
+    /* int16 lanes 0-15 take factor 2q, 16-31 factor 2q + 1 */
+    const __m512i sel = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+    const __m512i f16 = _mm512_castsi128_si512(_mm256_cvtepi32_epi16(iq4xs_factors(b))); /* int16 lane j = factor j */
     for (int p = 0; p < 2; p++) {
         const __m512i bits = _mm512_loadu_si512((const void *)(b->qs + 64 * p));
         const __m512i lo = _mm512_and_si512(bits, m4), hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
-        u->v[2 * p] = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ia, hi));
-        u->v[2 * p + 1] = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ib, hi));
-        u->f[2 * p] = _mm512_inserti64x4(_mm512_set1_epi32(ls[4 * p]), _mm256_set1_epi32(ls[4 * p + 1]), 1);
-        u->f[2 * p + 1] = _mm512_inserti64x4(_mm512_set1_epi32(ls[4 * p + 2]), _mm256_set1_epi32(ls[4 * p + 3]), 1);
+        const __m512i va = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ia, hi));
+        const __m512i vb = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ib, hi));
+        u->u[2 * p] = _mm512_abs_epi8(va);
+        u->u[2 * p + 1] = _mm512_abs_epi8(vb);
+        u->neg[2 * p] = _mm512_movepi8_mask(va);
+        u->neg[2 * p + 1] = _mm512_movepi8_mask(vb);
     }
+    for (int q = 0; q < 4; q++) u->f[q] = _mm512_permutexvar_epi16(_mm512_add_epi16(sel, _mm512_set1_epi16((short)(2 * q))), f16);
     u->d = quant_f16_lut[b->d];
 }
 
-/* A of one unpacked block against one activation block (see iq4xs_vec_dot_avx512) */
+/* A of one unpacked block against one activation block: exact, the scalar kernel's integer. */
 static inline __m512i iq4xs_acc(const iq4xs_unpacked *u, const int8_t *q8) {
     __m512i acc = _mm512_setzero_si512();
     for (int q = 0; q < 4; q++) {
-        const __m512i s =
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), u->v[q], _mm512_loadu_si512((const void *)(q8 + 64 * q)));
-        acc = _mm512_add_epi32(acc, _mm512_mullo_epi32(s, u->f[q]));
+        const __m512i a = _mm512_loadu_si512((const void *)(q8 + 64 * q));
+        const __m512i sa = _mm512_mask_sub_epi8(a, u->neg[q], _mm512_setzero_si512(), a);
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->u[q], sa), u->f[q]);
     }
     return acc;
 }
@@ -116,9 +138,7 @@ static inline __m512i iq4xs_acc(const iq4xs_unpacked *u, const int8_t *q8) {
 static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
     const block_iq4_xs *x = w;
     const int64_t nb = n / QK_K;
-    int8_t lut_u[16];
-    for (int k = 0; k < 16; k++) lut_u[k] = (int8_t)(iq4nl_values[k] + 128);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut_u));
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values));
     for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
         const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
         float sums[QUANT_DOT_N_MAX + 3] = {0};
@@ -133,12 +153,8 @@ static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *
                 __m128 sum = _mm_loadu_ps(sums + k0);
                 for (int64_t c = 0; c < cn; c++) {
                     const iq4xs_unpacked *uc = &u[c];
-                    __m256i cc[4];
-                    for (int k = 0; k < 4; k++)
-                        cc[k] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[k][c].bsums), uc->lsp);
-                    const __m128i A = _mm_sub_epi32(reduce4(iq4xs_acc(uc, y[0][c].qs), iq4xs_acc(uc, y[1][c].qs),
-                                                            iq4xs_acc(uc, y[2][c].qs), iq4xs_acc(uc, y[3][c].qs)),
-                                                    _mm_slli_epi32(reduce4_256(cc[0], cc[1], cc[2], cc[3]), 7));
+                    const __m128i A = reduce4(iq4xs_acc(uc, y[0][c].qs), iq4xs_acc(uc, y[1][c].qs),
+                                              iq4xs_acc(uc, y[2][c].qs), iq4xs_acc(uc, y[3][c].qs));
                     const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
                     sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A)));
                 }
