@@ -20,6 +20,8 @@ import platformdirs
 
 __all__ = ["Conversation", "Settings", "Store", "StoredMessage", "data_dir", "default_db_path"]
 
+_list = list  # Store.list shadows the builtin inside the class body
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -189,7 +191,7 @@ class Store:
 
     # ---- messages ----
 
-    def messages(self, conversation_id: int) -> list[StoredMessage]:
+    def messages(self, conversation_id: int) -> _list[StoredMessage]:
         rows = self._db.execute(
             "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
         ).fetchall()

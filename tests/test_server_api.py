@@ -49,8 +49,9 @@ def engine() -> Iterator[Engine]:
 
 
 @pytest.fixture
-def client(server: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120)
+def client(server: Served) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0, timeout=120) as c:
+        yield c
 
 
 def _extra(obj: Any, key: str) -> Any:
@@ -140,6 +141,24 @@ def test_cached_prompt_prefix_gives_the_same_reply(client: openai.OpenAI) -> Non
     assert _extra(warm, "strata")["token_ids"] == _extra(cold, "strata")["token_ids"]
 
 
+def test_reasoning_format(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0)
+    split = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0,
+                                           extra_body={"reasoning_format": "deepseek"})
+    raw = plain.choices[0].message.content or ""
+    msg = split.choices[0].message
+    reasoning = (msg.model_extra or {}).get("reasoning_content") or ""
+    # the same tokens; the text outside <think>...</think> is the content, the text inside the reasoning
+    assert _extra(split, "strata")["token_ids"] == _extra(plain, "strata")["token_ids"]
+    if "<think>" not in raw:
+        assert msg.content == raw and reasoning == ""
+    assert (msg.content or "") + reasoning == raw.replace("<think>", "").replace("</think>", "") or "<think>" in raw
+    chunks = list(client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0, stream=True,
+                                                 extra_body={"reasoning_format": "deepseek"}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == msg.content
+
+
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> list[int]:
         r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=1.0, top_p=0.95,
@@ -186,8 +205,8 @@ def test_models_health_metrics_status(server: Served, client: openai.OpenAI) -> 
 
 
 def test_api_key_is_required_on_v1_only(server: Served) -> None:
-    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
-    with pytest.raises(openai.AuthenticationError) as e:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0) as bad, \
+            pytest.raises(openai.AuthenticationError) as e:
         bad.chat.completions.create(model="m", messages=MSGS, max_tokens=2)
     assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
     for path in ("/v1/models", "/v1/status"):
@@ -215,6 +234,7 @@ BAD = [
     ("chat", {"messages": MSGS, "stop": 5}, 400, "invalid_request", "stop", "string"),
     ("chat", {"messages": MSGS, "stream_options": 1}, 400, "invalid_request", "stream_options", "object"),
     ("chat", {"messages": MSGS, "model": 5}, 400, "invalid_request", "model", "string"),
+    ("chat", {"messages": MSGS, "reasoning_format": "xml"}, 400, "invalid_request", "reasoning_format", "deepseek"),
     ("chat", {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": "no"}}, 400, "invalid_request",
      "chat_template_kwargs.enable_thinking", "true or false"),
     ("completions", {}, 400, "invalid_request", "prompt", "missing"),

@@ -31,8 +31,9 @@ def server() -> Iterator[Served]:
 
 
 @pytest.fixture
-def client(server: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+def client(server: Served) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
 
 
 def _wait(cond, what: str, timeout: float = 60.0):  # type: ignore[no-untyped-def]
@@ -82,6 +83,7 @@ def test_engine_killed_mid_stream(server: Served, client: openai.OpenAI) -> None
                 pieces += 1
                 if pieces == 3:
                     os.kill(before["pid"], signal.SIGKILL)
+    stream.close()
     assert pieces >= 3
     assert "the engine stopped unexpectedly (exit code -9)" in e.value.message
     assert "SIGKILL" in e.value.message
@@ -99,15 +101,24 @@ def test_engine_killed_mid_stream(server: Served, client: openai.OpenAI) -> None
 
 def test_client_disconnect_stops_generation_within_one_token(server: Served, client: openai.OpenAI) -> None:
     cancelled_before = _metric(server, "strata_requests_cancelled_total")
+    pid = server.status()["engine"]["pid"]
     body = {"model": "m", "messages": MSGS, "max_tokens": 4000, "temperature": 0, "stream": True, **LONG}
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
-        seq = int(r.headers["x-strata-request-seq"])
-        n = 0
-        for line in r.iter_lines():
-            if line.startswith("data:") and '"content": "' in line and '"role"' not in line:
-                n += 1
-                if n == 3:
-                    break  # leaving the block closes the connection
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
+            seq = int(r.headers["x-strata-request-seq"])
+            n = 0
+            for line in r.iter_lines():
+                if line.startswith("data:") and '"content": "' in line and '"role"' not in line:
+                    n += 1
+                    if n == 3:
+                        # hold the engine mid-reply (however fast it is), then leave: closing the block
+                        # closes the connection
+                        os.kill(pid, signal.SIGSTOP)
+                        break
+        _wait(lambda: _metric(server, "strata_requests_cancelled_total") == cancelled_before + 1,
+              "the server to notice the client left")
+    finally:
+        os.kill(pid, signal.SIGCONT)
     last = _wait(lambda: (server.status()["last_request"] or {}).get("seq") == seq and server.status()["last_request"],
                  "the cancelled request to be accounted")
     assert last["finish_reason"] == "cancelled"
@@ -126,6 +137,7 @@ def test_client_disconnect_stops_generation_within_one_token(server: Served, cli
 
 def test_queued_client_that_leaves_is_dropped(server: Served) -> None:
     body = {"model": "m", "messages": MSGS, "max_tokens": 4000, "temperature": 0, "stream": True, **LONG}
+    pid = server.status()["engine"]["pid"]
 
     async def main() -> None:
         leave = asyncio.Event()
@@ -138,16 +150,20 @@ def test_queued_client_that_leaves_is_dropped(server: Served) -> None:
                             break
                 return seq
 
-            t1 = asyncio.create_task(first())
-            await asyncio.to_thread(_wait, lambda: server.status()["queue"]["running"] is not None, "first running")
-            async with http.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": 5}) as r2:
-                seq2 = int(r2.headers["x-strata-request-seq"])
-                st = await asyncio.to_thread(server.status)
-                assert [w["position"] for w in st["queue"]["waiting"] if w["seq"] == seq2] == [1]
-            # gone before its turn: it leaves the queue at once and is never run
-            await asyncio.to_thread(_wait, lambda: server.status()["queue"]["length"] == 0, "the queue to empty")
-            assert server.status()["queue"]["running"] is not None  # the first is still generating
-            leave.set()
+            os.kill(pid, signal.SIGSTOP)  # the engine holds the first request while the second queues
+            try:
+                t1 = asyncio.create_task(first())
+                await asyncio.to_thread(_wait, lambda: server.status()["queue"]["running"] is not None, "first")
+                async with http.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": 5}) as r2:
+                    seq2 = int(r2.headers["x-strata-request-seq"])
+                    st = await asyncio.to_thread(server.status)
+                    assert [w["position"] for w in st["queue"]["waiting"] if w["seq"] == seq2] == [1]
+                # gone before its turn: it leaves the queue at once and is never run
+                await asyncio.to_thread(_wait, lambda: server.status()["queue"]["length"] == 0, "the queue to empty")
+                assert server.status()["queue"]["running"] is not None  # the first is still the engine's
+                leave.set()  # and its client leaves too, before the engine can finish it
+            finally:
+                os.kill(pid, signal.SIGCONT)
             seq1 = await t1
             last = await asyncio.to_thread(
                 _wait, lambda: (server.status()["last_request"] or {}).get("seq") == seq1 and server.status(),
@@ -160,72 +176,52 @@ def test_queued_client_that_leaves_is_dropped(server: Served) -> None:
 
 def test_twenty_streaming_clients_complete_in_fifo_order(server: Served) -> None:
     n_clients, max_tokens = 20, 8
-    base = _seen(server)
+    pid = server.status()["engine"]["pid"]
+
+    def taken_in() -> int:  # while the engine is paused: the one handed to it plus those waiting
+        q = server.status()["queue"]
+        return (q["running"] is not None) + len(q["waiting"])
+
+    async def one(ac: openai.AsyncOpenAI, k: int, out: dict[int, tuple[str, int, int, int]]) -> None:
+        stream = await ac.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"Client {k} says hello."}], max_tokens=max_tokens,
+            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=LONG)
+        parts, usage, ext = [], 0, {}
+        async for c in stream:
+            if c.choices and c.choices[0].delta.content:
+                parts.append(c.choices[0].delta.content)
+            if c.usage is not None:
+                usage, ext = c.usage.completion_tokens, (c.model_extra or {})["strata"]
+        out[k] = ("".join(parts), usage, ext["request_seq"], ext["run_index"])
 
     async def main() -> None:
-        ac = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300)
-        done_order: list[int] = []
-        texts: dict[int, str] = {}
-        usages: dict[int, int] = {}
-        runs: dict[int, tuple[int, int]] = {}
-
-        async def one(k: int, n_tokens: int) -> None:
-            stream = await ac.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": f"Client {k} says hello."}], max_tokens=n_tokens,
-                temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=LONG)
-            parts = []
-            async for c in stream:
-                if c.choices and c.choices[0].delta.content:
-                    parts.append(c.choices[0].delta.content)
-                if c.usage is not None:
-                    usages[k] = c.usage.completion_tokens
-                    ext = (c.model_extra or {})["strata"]
-                    runs[k] = (ext["request_seq"], ext["run_index"])
-            done_order.append(k)
-            texts[k] = "".join(parts)
-
-        # a first request that holds the engine until all twenty wait in the queue behind it
-        release = asyncio.Event()
-
-        async def blocker() -> None:
-            body = {"model": "m", "messages": MSGS, "max_tokens": 4000, "temperature": 0, "stream": True, **LONG}
-            async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
-                async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-                    async for _ in r.aiter_lines():
-                        if release.is_set():
-                            break
-
-        held = asyncio.create_task(blocker())
-        await asyncio.to_thread(_wait, lambda: _seen(server) >= base + 1, "the first request to arrive")
-        tasks = []
-        for k in range(n_clients):
-            tasks.append(asyncio.create_task(one(k, max_tokens)))
-            # the next client is sent only once the server has taken this one in (so arrival order is k)
-            await asyncio.to_thread(_wait, lambda k=k: _seen(server) >= base + k + 2, f"client {k} to arrive")
-        st = await asyncio.to_thread(server.status)
-        assert [w["position"] for w in st["queue"]["waiting"]] == list(range(1, n_clients + 1))
-        release.set()
-        await asyncio.gather(held, *tasks)
-        await ac.close()
-        assert sorted(done_order) == list(range(n_clients))  # none lost
-        # the server ran them in the order they arrived: first come, first served
-        seqs = [runs[k][0] for k in range(n_clients)]
-        assert seqs == sorted(seqs) == [w["seq"] for w in st["queue"]["waiting"]]
-        assert [runs[k][1] for k in range(n_clients)] == list(range(runs[0][1], runs[0][1] + n_clients))
-        assert all(usages[k] == max_tokens and texts[k] for k in range(n_clients))
+        out: dict[int, tuple[str, int, int, int]] = {}
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                                      timeout=300) as ac:
+            # the engine is paused while the clients arrive, so that they all wait in the queue
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                tasks = []
+                for k in range(n_clients):
+                    tasks.append(asyncio.create_task(one(ac, k, out)))
+                    # the next client is sent once the server has taken this one in: arrival order is k
+                    await asyncio.to_thread(_wait, lambda k=k: taken_in() >= k + 1, f"client {k}")
+                st = await asyncio.to_thread(server.status)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await asyncio.gather(*tasks)
+        # one was handed to the paused engine, nineteen waited behind it in arrival order
+        first_seq = st["queue"]["running"]
+        assert [w["position"] for w in st["queue"]["waiting"]] == list(range(1, n_clients))
+        assert [w["seq"] for w in st["queue"]["waiting"]] == list(range(first_seq + 1, first_seq + n_clients))
+        # every one got its whole reply, and the engine ran them first come, first served
+        assert sorted(out) == list(range(n_clients))
+        assert all(out[k][0] and out[k][1] == max_tokens for k in range(n_clients))
+        assert [out[k][2] for k in range(n_clients)] == list(range(first_seq, first_seq + n_clients))
+        first = out[0][3]
+        assert [out[k][3] for k in range(n_clients)] == list(range(first, first + n_clients))
 
     asyncio.run(main())
-
-
-def _seen(server: Served) -> int:
-    """Requests the server has taken in so far (running, queued or finished), by their sequence numbers."""
-    st = server.status()
-    seqs = [w["seq"] for w in st["queue"]["waiting"]]
-    if st["queue"]["running"] is not None:
-        seqs.append(st["queue"]["running"])
-    if st["last_request"]:
-        seqs.append(st["last_request"]["seq"])
-    return max(seqs, default=0)
 
 
 def test_start_up_failures_exit_with_the_engines_message(tmp_path: Path) -> None:

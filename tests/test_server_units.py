@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata.server.app import _StopMatcher
+from strata.server.app import _StopMatcher, _ThinkSplitter
 from strata.server.protocol import MAX_FRAME, ProtocolError, encode_frame, read_frame, write_frame
 
 
@@ -63,3 +63,43 @@ def test_stop_matcher_equals_cutting_the_whole_text(text: str, stop: str, cuts: 
     out, hit = _run([stop], pieces)
     k = text.find(stop)
     assert (out, hit) == ((text[:k], True) if k >= 0 else (text, False))
+
+
+def _split(pieces: list[str], inside: bool = False) -> tuple[str, str]:
+    sp = _ThinkSplitter(inside)
+    r = c = ""
+    for p in pieces:
+        a, b = sp.feed(p)
+        r, c = r + a, c + b
+    a, b = sp.flush()
+    return r + a, c + b
+
+
+def test_think_tags_across_pieces() -> None:
+    assert _split(["<thi", "nk>abc</th", "ink>done"]) == ("abc", "done")
+    assert _split(["xyz</think>", "answer"], inside=True) == ("xyz", "answer")  # the prompt opened it
+    assert _split(["no tags <thin", "g>"]) == ("", "no tags <thing>")
+    assert _split(["<think>cut off"]) == ("cut off", "")
+
+
+@given(st.lists(st.sampled_from(["<think>", "</think>", "a", "b ", "<", "</", "think", ">"]), max_size=30),
+       st.lists(st.integers(1, 6), max_size=40), st.booleans())
+def test_think_splitter_equals_splitting_the_whole_text(tokens: list[str], cuts: list[int], inside: bool) -> None:
+    import re
+
+    text = "".join(tokens)
+    want_r = want_c = ""
+    state = inside
+    for part in re.split(r"(<think>|</think>)", text):
+        if part == ("</think>" if state else "<think>"):
+            state = not state
+        elif state:
+            want_r += part
+        else:
+            want_c += part
+    pieces, i = [], 0
+    for c in cuts:
+        pieces.append(text[i : i + c])
+        i += c
+    pieces.append(text[i:])
+    assert _split(pieces, inside) == (want_r, want_c)

@@ -109,11 +109,16 @@ def test_enter_sends_newline_key_inserts_up_recalls() -> None:
         app = _App(box)
         async with app.run_test() as pilot:
             box.focus()
-            await pilot.press("h", "i", "ctrl+j", "y", "o", "enter")
+            await pilot.press("h", "i", "ctrl+j", "y", "o", "enter", "n", "e", "x", "t")
             await pilot.pause()
             assert sent == ["hi\nyo"]
+            assert box.text == "next"  # typed after Enter: kept, not swept away with the sent text
+            box.give_back("refused")  # a message that could not be sent goes back first
+            assert box.text == "refused\nnext"
             box.last_sent = sent[0]
             box.clear()
+            await pilot.press("enter")  # an empty box sends nothing
+            assert sent == ["hi\nyo"]
             await pilot.press("up")
             assert box.text == "hi\nyo"
             await pilot.press("x")  # with text in the box, up moves the cursor instead

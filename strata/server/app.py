@@ -134,6 +134,8 @@ class GenParams:
     top_logprobs: int
     ignore_eos: bool = False
     cache_prompt: bool = False
+    split_reasoning: bool = False  # reasoning_format "deepseek": <think>...</think> -> reasoning_content
+    think_open: bool = False  # the prompt itself opened a think block
 
 
 def _gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False) -> GenParams:
@@ -186,7 +188,52 @@ def _gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False)
         top_logprobs=top_logprobs,
         ignore_eos=_boolean(body, "ignore_eos", False),
         cache_prompt=_boolean(body, "cache_prompt", cache_prompt),
+        split_reasoning=_reasoning_format(body) == "deepseek" if chat else False,
     )
+
+
+def _reasoning_format(body: dict[str, Any]) -> str:
+    v = body.get("reasoning_format", "none")
+    if v not in ("none", "deepseek"):
+        raise _bad("reasoning_format", "must be 'none' (reasoning stays in the content) or 'deepseek' "
+                                       "(it goes to reasoning_content)")
+    return str(v)
+
+
+class _ThinkSplitter:
+    """Splits reply text into reasoning (inside ``<think>...</think>``) and content; a tail that could
+    be the start of a tag is held back until the next piece decides it."""
+
+    def __init__(self, inside: bool = False) -> None:
+        self.inside = inside
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, str]:
+        text, self.held = self.held + text, ""
+        reasoning = content = ""
+        while text:
+            tag = "</think>" if self.inside else "<think>"
+            i = text.find(tag)
+            if i >= 0:
+                if self.inside:
+                    reasoning += text[:i]
+                else:
+                    content += text[:i]
+                text = text[i + len(tag) :]
+                self.inside = not self.inside
+                continue
+            keep = next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-n:])), 0)
+            out, self.held = text[: len(text) - keep], text[len(text) - keep :]
+            if self.inside:
+                reasoning += out
+            else:
+                content += out
+            break
+        return reasoning, content
+
+    def flush(self) -> tuple[str, str]:
+        out, self.held = self.held, ""
+        return (out, "") if self.inside else ("", out)
 
 
 # ---- generation --------------------------------------------------------------------------------
@@ -643,7 +690,10 @@ def create_app(state: ServerState) -> Starlette:
             _check_auth(state, request)
             body = await _read_json(state, request)
             gen = _gen_params(body, chat=chat, cache_prompt=state.cache_prompt)
-            prompt, param = _prompt_of(body) if chat else _completion_prompt(body)
+            if chat:
+                prompt, param, gen.think_open = _prompt_of(body)
+            else:
+                prompt, param = _completion_prompt(body)
             ctx = await _max_context(state)
             _check_context(len(prompt), gen, ctx, param)
         except ApiError as e:
@@ -669,6 +719,12 @@ def create_app(state: ServerState) -> Starlette:
             choice: dict[str, Any] = {"index": 0, "finish_reason": g.finish_reason}
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
+                if gen.split_reasoning:
+                    sp = _ThinkSplitter(gen.think_open)
+                    r1, c1 = sp.feed(text)
+                    r2, c2 = sp.flush()
+                    choice["message"] = {"role": "assistant", "content": c1 + c2,
+                                         "reasoning_content": (r1 + r2) or None}
                 choice["logprobs"] = _chat_logprobs(state.tokenizer, pieces) if gen.logprobs else None
             else:
                 choice["text"] = text
@@ -686,7 +742,7 @@ def create_app(state: ServerState) -> Starlette:
 
         return _Watched(g, None, make)  # type: ignore[return-value]
 
-    def _prompt_of(body: dict[str, Any]) -> tuple[list[int], str]:
+    def _prompt_of(body: dict[str, Any]) -> tuple[list[int], str, bool]:
         tok = state.tokenizer
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
@@ -716,7 +772,8 @@ def create_app(state: ServerState) -> Starlette:
             ids.insert(0, tok.bos_id)
         if not ids:
             raise _bad("messages", "the rendered prompt is empty")
-        return ids, "messages"
+        tail = text.rstrip()
+        return ids, "messages", tail.endswith("<think>")
 
     def _completion_prompt(body: dict[str, Any]) -> tuple[list[int], str]:
         tok = state.tokenizer
@@ -751,14 +808,27 @@ def create_app(state: ServerState) -> Starlette:
             return _sse(c)
 
         yield chunk({"role": "assistant", "content": ""})
+        splitter = _ThinkSplitter(g.gen.think_open) if g.gen.split_reasoning else None
+
+        def delta(reasoning: str, content: str) -> dict[str, Any]:
+            d: dict[str, Any] = {}
+            if reasoning:
+                d["reasoning_content"] = reasoning
+            if content or not reasoning:
+                d["content"] = content
+            return d
+
         try:
             async for p in g.pieces():
                 if isinstance(p, _Piece):
                     if not p.text and p.logprob is None:
                         continue
+                    d = delta(*splitter.feed(p.text)) if splitter is not None else {"content": p.text}
+                    if splitter is not None and d == {"content": ""} and p.logprob is None:
+                        continue  # all of it held back (a possible tag)
                     c = {"id": cid, "object": "chat.completion.chunk", "created": created,
                          "model": state.model_name,
-                         "choices": [{"index": 0, "delta": {"content": p.text}, "finish_reason": None,
+                         "choices": [{"index": 0, "delta": d, "finish_reason": None,
                                       "logprobs": _chat_logprobs(state.tokenizer, [p]) if g.gen.logprobs else None}]}
                     yield _sse(c)
                 elif "progress" in p:
@@ -770,6 +840,10 @@ def create_app(state: ServerState) -> Starlette:
             yield _sse(e.body())
             yield _sse("[DONE]")
             return
+        if splitter is not None:
+            rest = splitter.flush()
+            if any(rest):
+                yield chunk(delta(*rest))
         extra: dict[str, Any] = {"timings": g.timings(), "strata": g.extension()}
         if g.gen.include_usage:
             extra["usage"] = None

@@ -172,7 +172,10 @@ class ChatScreen(Screen[None]):
         if proc is not None and (proc.url is None or proc.exited() is not None):
             self.post_message(ServerStarting("starting strata serve…"))
             try:
-                url = await asyncio.to_thread(proc.start, lambda line: self.post_message(ServerStarting(line)))
+                def on_line(line: str) -> None:
+                    self.post_message(ServerStarting(line))
+
+                url = await asyncio.to_thread(proc.start, on_line)
             except ServerStartError as e:
                 self.post_message(ServerDown(str(e), None))
                 return
@@ -373,20 +376,21 @@ class ChatScreen(Screen[None]):
         text = msg.text
         if not text.strip():
             return
+        # the box was emptied when Enter was pressed (keys typed since then are in it now)
         cmd = parse_slash(text)
         if cmd is not None:
             self.input.last_sent = text
-            self.input.clear()
             await self.run_slash(*cmd)
             return
         if self.reply is not None:
+            self.input.give_back(text)
             self.notify("A reply is still streaming: Esc cancels it. Your message stays in the box.", severity="warning")
             return
         if self.conv is None or self.chat_app.client is None:
+            self.input.give_back(text)
             self.notify("Not connected yet: your message stays in the box.", severity="warning")
             return
         self.input.last_sent = text
-        self.input.clear()
         user = StoredMessage("user", text)
         self.history.append(user)
         user_view = MessageView("user", text, stored=user)
@@ -551,9 +555,8 @@ class ChatScreen(Screen[None]):
             r.user_view.add_class("-failed")
             r.user_view.set_footer("not answered — the text is back in the box: Enter sends it again")
         await self._note("error", msg.error)
-        if msg.text and not self.input.text.strip():
-            self.input.load_text(msg.text)
-            self.input.move_cursor(self.input.document.end)
+        if msg.text:
+            self.input.give_back(msg.text)
         self.input.focus()
         if msg.unreachable:
             self.connected = False

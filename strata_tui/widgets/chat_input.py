@@ -26,6 +26,12 @@ class ChatInput(TextArea):
         self.last_sent = ""
         self.last_key_at = 0.0  # time.monotonic() of the last key typed here
 
+    def give_back(self, text: str) -> None:
+        """Put a message that was not sent back in the box, before anything typed since."""
+        rest = self.text
+        self.load_text(text + ("\n" + rest if rest.strip() else ""))
+        self.move_cursor(self.document.end)
+
     def on_mount(self) -> None:
         if self.app.is_headless:
             self.cursor_blink = False  # screenshots in tests must not depend on the blink phase
@@ -35,7 +41,11 @@ class ChatInput(TextArea):
         if event.key == "enter":
             event.stop()
             event.prevent_default()
-            self.post_message(self.Submitted(self, self.text))
+            text = self.text
+            if text.strip():
+                # empty the box now, not when the message is handled: keys typed in between stay
+                self.clear()
+                self.post_message(self.Submitted(self, text))
             return
         if event.key in self.newline_keys:
             event.stop()

@@ -107,10 +107,10 @@ class EnginePanel(Vertical):
         plabel = self.query_one("#prompt-label", Static)
         if prompt and prompt.get("total"):
             done, total = int(prompt.get("done") or 0), int(prompt["total"])
-            tps = float(prompt.get("tokens_per_second") or 0.0)
+            read_tps = float(prompt.get("tokens_per_second") or 0.0)
             bar.update(total=total, progress=done)
-            left = f" · {_eta((total - done) / tps)} left" if tps > 0 else ""
-            plabel.update(f"prompt {done:,} / {total:,} tokens\n{tps:,.0f} tok/s{left}", layout=False)
+            left = f" · {_eta((total - done) / read_tps)} left" if read_tps > 0 else ""
+            plabel.update(f"prompt {done:,} / {total:,} tokens\n{read_tps:,.0f} tok/s{left}", layout=False)
             bar.display = plabel.display = True
         else:
             bar.display = plabel.display = False
@@ -122,7 +122,9 @@ class EnginePanel(Vertical):
         if model:
             lines.append(("model", model if len(model) <= 22 else model[:21] + "…"))
         lr = ((s.get("last_request") or {}).get("timings")) or {}
-        tps = self.live_tps if self.state == "generating" and self.live_tps else lr.get("predicted_per_second")
+        tps: float | None = (
+            self.live_tps if self.state == "generating" and self.live_tps else lr.get("predicted_per_second")
+        )
         if tps is None:
             tps = self.live_tps
         lines.append(("decode", f"{tps:,.1f} tok/s" if tps else "–"))

@@ -146,6 +146,8 @@ async def _measure(server_url: str, tmp_db: Any, streaming: bool) -> tuple[dict[
                 elif in_flight:
                     streamed_s += time.perf_counter() - t0
         info["streaming_share"] = streamed_s / (time.perf_counter() - t_start)
+        if chat.reply is not None:
+            info["pieces"] += chat.reply.n_pieces
         await pilot.pause(0.2)
         if streaming and chat.reply is not None:
             await pilot.press("escape")
