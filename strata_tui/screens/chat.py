@@ -119,6 +119,8 @@ class ChatScreen(Screen[None]):
         self.is_strata = False
         self.models: list[str] = []
         self._status_state = ""
+        # set when a request starts, so the engine panel polls at once instead of after its idle pause
+        self._status_wake = asyncio.Event()
 
     @property
     def chat_app(self) -> StrataChat:
@@ -222,7 +224,11 @@ class ChatScreen(Screen[None]):
                 continue
             self.post_message(EngineStatus(status))
             busy = self.reply is not None or status.get("state") in _BUSY_STATES
-            await asyncio.sleep(0.25 if busy else 1.0)
+            try:
+                await asyncio.wait_for(self._status_wake.wait(), 0.25 if busy else 1.0)
+            except asyncio.TimeoutError:
+                pass
+            self._status_wake.clear()
 
     def on_server_starting(self, msg: ServerStarting) -> None:
         self.engine.set_starting(msg.detail[:96])
@@ -408,6 +414,7 @@ class ChatScreen(Screen[None]):
         self._rid += 1
         view = MessageView("assistant", streaming=True, footer="waiting for the server…")
         self.reply = _Reply(self._rid, view, user, user_view)
+        self._status_wake.set()
         await self.log_view.add(view)
         self.engine.set_live(tps=0.0)
         self._stream_reply(self._rid, self.conv, user, drop_from)
