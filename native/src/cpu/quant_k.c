@@ -233,7 +233,22 @@ static float q3k_vec_dot(int64_t n, const void *w, const void *act) {
     return sum;
 }
 
-/* Q4_K: q <= 15, sc, m <= 63: |A| <= 8 * 63 * 32 * 15 * 127, |B| <= 8 * 63 * 4064. */
+/* One block of Q4_K or Q5_K (unpacked values q[QK_K], 8 sub-blocks with 6-bit scale and min) against a
+ * Q8_K block: exact integer sums A (scaled values) and B (mins times activation sums), one float
+ * expression. Q4_K: q <= 15, sc, m <= 63: |A| <= 8 * 63 * 32 * 15 * 127, |B| <= 8 * 63 * 4064;
+ * Q5_K: q <= 31: |A| <= 8 * 63 * 32 * 31 * 127. */
+static float k_scale_min_block_dot(const int8_t *q, const uint8_t *scales, uint16_t d, uint16_t dmin,
+                                   const block_q8_K *y) {
+    int32_t A = 0, B = 0;
+    for (int j = 0; j < 8; j++) {
+        uint8_t sc, m;
+        q4k_scale_min(j, scales, &sc, &m);
+        A += sc * idot(q + 32 * j, y->qs + 32 * j, 32);
+        B += m * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+    }
+    return (quant_f16_lut[d] * y->d) * (float)A - (quant_f16_lut[dmin] * y->d) * (float)B;
+}
+
 static float q4k_vec_dot(int64_t n, const void *w, const void *act) {
     const block_q4_K *x = w;
     const block_q8_K *y = act;
@@ -241,19 +256,11 @@ static float q4k_vec_dot(int64_t n, const void *w, const void *act) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         int8_t q[QK_K];
         q4k_values(x[i].qs, q);
-        int32_t A = 0, B = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            q4k_scale_min(j, x[i].scales, &sc, &m);
-            A += sc * idot(q + 32 * j, y[i].qs + 32 * j, 32);
-            B += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-        }
-        sum += (quant_f16_lut[x[i].d] * y[i].d) * (float)A - (quant_f16_lut[x[i].dmin] * y[i].d) * (float)B;
+        sum += k_scale_min_block_dot(q, x[i].scales, x[i].d, x[i].dmin, &y[i]);
     }
     return sum;
 }
 
-/* Q5_K: q <= 31: |A| <= 8 * 63 * 32 * 31 * 127. */
 static float q5k_vec_dot(int64_t n, const void *w, const void *act) {
     const block_q5_K *x = w;
     const block_q8_K *y = act;
@@ -261,14 +268,7 @@ static float q5k_vec_dot(int64_t n, const void *w, const void *act) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         int8_t q[QK_K];
         q5k_values(&x[i], q);
-        int32_t A = 0, B = 0;
-        for (int j = 0; j < 8; j++) {
-            uint8_t sc, m;
-            q4k_scale_min(j, x[i].scales, &sc, &m);
-            A += sc * idot(q + 32 * j, y[i].qs + 32 * j, 32);
-            B += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
-        }
-        sum += (quant_f16_lut[x[i].d] * y[i].d) * (float)A - (quant_f16_lut[x[i].dmin] * y[i].d) * (float)B;
+        sum += k_scale_min_block_dot(q, x[i].scales, x[i].d, x[i].dmin, &y[i]);
     }
     return sum;
 }
