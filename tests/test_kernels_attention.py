@@ -34,7 +34,9 @@ TOL = 1e-4  # max |engine - reference| / max |reference| for f32 weights (tests/
 def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     hd, group = request.param
     out = tmp_path_factory.mktemp("attn") / f"attn-{hd}.gguf"
-    return make_model("tiny", "f32", 0, out, check=False, n_layer=2, head_dim=hd, n_head=2 * group, n_head_kv=2)
+    return make_model(
+        "tiny", "f32", 0, out, check=False, n_layer=2, head_dim=hd, n_head=2 * group, n_head_kv=2
+    )
 
 
 def _run(path: Path, cfg: EngineConfig, feed: str) -> list[np.ndarray]:
