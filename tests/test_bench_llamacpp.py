@@ -106,7 +106,15 @@ def test_failing_llama_bench_keeps_finished_rows(fake_bin, model_file, tmp_path,
     assert bench(f"run --target llama.cpp --model {model_file} -p 16,32,64 -n 8 -r 5 --output {out}") == 1
     err = capsys.readouterr().err
     assert "exited with status 1" in err and "failed to create context" in err
-    assert [r["test"] for r in _rows(out)] == ["pp16", "pp32"]
+    # the finished rows are kept, the tests llama-bench did not finish are failed rows with its words
+    rows = _rows(out)
+    assert [(r["test"], r["status"]) for r in rows] == [
+        ("pp16", "ok"),
+        ("pp32", "ok"),
+        ("pp64", "failed"),
+        ("tg8", "failed"),
+    ]
+    assert all("failed to create context" in r["error"]["message"] for r in rows[2:])
 
 
 def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
