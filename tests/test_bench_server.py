@@ -4,7 +4,6 @@ the suites produce latency rows."""
 from __future__ import annotations
 
 import json
-
 import socket
 
 import pytest
