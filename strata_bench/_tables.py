@@ -90,7 +90,9 @@ def _knob_str(v: Any, name: str = "") -> str:
     if v is None:
         return "auto" if name in _SIZE_KNOBS else "-"
     if name in _SIZE_KNOBS and isinstance(v, int):
-        return " ".join(EngineConfig(**{name: v}).to_cli_args()[1:])  # the flag's own spelling: 12GiB
+        cfg = EngineConfig()
+        setattr(cfg, name, v)
+        return " ".join(cfg.to_cli_args()[1:])  # the flag's own spelling: 12GiB
     return str(v)
 
 
