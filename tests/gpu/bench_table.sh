@@ -16,7 +16,8 @@
 # (STRATA_LIB=/path/libstrata.so, or strata/lib/). No virtual environment: PYTHONPATH gets this tree (and
 # /tmp/site when it exists, where wheels can be installed with pip --target).
 # Environment: DEVICE (cuda), BUDGETS (auto,24GiB,12GiB), LLAMA_N_CPU_MOE (auto per budget), PROMPTS (512,4096),
-# GEN (128), REPS (3), TIME_LIMIT (seconds for the whole run, 420), EXTRA (more strata-bench flags).
+# GEN (128), REPS (3), TIME_LIMIT (seconds for the whole run, 420), LLAMA_ARGS (more llama-bench flags, e.g.
+# '-ub 4096 -b 4096'), EXTRA (more strata-bench flags). llama.cpp runs with host experts get '-lm none'.
 set -u
 usage="usage: $0 LLAMA_BENCH MODEL.gguf [OUT_DIR]"
 LLAMA_BENCH=${1:?$usage}
@@ -47,6 +48,7 @@ timeout 90 python3 -m pytest -q -p no:cacheprovider -o addopts="" "$tree/tests/t
 args=(run --device "$DEVICE" --target strata --target llama.cpp --llama-bench "$LLAMA_BENCH" -m "$MODEL"
       -p "$PROMPTS" -n "$GEN" -r "$REPS" --vram-budget "$BUDGETS" --output "$records" --format md)
 [ -n "${LLAMA_N_CPU_MOE:-}" ] && args+=(--llama-n-cpu-moe "$LLAMA_N_CPU_MOE")
+[ -n "${LLAMA_ARGS:-}" ] && args+=(--llama-args "$LLAMA_ARGS")
 # shellcheck disable=SC2206
 [ -n "${EXTRA:-}" ] && args+=($EXTRA)
 echo "python3 -m strata_bench ${args[*]}"
