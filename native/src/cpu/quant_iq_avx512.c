@@ -17,6 +17,7 @@
 #include "common.h"
 #include "iq_tables.h"
 #include "quant_blocks.h"
+#include "quant_reduce16.h"
 #include "strata.h"
 
 /* The 8 sub-block factors ls_j - 32 of an IQ4_XS block in int32 lanes, built with vector shifts
@@ -193,25 +194,6 @@ static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *
     }
 }
 
-/* Sixteen int32 accumulators -> one vector whose lane p is the sum of v[p]'s lanes (exact). */
-static inline __m512i reduce16(const __m512i v[16]) {
-    __m512i a[8], b[4], c[2];
-    for (int p = 0; p < 8; p++)
-        a[p] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[p], v[p + 8], 0x44), _mm512_shuffle_i32x4(v[p], v[p + 8], 0xEE));
-    /* a[p]: lanes 0-7 partials of p, 8-15 of p + 8 */
-    for (int p = 0; p < 4; p++)
-        b[p] = _mm512_add_epi32(_mm512_shuffle_i32x4(a[p], a[p + 4], 0x88), _mm512_shuffle_i32x4(a[p], a[p + 4], 0xDD));
-    /* b[p]: 128-bit lanes hold p, p + 8, p + 4, p + 12 */
-    for (int p = 0; p < 2; p++)
-        c[p] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[p], b[p + 2]), _mm512_unpackhi_epi64(b[p], b[p + 2]));
-    /* c[p]: in 128-bit lane k, two partials of (off_k + p), two of (off_k + p + 2); off = 0, 8, 4, 12 */
-    const __m512 c0 = _mm512_castsi512_ps(c[0]), c1 = _mm512_castsi512_ps(c[1]);
-    const __m512i d = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0))),
-                                       _mm512_castps_si512(_mm512_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1))));
-    /* d lane 4k + e holds off_k + (0, 2, 1, 3)[e] */
-    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), d);
-}
-
 /* Blocks per row that the four-row kernel unpacks at once (4 rows x 8 blocks x 512 bytes: in L1). */
 #define X4N_CHUNK 8
 
@@ -229,8 +211,6 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values));
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), ib = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    const __m512i lane_row = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m512i lane_tok = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
     __m512i w16[4][X4N_CHUNK][8]; /* [row][block][sub-block]: factor x value, int16 */
     float dr[X4N_CHUNK][4];
     for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
@@ -273,8 +253,8 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                             for (int k = 0; k < 4; k++) acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], w16[r][c][j], a16[k]);
                     }
                     const __m512 A = _mm512_cvtepi32_ps(reduce16(acc));
-                    const __m512 dv = _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_loadu_ps(dr[c])));
-                    const __m512 yv = _mm512_permutexvar_ps(lane_tok, _mm512_castps128_ps512(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d)));
+                    const __m512 dv = pairs_by_row(dr[c]);
+                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
                     sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(dv, yv), A));
                 }
                 sums[k0 / 4] = sum;
