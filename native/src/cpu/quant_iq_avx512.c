@@ -147,6 +147,7 @@ static void iq4xs_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, c
         float dd[4];
         for (int r = 0; r < 4; r++) {
             const block_iq4_xs *b = (const block_iq4_xs *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             iq4xs_unpacked u;
             iq4xs_unpack(b, lut, &u);
             acc[r] = _mm512_setzero_si512();

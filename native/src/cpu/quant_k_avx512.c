@@ -146,6 +146,7 @@ static void q4k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
         float dd[4], dm[4];
         for (int r = 0; r < 4; r++) {
             const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             uint8_t sc[8];
             const uint64_t m = k_scale_words(b->scales, sc);
             acc[r] = _mm512_setzero_si512();
@@ -394,6 +395,7 @@ static void q6k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
         float dd[4];
         for (int r = 0; r < 4; r++) {
             const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             q6k_unpacked u;
             q6k_unpack(b, &u);
             acc[r] = _mm512_setzero_si512();
