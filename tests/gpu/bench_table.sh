@@ -29,7 +29,8 @@
 # Environment: DEVICE (cuda), BUDGETS (auto,24GiB,12GiB), LLAMA_N_CPU_MOE (auto per budget), PROMPTS (512,4096),
 # GEN (128), REPS (3), STRATA_LIMIT (s, 330), LLAMA_LIMIT (s, 200), LLAMA_ARGS (more llama-bench flags, e.g.
 # '-ub 4096 -b 4096'), EXTRA (more strata-bench flags for both parts), WHEELS, STRATA_JOBS (8), LLAMA_SRC,
-# LLAMA_JOBS (8), LLAMA_WAIT (420).
+# LLAMA_JOBS (all cores), LLAMA_WAIT (420), DEADLINE (seconds from the start by which the table must be printed:
+# each part's limit is cut to fit, leaving 20 s for the table; e.g. 570 inside a 600 s call).
 set -u
 usage="usage: $0 LLAMA_BENCH MODEL.gguf|preset:NAME[:QUANT] [OUT_DIR]"
 LLAMA_BENCH=${1:?$usage}
@@ -46,7 +47,17 @@ REPS=${REPS:-3}
 mkdir -p "$OUT_DIR"
 records="$OUT_DIR/gpu.jsonl"
 rm -f "$records"
-step() { echo "[$(date -u +%T)] $*"; }
+step() { echo "[$(date -u +%T) +${SECONDS}s] $*"; }
+# seconds a part may take: its own limit, cut to what is left before DEADLINE (less 20 s for the table)
+limit() {
+  local own=$1
+  if [ -n "${DEADLINE:-}" ]; then
+    local left=$((DEADLINE - SECONDS - 20))
+    [ "$left" -lt "$own" ] && own=$left
+  fi
+  [ "$own" -lt 1 ] && own=1
+  echo "$own"
+}
 
 if [ -n "${WHEELS:-}" ]; then
   # shellcheck disable=SC2086
@@ -64,7 +75,7 @@ if [ ! -x "$LLAMA_BENCH" ] && [ -n "${LLAMA_SRC:-}" ]; then
     nice -n 19 cmake -S /tmp/lcsrc/llama.cpp -B /tmp/lcpp "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
       -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF
-    nice -n 19 cmake --build /tmp/lcpp --target llama-bench -j "${LLAMA_JOBS:-8}"
+    nice -n 19 cmake --build /tmp/lcpp --target llama-bench -j "${LLAMA_JOBS:-$(nproc)}"
     mkdir -p "$(dirname "$LLAMA_BENCH")"
     [ -e "$LLAMA_BENCH" ] || cp /tmp/lcpp/bin/llama-bench "$LLAMA_BENCH"
   ) > "$OUT_DIR/llama_build.log" 2>&1 &
@@ -76,7 +87,8 @@ fi
 
 if [ -z "${STRATA_LIB:-}" ] && [ ! -f "$tree/strata/lib/libstrata.so" ]; then
   step "building libstrata into /tmp/bg"
-  cmake -S "$tree/native" -B /tmp/bg -DCMAKE_BUILD_TYPE=Release > "$OUT_DIR/strata_build.log" 2>&1 &&
+  cmake -S "$tree/native" -B /tmp/bg -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$(command -v python3)" \
+    > "$OUT_DIR/strata_build.log" 2>&1 &&
     cmake --build /tmp/bg -j "${STRATA_JOBS:-8}" >> "$OUT_DIR/strata_build.log" 2>&1 ||
     { tail -20 "$OUT_DIR/strata_build.log" >&2; exit 2; }
   export STRATA_LIB=/tmp/bg/libstrata.so
@@ -103,7 +115,7 @@ common=(--device "$DEVICE" -m "$MODEL" -p "$PROMPTS" -n "$GEN" -r "$REPS" --vram
 [ -n "${EXTRA:-}" ] && common+=($EXTRA)
 
 step "python3 -m strata_bench run --target strata ${common[*]}"
-timeout --signal=INT --kill-after=30 "${STRATA_LIMIT:-330}" \
+timeout --signal=INT --kill-after=10 "$(limit "${STRATA_LIMIT:-330}")" \
   python3 -m strata_bench run --target strata "${common[@]}" > "$OUT_DIR/strata.md"
 rc_s=$?
 step "strata part: exit status $rc_s (0 all measured, 1 some configurations failed, 130 stopped at STRATA_LIMIT)"
@@ -111,7 +123,8 @@ step "strata part: exit status $rc_s (0 all measured, 1 some configurations fail
 if [ -n "$build_pid" ]; then
   step "waiting for the llama-bench build"
   waited=0
-  while kill -0 "$build_pid" 2>/dev/null && [ "$waited" -lt "${LLAMA_WAIT:-420}" ]; do sleep 5; waited=$((waited + 5)); done
+  wait_for=$(limit "${LLAMA_WAIT:-420}")
+  while kill -0 "$build_pid" 2>/dev/null && [ "$waited" -lt "$wait_for" ]; do sleep 5; waited=$((waited + 5)); done
   wait "$build_pid" 2>/dev/null
   tail -2 "$OUT_DIR/llama_build.log"
 fi
@@ -121,7 +134,7 @@ if [ -x "$LLAMA_BENCH" ]; then
   [ -n "${LLAMA_N_CPU_MOE:-}" ] && largs+=(--llama-n-cpu-moe "$LLAMA_N_CPU_MOE")
   [ -n "${LLAMA_ARGS:-}" ] && largs+=(--llama-args "$LLAMA_ARGS")
   step "python3 -m strata_bench ${largs[*]}"
-  timeout --signal=INT --kill-after=30 "${LLAMA_LIMIT:-200}" python3 -m strata_bench "${largs[@]}" > "$OUT_DIR/llama.md"
+  timeout --signal=INT --kill-after=10 "$(limit "${LLAMA_LIMIT:-200}")" python3 -m strata_bench "${largs[@]}" > "$OUT_DIR/llama.md"
   rc_l=$?
   step "llama.cpp part: exit status $rc_l"
 else
