@@ -375,6 +375,10 @@ def _row_line(rec: dict[str, Any]) -> str:
             flags = ""
     else:
         flags = " ".join(f"{n}={v}" for n, v in k.items() if n in ("threads", "n_gpu_layers", "n_cpu_moe"))
+        if "vram_budget" in k:
+            from ._tables import _knob_str
+
+            flags += f" (against --vram-budget {_knob_str(k['vram_budget'], 'vram_budget')})"
     head = f"{rec.get('target')} {flags}".strip() + f" {rec.get('test')}:"
     if failed(rec):
         msg = (rec.get("error") or {}).get("message", "")
