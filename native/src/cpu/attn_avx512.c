@@ -122,15 +122,19 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
             const float mn = mt > m[i] ? mt : m[i];
             const __m512 mnv = _mm512_set1_ps(mn);
             const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, mnv)));
-            const float a = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mn))); /* first tile: exp(-inf) = 0 */
-            l[i] = l[i] * a + _mm512_reduce_add_ps(e);
+            float *ac = acc + (size_t)i * HD;
+            __m512 o[8];
+            for (int c = 0; c < NV; c++) o[c] = _mm512_load_ps(ac + 16 * c);
+            if (mt > m[i]) { /* a new max: rescale by exp(m - m'); otherwise that factor is exp16(0) = 1 exactly */
+                const float a = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mn))); /* first tile: exp(-inf) = 0 */
+                const __m512 av = _mm512_set1_ps(a);
+                for (int c = 0; c < NV; c++) o[c] = _mm512_mul_ps(o[c], av);
+                l[i] *= a;
+            }
+            l[i] += _mm512_reduce_add_ps(e);
             m[i] = mn;
             float ew[16] __attribute__((aligned(64)));
             _mm512_store_ps(ew, e);
-            float *ac = acc + (size_t)i * HD;
-            __m512 o[8];
-            const __m512 av = _mm512_set1_ps(a);
-            for (int c = 0; c < NV; c++) o[c] = _mm512_mul_ps(_mm512_load_ps(ac + 16 * c), av);
             for (int32_t p = 0; p < np; p++) {
                 const __m512 w = _mm512_set1_ps(ew[p]);
                 for (int c = 0; c < NV; c++) o[c] = _mm512_fmadd_ps(w, _mm512_load_ps(vt + p * HD + 16 * c), o[c]);
