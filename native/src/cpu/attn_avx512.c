@@ -150,6 +150,16 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
     }
 }
 
+void attn_store_f16_avx512(uint16_t *dst, const float *src, int32_t n) {
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+
 void attn_f16_tiled_avx512(const attn_tile_job *j, int32_t kvh, int32_t t0, int32_t t1) {
     const int32_t nq_all = (t1 - t0) * j->group;
     for (int32_t qs = 0; qs < nq_all; qs += ATTN_ITEM_QUERIES) {
