@@ -21,12 +21,17 @@
 
 /* ---- RoPE -------------------------------------------------------------------------------------- */
 
-/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * theta^(-2i/hd), computed
- * in double so that long positions keep their precision. */
-static void rope_angles(float *cs, int32_t hd, int32_t pos, float theta) {
+/* The rotation frequencies theta^(-2i/hd), i < hd/2, in double (the same for every position). */
+static void rope_freqs(double *f, int32_t hd, float theta) {
+    for (int32_t i = 0; i < hd / 2; i++) f[i] = pow((double)theta, -2.0 * (double)i / (double)hd);
+}
+
+/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * f[i], computed in double
+ * so that long positions keep their precision. */
+static void rope_angles(float *cs, int32_t hd, int32_t pos, const double *f) {
     int32_t half = hd / 2;
     for (int32_t i = 0; i < half; i++) {
-        double ang = (double)pos * pow((double)theta, -2.0 * (double)i / (double)hd);
+        double ang = (double)pos * f[i];
         cs[i] = (float)cos(ang);
         cs[half + i] = (float)sin(ang);
     }
@@ -134,10 +139,12 @@ static void tok_item(void *ctx, int64_t item, int thread) {
         break;
     case TOK_ROPE_STORE: {
         /* per-head norms and RoPE, then append to the cache */
-        float cs[ROPE_MAX_HD]; /* [hd] this token's rotation */
+        float cs[ROPE_MAX_HD];         /* [hd] this token's rotation */
+        double freq[ROPE_MAX_HD / 2];  /* [hd / 2] */
+        rope_freqs(freq, hd, hp->rope_theta);
         for (int32_t t = t0; t < t1; t++) {
             int32_t pos = j->pos0 + t;
-            rope_angles(cs, hd, pos, hp->rope_theta);
+            rope_angles(cs, hd, pos, freq);
             for (int32_t h = 0; h < H; h++) {
                 float *qh = cb->q + t * QD + (int64_t)h * hd;
                 rmsnorm_rows(qh, qh, L->q_norm, 1, hd, hp->rms_eps);
