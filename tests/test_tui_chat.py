@@ -398,6 +398,9 @@ def test_chat_starts_and_stops_its_own_server(tmp_path: Path) -> None:
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.chat is not None and app.chat.connected, "own server", timeout=240)
             assert proc.url and proc.url.startswith("http://127.0.0.1:")
+            # the built-in model writes noise: the chat says so at once
+            await wait_for(pilot, lambda: any("built-in test model" in v.content for v in views(app, "note")),
+                           "the note about the built-in model")
             await setup_greedy(pilot, app, 4)
             reply = await send_and_wait(pilot, app, "hi")
             assert reply.content or reply.reasoning

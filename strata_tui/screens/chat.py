@@ -64,6 +64,11 @@ _DRAW_INTERVAL_S = 0.08
 _QUIET_S = 0.15
 _TYPING_DRAW_INTERVAL_S = 0.5
 _TYPING_DRAW_CHARS = 2000
+_BUILTIN_MODEL_NOTE = (
+    "This is strata's built-in test model (tiny, random weights): it answers with nonsense, very fast. "
+    "It is here to try the chat and the engine panel. For real answers: strata chat --model FILE.gguf "
+    "(a qwen3moe GGUF), or strata chat --server URL for a server that is already running."
+)
 _POST_INTERVAL_S = 0.03  # how often the reply worker hands what arrived to the screen
 
 
@@ -126,6 +131,7 @@ class ChatScreen(Screen[None]):
         # set when a request starts, so the engine panel polls at once instead of after its idle pause
         self._status_wake = asyncio.Event()
         self._held_status: dict[str, Any] | None = None
+        self._told_builtin = False
 
     @property
     def chat_app(self) -> StrataChat:
@@ -251,6 +257,11 @@ class ChatScreen(Screen[None]):
         self.engine.display = self.is_strata
         if self.is_strata:
             self._poll_status()
+        proc = self.chat_app.server_process
+        if proc is not None and proc.made_default and not self._told_builtin:
+            # its replies are noise: say so before someone wonders what is broken
+            self._told_builtin = True
+            self.run_worker(self._note("note", _BUILTIN_MODEL_NOTE), group="ui")
 
     def on_server_down(self, msg: ServerDown) -> None:
         self.connected = False

@@ -183,6 +183,7 @@ async def _measure(server_url: str, tmp_db: Any, streaming: bool) -> tuple[dict[
         if streaming and chat.reply is not None:
             await pilot.press("escape")
         info["frames"] = probe.frames
+        info["errors"] = [v.content for v in chat.log_view.messages() if v.role == "error"]
         return _summary(probe.latencies_ms, probe.frames_to_show, lags), info
 
 
