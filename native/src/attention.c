@@ -113,6 +113,7 @@ typedef struct tok_job {
     strata_engine *e;
     int32_t l, T, pos0, step;
     int32_t wtype; /* the weight type the activations are quantized for */
+    int tiled;     /* att_use_tiled: the cache rows are stored by the AVX-512 converter */
 } tok_job;
 
 static void tok_item(void *ctx, int64_t item, int thread) {
@@ -147,7 +148,13 @@ static void tok_item(void *ctx, int64_t item, int thread) {
                 rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
                 rope_neox(kh, hd, cs);
             }
-            kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
+            if (j->tiled) { /* the same row layout as kv_store, converted 16 values at a time */
+                const size_t off = ((size_t)j->l * (size_t)e->kv.n_ctx + (size_t)pos) * e->kv.row_bytes;
+                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.k + off), cb->k + t * KD, (int32_t)KD);
+                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.v + off), cb->v + t * KD, (int32_t)KD);
+            } else {
+                kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
+            }
         }
         break;
     }
@@ -161,8 +168,9 @@ static void tok_item(void *ctx, int64_t item, int thread) {
     }
 }
 
+
 static void tok_run(strata_engine *e, int32_t l, int32_t T, int32_t pos0, int32_t step, int32_t wtype) {
-    tok_job j = {e, l, T, pos0, step, wtype};
+    tok_job j = {e, l, T, pos0, step, wtype, att_use_tiled(e)};
     pool_run(e->pool, (T + TOK_BLOCK - 1) / TOK_BLOCK, tok_item, &j);
 }
 
