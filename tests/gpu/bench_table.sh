@@ -26,7 +26,8 @@
 #
 # Needs: python3 with numpy, rich, pynvml (nvidia-ml-py), httpx, gguf, platformdirs, tokenizers (for presets).
 # No virtual environment: PYTHONPATH gets this tree (and /tmp/site when it exists).
-# Environment: DEVICE (cuda), BUDGETS (auto,12GiB,24GiB: the order they run in, so a time limit cuts 24 GiB first), LLAMA_N_CPU_MOE (auto per budget), PROMPTS (512,4096),
+# Environment: DEVICE (cuda), BUDGETS (auto,12GiB,24GiB: the order they run in; a time limit cuts the last first),
+# LLAMA_N_CPU_MOE (auto per budget), PROMPTS (512,4096),
 # GEN (128), REPS (3), STRATA_LIMIT (s, 330), LLAMA_LIMIT (s, 200), LLAMA_ARGS (more llama-bench flags, e.g.
 # '-ub 4096 -b 4096'), EXTRA (more strata-bench flags for both parts), WHEELS, STRATA_JOBS (8), LLAMA_SRC,
 # LLAMA_JOBS (all cores), LLAMA_WAIT (420), DEADLINE (seconds from the start by which the table must be printed:
