@@ -119,7 +119,7 @@ step "python3 -m strata_bench run --target strata ${common[*]}"
 timeout --signal=INT --kill-after=10 "$(limit "${STRATA_LIMIT:-330}")" \
   python3 -m strata_bench run --target strata "${common[@]}" > "$OUT_DIR/strata.md"
 rc_s=$?
-step "strata part: exit status $rc_s (0 all measured, 1 some configurations failed, 130 stopped at STRATA_LIMIT)"
+step "strata part: exit status $rc_s (0 all measured, 1 some configurations failed, 124 stopped at its time limit)"
 
 if [ -n "$build_pid" ]; then
   step "waiting for the llama-bench build"
@@ -137,7 +137,7 @@ if [ -x "$LLAMA_BENCH" ]; then
   step "python3 -m strata_bench ${largs[*]}"
   timeout --signal=INT --kill-after=10 "$(limit "${LLAMA_LIMIT:-200}")" python3 -m strata_bench "${largs[@]}" > "$OUT_DIR/llama.md"
   rc_l=$?
-  step "llama.cpp part: exit status $rc_l"
+  step "llama.cpp part: exit status $rc_l (0 all measured, 1 some settings failed, 124 stopped at its time limit)"
 else
   echo "bench_table: no llama-bench at $LLAMA_BENCH; the table has strata's rows only" >&2
 fi
