@@ -31,7 +31,7 @@ def tiny() -> Path:
     return Path(ensure_model("tiny"))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(engine_settings())
 def test_every_request_is_served_within_the_device_budget(
     tiny: Path, setting: tuple[dict[str, object], list[int]]
