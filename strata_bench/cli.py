@@ -356,7 +356,7 @@ def _peer_runs(
                 if knobs not in seen:
                     seen.append(knobs)
                     runs.append(_PeerRun(cfg, int(v), knobs, i))
-                extra = []
+            extra = []  # after the first all-resident configuration only
     return runs
 
 
@@ -376,9 +376,9 @@ def _row_line(rec: dict[str, Any]) -> str:
     else:
         flags = " ".join(f"{n}={v}" for n, v in k.items() if n in ("threads", "n_gpu_layers", "n_cpu_moe"))
         if "vram_budget" in k:
-            from ._tables import _knob_str
+            from ._tables import knob_str
 
-            flags += f" (against --vram-budget {_knob_str(k['vram_budget'], 'vram_budget')})"
+            flags += f" (against --vram-budget {knob_str(k['vram_budget'], 'vram_budget')})"
     head = f"{rec.get('target')} {flags}".strip() + f" {rec.get('test')}:"
     if failed(rec):
         msg = (rec.get("error") or {}).get("message", "")
@@ -407,9 +407,8 @@ def _failure_summary(records: Sequence[dict[str, Any]]) -> list[str]:
     out = []
     for (target, flags, msg), tests in groups.items():
         lines = msg.strip().splitlines() or ["(no message)"]
-        text = lines[0] + "".join(
-            f"\n    {x}" for x in lines[1:][-12:]
-        )  # a tool's stderr tail: its last lines
+        tail = lines[1:][-12:]  # of a tool's stderr, its last lines say why
+        text = "\n    ".join([lines[0], *tail])
         out.append(f"{target} {flags}".rstrip() + f" [{', '.join(tests)}]: {text}")
     return out
 

@@ -8,7 +8,7 @@
 #
 # Grid (defaults; each can be changed through the environment):
 #   strata every expert resident (--vram-budget auto)  vs  llama.cpp -ngl 99
-#   strata --vram-budget 24GiB and 12GiB               vs  llama.cpp -ngl 99 --n-cpu-moe N -lm none, N estimated
+#   strata --vram-budget 12GiB and 24GiB               vs  llama.cpp -ngl 99 --n-cpu-moe N -lm none, N estimated
 #                                                          from the model for the same device memory
 #                                                          (LLAMA_N_CPU_MOE=0,N1,N2 gives them, one per budget)
 #   tests pp512, pp4096, tg128; 3 repetitions after one untimed run; GPU memory and utilization through NVML.
@@ -26,7 +26,8 @@
 #
 # Needs: python3 with numpy, rich, pynvml (nvidia-ml-py), httpx, gguf, platformdirs, tokenizers (for presets).
 # No virtual environment: PYTHONPATH gets this tree (and /tmp/site when it exists).
-# Environment: DEVICE (cuda), BUDGETS (auto,24GiB,12GiB), LLAMA_N_CPU_MOE (auto per budget), PROMPTS (512,4096),
+# Environment: DEVICE (cuda), BUDGETS (auto,12GiB,24GiB: the order they run in; a time limit cuts the last first),
+# LLAMA_N_CPU_MOE (auto per budget), PROMPTS (512,4096),
 # GEN (128), REPS (3), STRATA_LIMIT (s, 330), LLAMA_LIMIT (s, 200), LLAMA_ARGS (more llama-bench flags, e.g.
 # '-ub 4096 -b 4096'), EXTRA (more strata-bench flags for both parts), WHEELS, STRATA_JOBS (8), LLAMA_SRC,
 # LLAMA_JOBS (all cores), LLAMA_WAIT (420), DEADLINE (seconds from the start by which the table must be printed:
@@ -40,7 +41,7 @@ tree=$(cd "$(dirname "$0")/../.." && pwd)
 export PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 STRATA_CACHE_DIR=${STRATA_CACHE_DIR:-/tmp/sc}
 DEVICE=${DEVICE:-cuda}
-BUDGETS=${BUDGETS:-auto,24GiB,12GiB}
+BUDGETS=${BUDGETS:-auto,12GiB,24GiB}
 PROMPTS=${PROMPTS:-512,4096}
 GEN=${GEN:-128}
 REPS=${REPS:-3}
@@ -118,7 +119,7 @@ step "python3 -m strata_bench run --target strata ${common[*]}"
 timeout --signal=INT --kill-after=10 "$(limit "${STRATA_LIMIT:-330}")" \
   python3 -m strata_bench run --target strata "${common[@]}" > "$OUT_DIR/strata.md"
 rc_s=$?
-step "strata part: exit status $rc_s (0 all measured, 1 some configurations failed, 130 stopped at STRATA_LIMIT)"
+step "strata part: exit status $rc_s (0 all measured, 1 some configurations failed, 124 stopped at its time limit)"
 
 if [ -n "$build_pid" ]; then
   step "waiting for the llama-bench build"
@@ -136,7 +137,7 @@ if [ -x "$LLAMA_BENCH" ]; then
   step "python3 -m strata_bench ${largs[*]}"
   timeout --signal=INT --kill-after=10 "$(limit "${LLAMA_LIMIT:-200}")" python3 -m strata_bench "${largs[@]}" > "$OUT_DIR/llama.md"
   rc_l=$?
-  step "llama.cpp part: exit status $rc_l"
+  step "llama.cpp part: exit status $rc_l (0 all measured, 1 some settings failed, 124 stopped at its time limit)"
 else
   echo "bench_table: no llama-bench at $LLAMA_BENCH; the table has strata's rows only" >&2
 fi
