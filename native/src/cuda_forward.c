@@ -25,6 +25,7 @@
 #include "cuda_backend.h"
 #include "cuda_forward.h"
 #include "engine_internal.h"
+#include "trace.h"
 
 typedef struct dev_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [D], [D], [hd], [hd] */
@@ -68,6 +69,7 @@ struct cuda_state {
     float *host_logits;      /* pinned [V] */
     float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
+    int8_t mmq;              /* prompt products on the tensor cores: 0 not decided yet, 1 yes, 2 no */
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -322,11 +324,29 @@ int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expe
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
 
+/* Whether a product of `type` runs on the tensor cores (cuda_mmq*): in every prompt chunk, whatever
+ * its T (1 included), so that a token gets the same arithmetic in whichever chunk it is read; decode
+ * keeps the matrix-vector kernel. STRATA_CUDA_MMQ=0 turns it off (trace.c). */
+static int use_mmq(strata_engine *e, int32_t type) {
+    cuda_state *g = e->gpu;
+    if (!g->mmq) g->mmq = trace_env_cuda_mmq() ? 1 : 2;
+    return g->mmq == 1 && e->stats.state == 1 /* reading a prompt (engine_prefill) */ && cuda_mmq_supported(type);
+}
+
+/* The routed experts of layer l run on the tensor cores (all three matrices' types allow it). */
+static int layer_mmq(strata_engine *e, int32_t l) {
+    const layer_weights *W = &e->w.layers[l];
+    return use_mmq(e, W->gate_exps.type) && use_mmq(e, W->up_exps.type) && use_mmq(e, W->down_exps.type);
+}
+
 /* y (+)= W x for T rows of x (f32, stride xs floats), quantizing x first when W's type wants it. */
 static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                             int64_t xs, float *y, int64_t ys, int32_t T, int32_t acc) {
     cuda_state *g = e->gpu;
-    if (cuda_act_type(type) != STRATA_TYPE_F32) {
+    if (use_mmq(e, type)) {
+        DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, T));
+        DEV(e, cuda_mmq(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
+    } else if (cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, T));
         DEV(e, cuda_matvec(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
     } else {
@@ -365,6 +385,21 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
     int32_t *tok_in = g->seg_tok, *out_gu = g->seg_out, *tok_h = g->seg_tok + (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
     int32_t *out_d = g->seg_out + (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
     (void)ns;
+    if (layer_mmq(e, l)) {
+        /* tensor cores: wave_segments left the pairs (t * K + k) grouped by expert in seg_tok and each
+         * segment's start in seg_out; gate/up read x row t = pair / K, down reads h row = pair */
+        const int32_t *pairs = g->seg_tok, *start = g->seg_out;
+        DEV(e, cuda_quantize_act(g->ctx, W->gate_exps.type, g->xn, D, g->act, g->act_row, D, T));
+        DEV(e, cuda_mmq_segments(g->ctx, W->gate_exps.type, wg, F, D, g->act, g->act_row, pairs, start, (int32_t)K,
+                                 g->g, F, n_seg));
+        DEV(e, cuda_mmq_segments(g->ctx, W->up_exps.type, wu, F, D, g->act, g->act_row, pairs, start, (int32_t)K,
+                                 g->u, F, n_seg));
+        DEV(e, cuda_swiglu(g->ctx, g->g, g->u, g->h, (int64_t)T * K * F));
+        DEV(e, cuda_quantize_act(g->ctx, W->down_exps.type, g->h, F, g->hact, g->hact_row, F, (int32_t)(T * K)));
+        DEV(e, cuda_mmq_segments(g->ctx, W->down_exps.type, wd, D, F, g->hact, g->hact_row, pairs, start, 1, g->ye,
+                                 D, n_seg));
+        return STRATA_OK;
+    }
     /* gate and up: x rows are tokens of xn; outputs rows t * K + k of g and u */
     const void *xin = g->xn;
     int64_t xs = D;
@@ -415,6 +450,37 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
     int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
     int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
     int32_t n_seg = 0;
+    if (layer_mmq(e, l)) {
+        /* tensor cores: each expert's pairs i = t * K + k in order, CUDA_MMQ_TOKENS per segment; the
+         * pairs go to seg_tok, the segments' starts (n_seg + 1) to seg_out. At most T * K pairs and
+         * T * K / CUDA_MMQ_TOKENS + E segments: within the tables sized for CUDA_SEG_TOKENS. */
+        int32_t *pairs = stok, *start = stok + (int64_t)T * K, np = 0;
+        for (int32_t ex = 0; ex < E; ex++) {
+            if (state[ex] != EXP_WAVE) continue;
+            state[ex] = EXP_IDLE;
+            const exp_ptrs *p = &g->ptr_host[l * E + ex];
+            int32_t fill = CUDA_MMQ_TOKENS;
+            for (int32_t i = 0; i < T * K; i++) {
+                if (sel[i] != ex) continue;
+                if (fill == CUDA_MMQ_TOKENS) {
+                    STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
+                    sw[n_seg] = p->gate;
+                    sw[g->seg_cap + n_seg] = p->up;
+                    sw[2 * g->seg_cap + n_seg] = p->down;
+                    start[n_seg++] = np;
+                    fill = 0;
+                }
+                pairs[np++] = i;
+                fill++;
+            }
+        }
+        start[n_seg] = np;
+        DEV(e, cuda_h2d(g->ctx, (void *)g->seg_w, sw, 3 * (size_t)g->seg_cap * sizeof(void *), CUDA_STREAM_COMPUTE));
+        if (np > 0) DEV(e, cuda_h2d(g->ctx, g->seg_tok, pairs, (size_t)np * 4, CUDA_STREAM_COMPUTE));
+        DEV(e, cuda_h2d(g->ctx, g->seg_out, start, (size_t)(n_seg + 1) * 4, CUDA_STREAM_COMPUTE));
+        *n_out = n_seg;
+        return STRATA_OK;
+    }
     for (int32_t ex = 0; ex < E; ex++) {
         if (state[ex] != EXP_WAVE) continue;
         state[ex] = EXP_IDLE;

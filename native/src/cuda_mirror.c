@@ -82,6 +82,28 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
     free(xq);
 }
 
+/* The prompt-chunk product of mmq.cu: per block the exact integer dot of all 32 values, then
+ * acc = acc + (dw * dx) * isum over the blocks in order. */
+void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y) {
+    const int64_t rb = gq_row_bytes(type, cols), G = cols / 32;
+    uint8_t *xq = (uint8_t *)malloc((size_t)(cols + cols / 8));
+    if (!xq) return;
+    cuda_mirror_quantize_q8(x, cols, xq);
+    const float *dx = (const float *)(xq + cols);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)w + r * rb;
+        float acc = 0.0f;
+        for (int64_t g = 0; g < G; g++) {
+            float dw = 0.0f;
+            int32_t isum = 0;
+            for (int sl = 0; sl < 4; sl++) isum += mirror_isum(type, row, g, sl, (const int8_t *)xq, &dw);
+            acc = acc + (dw * dx[g]) * (float)isum;
+        }
+        y[r] = acc;
+    }
+    free(xq);
+}
+
 void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
                         int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch) {
     float *g = scratch, *u = scratch + F;

@@ -1,0 +1,259 @@
+/*
+ * mmq.cu — prompt-chunk products of Q8_0 / Q4_0 weights on the tensor cores (integer MMA), grouped by
+ * expert: the tokens routed to one expert share one read of its weights.
+ *
+ * Legend: R rows of W, C cols (a multiple of 32), G = C / 32 blocks of 32 values per row,
+ *         BM = 64 rows and BN = 64 tokens per thread block, KC = 8 blocks (256 values) per stage.
+ *
+ * Activations are the 8-bit blocks of cuda_quantize_act (cols int8, then cols / 32 float scales).
+ * A thread block takes BM rows of one matrix and up to BN tokens (a "segment": tokens of one expert,
+ * gathered by index, or consecutive tokens of a dense product). Per stage it copies the rows' next KC
+ * blocks and the tokens' next KC blocks into shared memory; each of the 4 warps then owns 16 rows and
+ * runs one mma.m16n8k32 (s8 x s8 -> s32) per 8 tokens per block, which is the exact integer dot of
+ * one 32-value block, and folds it into a float accumulator:
+ *
+ *     acc = 0;  for g = 0 .. G-1:  acc = acc + (dw[r, g] * dx[t, g]) * isum[r, t, g]
+ *
+ * (each operation rounded separately, no fused multiply-add, blocks in order). That expression
+ * depends on the row and the token alone: not on how many tokens are processed together, which
+ * segment or tile a token lands in, or which wave of experts it runs in. cuda_mirror_mmq computes the
+ * same expression on the host, bit for bit.
+ *
+ * mma.m16n8k32 fragments (PTX ISA; gid = lane / 4, tig = lane % 4; 4 int8 per register):
+ *   A 16x32 (weights, row-major): a0 = A[gid][4tig..], a1 = A[gid+8][4tig..],
+ *                                 a2 = A[gid][16+4tig..], a3 = A[gid+8][16+4tig..]
+ *   B 32x8 (tokens, one column per token): b0 = B[4tig..][gid], b1 = B[16+4tig..][gid]
+ *   C 16x8: c0 = C[gid][2tig], c1 = C[gid][2tig+1], c2 = C[gid+8][2tig], c3 = C[gid+8][2tig+1]
+ * The token tile is stored in shared memory with each block's values permuted so that a thread's b0
+ * and b1 are 8 adjacent bytes (one load): values 4tig..4tig+3 at byte 8tig, values 16+4tig.. at 8tig+4.
+ */
+#include "common.cuh"
+#include "../group_dequant.h"
+
+#define MQ_BM 64
+#define MQ_BN CUDA_MMQ_TOKENS
+#define MQ_KC 8                     /* blocks per stage */
+#define MQ_THREADS 128
+#define MQ_SB (MQ_KC * 32 + 32)     /* token tile row stride: 288 bytes, so the 8-byte reads of a
+                                       half-warp (4 tokens x 4 threads) hit 32 distinct banks */
+
+static_assert(MQ_BN == 64, "the token loops below assume 64 tokens per tile");
+
+/* 4 bytes from a 2-byte aligned address (Q8_0/Q4_0 blocks are 34/18 bytes: quants are 2-aligned) */
+static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p) {
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+
+static __device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+/* Copy `bytes` of each of nrows rows (row r at src0 + src_off[r]) to dst rows of dst_stride, in units
+ * of U (the caller checks that every address and length is a multiple of sizeof(U)). */
+template <typename U>
+static __device__ __forceinline__ void copy_rows(uint8_t *dst, int64_t dst_stride, const uint8_t *src0,
+                                                 const int64_t *src_off, int nrows, int bytes) {
+    const int per = bytes / (int)sizeof(U);
+    for (int i = threadIdx.x; i < nrows * per; i += MQ_THREADS) {
+        const int r = i / per, u = i - r * per;
+        *(U *)(dst + r * dst_stride + u * (int)sizeof(U)) = *(const U *)(src0 + src_off[r] + u * (int)sizeof(U));
+    }
+}
+
+/*
+ * W / w_ptrs: one matrix (dense) or one per segment; rows of row_bytes.
+ * Dense (w_ptrs == NULL): tile y = blockIdx.y covers tokens 64y .. min(T, 64y + 64): x row t, y row t.
+ * Segments: segment s = blockIdx.y has tokens pairs[seg_start[s] .. seg_start[s + 1]) (at most 64);
+ *   pair p reads x row p / xdiv and writes y row p.
+ * accumulate: y += instead of y =.
+ */
+template <int TYPE>
+__global__ void __launch_bounds__(MQ_THREADS)
+k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, int64_t row_bytes, int64_t rows,
+      int64_t cols, const uint8_t *__restrict__ xq, int64_t xs, const int32_t *__restrict__ pairs,
+      const int32_t *__restrict__ seg_start, int32_t xdiv, float *__restrict__ y, int64_t ys, int32_t T,
+      int32_t accumulate, int64_t unit0) {
+    constexpr int BS = TYPE == STRATA_TYPE_Q8_0 ? 34 : 18; /* bytes per block */
+    constexpr int SA = MQ_KC * BS;                          /* weight tile row stride: 272 / 144 bytes */
+    __shared__ __align__(16) uint8_t sA[MQ_BM * SA];        /* [BM rows][KC blocks in the file layout] */
+    __shared__ __align__(16) uint8_t sB[MQ_BN * MQ_SB];     /* [BN tokens][KC blocks of 32 int8, permuted] */
+    __shared__ __align__(16) float sdx[MQ_KC][MQ_BN];       /* activation scales [block][token] */
+    __shared__ int64_t sxo[MQ_BN], swo[MQ_BM];              /* byte offsets of token rows / weight rows */
+    __shared__ int64_t syr[MQ_BN];                          /* output row of each token, -1 = none */
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+    const int64_t row0 = (int64_t)blockIdx.x * MQ_BM;
+    const int64_t unit = unit0 + blockIdx.y;
+    const uint8_t *Wm = w_ptrs ? w_ptrs[unit] : W;
+    int cnt;
+    if (w_ptrs) {
+        const int32_t s0 = seg_start[unit];
+        cnt = seg_start[unit + 1] - s0;
+        for (int j = tid; j < MQ_BN; j += MQ_THREADS) {
+            const int32_t p = j < cnt ? pairs[s0 + j] : -1;
+            sxo[j] = p >= 0 ? (int64_t)(p / xdiv) * xs : 0;
+            syr[j] = p;
+        }
+    } else {
+        const int64_t t0 = unit * MQ_BN;
+        cnt = T - t0 < MQ_BN ? (int)(T - t0) : MQ_BN;
+        for (int j = tid; j < MQ_BN; j += MQ_THREADS) {
+            sxo[j] = j < cnt ? (t0 + j) * xs : 0;
+            syr[j] = j < cnt ? t0 + j : -1;
+        }
+    }
+    for (int j = tid; j < MQ_BM; j += MQ_THREADS) {
+        /* rows past the end read the last row (valid memory); their results are not written */
+        const int64_t r = row0 + j < rows ? row0 + j : rows - 1;
+        swo[j] = r * row_bytes;
+    }
+
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[n][i] = 0.0f;
+
+    const int64_t G = cols >> 5;
+    /* the widest copy unit every address of the weight tile allows (a stage starts at a multiple of
+     * KC * BS = 272 / 144 bytes, both multiples of 16) */
+    const uint64_t walign = (uint64_t)(uintptr_t)Wm | (uint64_t)row_bytes;
+    const float *xscale_base = (const float *)(xq + cols); /* + sxo[token] bytes */
+    const uint8_t *wr = sA + (warp * 16 + gid) * SA;       /* this thread's first row; +8 rows below */
+
+    for (int64_t c0 = 0; c0 < G; c0 += MQ_KC) {
+        const int nb = G - c0 < MQ_KC ? (int)(G - c0) : MQ_KC;
+        __syncthreads(); /* the previous stage's tiles are no longer read */
+        /* weights: BM rows x nb blocks, raw */
+        {
+            const int bytes = nb * BS;
+            const uint8_t *src = Wm + c0 * BS;
+            const uint64_t al = walign | (uint64_t)bytes;
+            if ((al & 15) == 0)
+                copy_rows<uint4>(sA, SA, src, swo, MQ_BM, bytes);
+            else if ((al & 3) == 0)
+                copy_rows<uint32_t>(sA, SA, src, swo, MQ_BM, bytes);
+            else
+                copy_rows<uint16_t>(sA, SA, src, swo, MQ_BM, bytes);
+        }
+        /* tokens: 16-byte units u (block u / 2, half u % 2) of each token, permuted as described above */
+        for (int i = tid; i < MQ_BN * 2 * MQ_KC; i += MQ_THREADS) {
+            const int n = i / (2 * MQ_KC), u = i % (2 * MQ_KC), blk = u >> 1, half = u & 1;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (n < cnt && blk < nb) v = *(const uint4 *)(xq + sxo[n] + (c0 + blk) * 32 + half * 16);
+            uint8_t *d = sB + n * MQ_SB + blk * 32 + half * 4;
+            *(uint32_t *)(d + 0) = v.x;
+            *(uint32_t *)(d + 8) = v.y;
+            *(uint32_t *)(d + 16) = v.z;
+            *(uint32_t *)(d + 24) = v.w;
+        }
+        for (int i = tid; i < MQ_BN * MQ_KC; i += MQ_THREADS) {
+            const int n = i / MQ_KC, blk = i % MQ_KC;
+            float v = 0.0f;
+            if (n < cnt && blk < nb) v = *(const float *)((const uint8_t *)xscale_base + sxo[n] + (c0 + blk) * 4);
+            sdx[blk][n] = v;
+        }
+        __syncthreads();
+
+#pragma unroll 2
+        for (int blk = 0; blk < nb; blk++) {
+            const uint8_t *ba = wr + blk * BS, *bb = ba + 8 * SA; /* rows gid and gid + 8 of the warp */
+            const float dwa = gq_f16(ba), dwb = gq_f16(bb);
+            uint32_t a[4];
+            if (TYPE == STRATA_TYPE_Q8_0) {
+                a[0] = ld_u32_a2(ba + 2 + 4 * tig);
+                a[1] = ld_u32_a2(bb + 2 + 4 * tig);
+                a[2] = ld_u32_a2(ba + 18 + 4 * tig);
+                a[3] = ld_u32_a2(bb + 18 + 4 * tig);
+            } else { /* Q4_0: byte j holds value j (low nibble) and value j + 16 (high nibble) */
+                const uint32_t qa = ld_u32_a2(ba + 2 + 4 * tig), qb = ld_u32_a2(bb + 2 + 4 * tig);
+                a[0] = __vsub4(qa & 0x0F0F0F0Fu, 0x08080808u);
+                a[1] = __vsub4(qb & 0x0F0F0F0Fu, 0x08080808u);
+                a[2] = __vsub4((qa >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+                a[3] = __vsub4((qb >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++) {
+                if (nt * 8 >= cnt) break; /* warp-uniform: the rest of the tile is empty */
+                const uint2 bv = *(const uint2 *)(sB + (nt * 8 + gid) * MQ_SB + blk * 32 + 8 * tig);
+                int c[4];
+                mma_s8(c, a, bv.x, bv.y);
+                const float2 dx = *(const float2 *)&sdx[blk][nt * 8 + 2 * tig];
+                acc[nt][0] = __fadd_rn(acc[nt][0], __fmul_rn(__fmul_rn(dwa, dx.x), __int2float_rn(c[0])));
+                acc[nt][1] = __fadd_rn(acc[nt][1], __fmul_rn(__fmul_rn(dwa, dx.y), __int2float_rn(c[1])));
+                acc[nt][2] = __fadd_rn(acc[nt][2], __fmul_rn(__fmul_rn(dwb, dx.x), __int2float_rn(c[2])));
+                acc[nt][3] = __fadd_rn(acc[nt][3], __fmul_rn(__fmul_rn(dwb, dx.y), __int2float_rn(c[3])));
+            }
+        }
+    }
+
+    const int64_t ra = row0 + warp * 16 + gid, rb = ra + 8;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int n = nt * 8 + 2 * tig + (i & 1);
+            const int64_t r = (i & 2) ? rb : ra;
+            if (n < cnt && r < rows) {
+                float *p = y + syr[n] * ys + r;
+                *p = accumulate ? __fadd_rn(*p, acc[nt][i]) : acc[nt][i];
+            }
+        }
+    }
+}
+
+static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, const void *const *w_ptrs, int64_t rows,
+                                int64_t cols, const void *xq, int64_t xs, const int32_t *pairs,
+                                const int32_t *seg_start, int32_t xdiv, float *y, int64_t ys, int64_t units, int32_t T,
+                                int32_t accumulate) {
+    if (rows <= 0 || units <= 0) return STRATA_OK;
+    if (!cuda_mmq_supported(type) || cols <= 0 || cols % 32 || xs % 16 || ((uintptr_t)xq & 15)) {
+        snprintf(ctx->err, sizeof ctx->err,
+                 "CUDA: the grouped product runs Q8_0 and Q4_0 weights on 16-byte aligned activation rows of a "
+                 "multiple of 32 values (type %d, %lld cols, row stride %lld bytes)",
+                 type, (long long)cols, (long long)xs);
+        return STRATA_ERR_INVALID_ARGUMENT;
+    }
+    const int64_t rb = gq_row_bytes(type, cols);
+    cudaStream_t s = CU_COMPUTE(ctx);
+    /* grid.y is limited to 65535: launch in slices of units */
+    for (int64_t u0 = 0; u0 < units; u0 += 65535) {
+        const int64_t nu = units - u0 < 65535 ? units - u0 : 65535;
+        dim3 grid(cu_blocks(rows, MQ_BM), (unsigned)nu);
+        if (type == STRATA_TYPE_Q8_0)
+            k_mmq<STRATA_TYPE_Q8_0><<<grid, MQ_THREADS, 0, s>>>(
+                (const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols, (const uint8_t *)xq, xs, pairs,
+                seg_start, xdiv, y, ys, T, accumulate, u0);
+        else
+            k_mmq<STRATA_TYPE_Q4_0><<<grid, MQ_THREADS, 0, s>>>(
+                (const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols, (const uint8_t *)xq, xs, pairs,
+                seg_start, xdiv, y, ys, T, accumulate, u0);
+        CU_LAUNCHED(ctx, "grouped quantized product");
+    }
+    return STRATA_OK;
+}
+
+extern "C" {
+
+int32_t cuda_mmq_supported(int32_t type) { return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0; }
+
+strata_status cuda_mmq(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols, const void *xq,
+                       int64_t xs, float *y, int64_t ys, int32_t T, int32_t accumulate) {
+    if (T <= 0) return STRATA_OK;
+    return mmq_launch(ctx, type, w, NULL, rows, cols, xq, xs, NULL, NULL, 1, y, ys, (T + MQ_BN - 1) / MQ_BN, T,
+                      accumulate);
+}
+
+strata_status cuda_mmq_segments(cuda_ctx *ctx, int32_t type, const void *const *w_ptrs, int64_t rows, int64_t cols,
+                                const void *xq, int64_t xs, const int32_t *pairs, const int32_t *seg_start,
+                                int32_t xdiv, float *y, int64_t ys, int32_t n_segments) {
+    if (n_segments <= 0) return STRATA_OK;
+    if (xdiv <= 0) return STRATA_ERR_INVALID_ARGUMENT;
+    return mmq_launch(ctx, type, NULL, w_ptrs, rows, cols, xq, xs, pairs, seg_start, xdiv, y, ys, n_segments, 0, 0);
+}
+
+} /* extern "C" */
