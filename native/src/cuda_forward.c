@@ -535,7 +535,8 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
     DEV(e, cuda_sync(g->ctx));
     count_lookups(e, l, sel, T);
-    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST;
+    /* not in a prompt chunk of one token on the tensor cores: the host mirrors the decode kernel */
+    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST && !layer_mmq(e, l);
     uint8_t *state = g->exp_state;
     memset(state, EXP_IDLE, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
