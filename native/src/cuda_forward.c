@@ -70,6 +70,8 @@ struct cuda_state {
     float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
     int8_t mmq;              /* prompt products on the tensor cores: 0 not decided yet, 1 yes, 2 no */
+    int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
+    int32_t bucket_cap;
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -312,6 +314,7 @@ void cuda_forward_close(strata_engine *e) {
     free(g->ptr_host);
     free(g->host_tmp);
     free(g->exp_state);
+    free(g->bucket);
     free(g);
     e->gpu = NULL;
 }
@@ -438,45 +441,60 @@ static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32
     }
 }
 
-/* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments. */
+/* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments.
+ * The wave's pairs i = t * K + k are first bucketed by expert (one pass over sel, then each expert's
+ * pairs in increasing i), so the work is O(T * K + E), not O(E * T * K). */
 enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3 };
 static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, uint8_t *state,
                                    int32_t SEG, int32_t *n_out) {
     cuda_state *g = e->gpu;
-    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
-    const void **sw = (const void **)(sel + T * K);
+    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used, TK = T * K;
+    const void **sw = (const void **)(sel + TK);
     int32_t *stok = (int32_t *)(sw + 3 * g->seg_cap);
     int32_t *sout = stok + (int64_t)g->seg_cap * SEG;
     int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
     int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
+    const int mmq = layer_mmq(e, l);
+    /* bucket: first[ex] .. first[ex + 1] of order[] are expert ex's pairs (only experts of this wave).
+     * Under the tensor cores order[] is the pair table itself (stok); otherwise host scratch. */
+    if (g->bucket_cap < TK + E + 1) {
+        int32_t *nb = realloc(g->bucket, (size_t)(TK + E + 1) * 2 * sizeof(int32_t));
+        if (!nb) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert groups");
+        g->bucket = nb;
+        g->bucket_cap = TK + E + 1;
+    }
+    int32_t *first = g->bucket, *fill_at = first + E + 1;
+    int32_t *order = mmq ? stok : g->bucket + 2 * (E + 1);
+    memset(first, 0, (size_t)(E + 1) * sizeof(int32_t));
+    for (int32_t i = 0; i < TK; i++)
+        if (state[sel[i]] == EXP_WAVE) first[sel[i] + 1]++;
+    for (int32_t ex = 0; ex < E; ex++) first[ex + 1] += first[ex];
+    memcpy(fill_at, first, (size_t)E * sizeof(int32_t));
+    for (int32_t i = 0; i < TK; i++)
+        if (state[sel[i]] == EXP_WAVE) order[fill_at[sel[i]]++] = i;
+    const int32_t np = first[E];
+
     int32_t n_seg = 0;
-    if (layer_mmq(e, l)) {
-        /* tensor cores: each expert's pairs i = t * K + k in order, CUDA_MMQ_TOKENS per segment; the
-         * pairs go to seg_tok, the segments' starts (n_seg + 1) to seg_out. At most T * K pairs and
+    if (mmq) {
+        /* tensor cores: the pairs (order, already in stok) go to seg_tok, CUDA_MMQ_TOKENS per segment,
+         * and the segments' starts (n_seg + 1) to seg_out. At most T * K pairs and
          * T * K / CUDA_MMQ_TOKENS + E segments: within the tables sized for CUDA_SEG_TOKENS. */
-        int32_t *pairs = stok, *start = stok + (int64_t)T * K, np = 0;
+        int32_t *start = stok + TK;
         for (int32_t ex = 0; ex < E; ex++) {
             if (state[ex] != EXP_WAVE) continue;
             state[ex] = EXP_IDLE;
             const exp_ptrs *p = &g->ptr_host[l * E + ex];
-            int32_t fill = CUDA_MMQ_TOKENS;
-            for (int32_t i = 0; i < T * K; i++) {
-                if (sel[i] != ex) continue;
-                if (fill == CUDA_MMQ_TOKENS) {
-                    STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
-                    sw[n_seg] = p->gate;
-                    sw[g->seg_cap + n_seg] = p->up;
-                    sw[2 * g->seg_cap + n_seg] = p->down;
-                    start[n_seg++] = np;
-                    fill = 0;
-                }
-                pairs[np++] = i;
-                fill++;
+            for (int32_t j = first[ex]; j < first[ex + 1]; j += CUDA_MMQ_TOKENS) {
+                STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
+                sw[n_seg] = p->gate;
+                sw[g->seg_cap + n_seg] = p->up;
+                sw[2 * g->seg_cap + n_seg] = p->down;
+                start[n_seg++] = j;
             }
         }
         start[n_seg] = np;
         DEV(e, cuda_h2d(g->ctx, (void *)g->seg_w, sw, 3 * (size_t)g->seg_cap * sizeof(void *), CUDA_STREAM_COMPUTE));
-        if (np > 0) DEV(e, cuda_h2d(g->ctx, g->seg_tok, pairs, (size_t)np * 4, CUDA_STREAM_COMPUTE));
+        if (np > 0) DEV(e, cuda_h2d(g->ctx, g->seg_tok, order, (size_t)np * 4, CUDA_STREAM_COMPUTE));
         DEV(e, cuda_h2d(g->ctx, g->seg_out, start, (size_t)(n_seg + 1) * 4, CUDA_STREAM_COMPUTE));
         *n_out = n_seg;
         return STRATA_OK;
@@ -485,23 +503,20 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
         if (state[ex] != EXP_WAVE) continue;
         state[ex] = EXP_IDLE;
         const exp_ptrs *p = &g->ptr_host[l * E + ex];
-        int32_t fill = SEG;
-        for (int32_t i = 0; i < T * K; i++) {
-            if (sel[i] != ex) continue;
-            if (fill == SEG) {
-                STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
-                sw[n_seg] = p->gate;
-                sw[g->seg_cap + n_seg] = p->up;
-                sw[2 * g->seg_cap + n_seg] = p->down;
-                for (int32_t j = 0; j < SEG; j++) stok[n_seg * SEG + j] = stok_h[n_seg * SEG + j] = -1;
-                n_seg++;
-                fill = 0;
+        for (int32_t j0 = first[ex]; j0 < first[ex + 1]; j0 += SEG) {
+            STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
+            sw[n_seg] = p->gate;
+            sw[g->seg_cap + n_seg] = p->up;
+            sw[2 * g->seg_cap + n_seg] = p->down;
+            for (int32_t f = 0; f < SEG; f++) {
+                const int64_t j = (int64_t)n_seg * SEG + f;
+                const int32_t i = j0 + f < first[ex + 1] ? order[j0 + f] : -1;
+                stok[j] = i < 0 ? -1 : i / K; /* token row of xn */
+                sout[j] = i;                  /* row t * K + k of g and u */
+                stok_h[j] = i;                /* row of h */
+                sout_d[j] = i;                /* row of ye */
             }
-            const int64_t j = (int64_t)(n_seg - 1) * SEG + fill++;
-            stok[j] = i / K; /* token row of xn */
-            sout[j] = i;     /* row t * K + k of g and u */
-            stok_h[j] = i;   /* row of h */
-            sout_d[j] = i;   /* row of ye */
+            n_seg++;
         }
     }
     const size_t nb = (size_t)n_seg * SEG * 4;
