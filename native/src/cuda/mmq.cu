@@ -45,11 +45,21 @@ static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p) {
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
 }
 
-static __device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+/* The integer dots of one 16x8 tile as floats, exactly. The accumulator starts at the bit pattern of
+ * 1.5 * 2^23 (whose float ulp is 1), so that the int32 result read as a float is 1.5 * 2^23 + dot for
+ * |dot| < 2^22 (a block's dot is at most 32 * 128 * 127 in magnitude); subtracting 1.5 * 2^23 is then
+ * exact and gives (float)dot: the same bits as a conversion, on the full-rate float pipe instead of
+ * the quarter-rate conversion unit. */
+#define MQ_BIAS_BITS 0x4B400000
+#define MQ_BIAS 12582912.0f
+static __device__ __forceinline__ void mma_s8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    int r[4];
     asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                  "{%10,%10,%10,%10};"
-                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(MQ_BIAS_BITS));
+#pragma unroll
+    for (int i = 0; i < 4; i++) c[i] = __fsub_rn(__int_as_float(r[i]), MQ_BIAS);
 }
 
 /* Copy `bytes` of each of nrows rows (row r at src0 + src_off[r]) to dst rows of dst_stride, in units
@@ -180,13 +190,13 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
             for (int nt = 0; nt < 8; nt++) {
                 if (nt * 8 >= cnt) break; /* warp-uniform: the rest of the tile is empty */
                 const uint2 bv = *(const uint2 *)(sB + (nt * 8 + gid) * MQ_SB + blk * 32 + 8 * tig);
-                int c[4];
+                float c[4];
                 mma_s8(c, a, bv.x, bv.y);
                 const float2 dx = *(const float2 *)&sdx[blk][nt * 8 + 2 * tig];
-                acc[nt][0] = __fadd_rn(acc[nt][0], __fmul_rn(__fmul_rn(dwa, dx.x), __int2float_rn(c[0])));
-                acc[nt][1] = __fadd_rn(acc[nt][1], __fmul_rn(__fmul_rn(dwa, dx.y), __int2float_rn(c[1])));
-                acc[nt][2] = __fadd_rn(acc[nt][2], __fmul_rn(__fmul_rn(dwb, dx.x), __int2float_rn(c[2])));
-                acc[nt][3] = __fadd_rn(acc[nt][3], __fmul_rn(__fmul_rn(dwb, dx.y), __int2float_rn(c[3])));
+                acc[nt][0] = __fadd_rn(acc[nt][0], __fmul_rn(__fmul_rn(dwa, dx.x), c[0]));
+                acc[nt][1] = __fadd_rn(acc[nt][1], __fmul_rn(__fmul_rn(dwa, dx.y), c[1]));
+                acc[nt][2] = __fadd_rn(acc[nt][2], __fmul_rn(__fmul_rn(dwb, dx.x), c[2]));
+                acc[nt][3] = __fadd_rn(acc[nt][3], __fmul_rn(__fmul_rn(dwb, dx.y), c[3]));
             }
         }
     }
