@@ -24,8 +24,7 @@
  *                                 a2 = A[gid][16+4tig..], a3 = A[gid+8][16+4tig..]
  *   B 32x8 (tokens, one column per token): b0 = B[4tig..][gid], b1 = B[16+4tig..][gid]
  *   C 16x8: c0 = C[gid][2tig], c1 = C[gid][2tig+1], c2 = C[gid+8][2tig], c3 = C[gid+8][2tig+1]
- * The token tile is stored in shared memory with each block's values permuted so that a thread's b0
- * and b1 are 8 adjacent bytes (one load): values 4tig..4tig+3 at byte 8tig, values 16+4tig.. at 8tig+4.
+ * Tiles reach shared memory by cp.async, every copy of a stage in flight at once.
  */
 #include "common.cuh"
 #include "../group_dequant.h"
@@ -34,8 +33,8 @@
 #define MQ_BN CUDA_MMQ_TOKENS
 #define MQ_KC 8                     /* blocks per stage */
 #define MQ_THREADS 128
-#define MQ_SB (MQ_KC * 32 + 32)     /* token tile row stride: 288 bytes, so the 8-byte reads of a
-                                       half-warp (4 tokens x 4 threads) hit 32 distinct banks */
+#define MQ_SB (MQ_KC * 32 + 16)     /* token tile row stride: 272 bytes = 68 words, so the 4-byte
+                                       fragment reads of a warp (8 tokens x 4 threads) hit 32 banks */
 
 static_assert(MQ_BN == 64, "the token loops below assume 64 tokens per tile");
 
@@ -61,6 +60,18 @@ static __device__ __forceinline__ void mma_s8(float (&c)[4], const uint32_t (&a)
 #pragma unroll
     for (int i = 0; i < 4; i++) c[i] = __fsub_rn(__int_as_float(r[i]), MQ_BIAS);
 }
+
+/* Asynchronous global -> shared copies of 16 or 4 bytes (cp.async); src_bytes 0 writes zeros and
+ * reads nothing. All of a stage's copies are in flight together; cp_wait_all waits for this thread's. */
+static __device__ __forceinline__ void cp16(void *dst, const void *src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+static __device__ __forceinline__ void cp4(void *dst, const void *src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+static __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* Copy `bytes` of each of nrows rows (row r at src0 + src_off[r]) to dst rows of dst_stride, in units
  * of U (the caller checks that every address and length is a multiple of sizeof(U)). */
@@ -90,7 +101,7 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
     constexpr int BS = TYPE == STRATA_TYPE_Q8_0 ? 34 : 18; /* bytes per block */
     constexpr int SA = MQ_KC * BS;                          /* weight tile row stride: 272 / 144 bytes */
     __shared__ __align__(16) uint8_t sA[MQ_BM * SA];        /* [BM rows][KC blocks in the file layout] */
-    __shared__ __align__(16) uint8_t sB[MQ_BN * MQ_SB];     /* [BN tokens][KC blocks of 32 int8, permuted] */
+    __shared__ __align__(16) uint8_t sB[MQ_BN * MQ_SB];     /* [BN tokens][KC blocks of 32 int8] */
     __shared__ __align__(16) float sdx[MQ_KC][MQ_BN];       /* activation scales [block][token] */
     __shared__ int64_t sxo[MQ_BN], swo[MQ_BM];              /* byte offsets of token rows / weight rows */
     __shared__ int64_t syr[MQ_BN];                          /* output row of each token, -1 = none */
@@ -138,35 +149,40 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
     for (int64_t c0 = 0; c0 < G; c0 += MQ_KC) {
         const int nb = G - c0 < MQ_KC ? (int)(G - c0) : MQ_KC;
         __syncthreads(); /* the previous stage's tiles are no longer read */
-        /* weights: BM rows x nb blocks, raw */
+        /* weights: BM rows x nb blocks, raw. A whole stage of 16-byte aligned rows goes by cp.async
+         * (KC * BS = 272 / 144 bytes a row, 16-byte units); a short last stage or rows of another
+         * alignment by plain copies of the widest unit they allow. */
         {
             const int bytes = nb * BS;
             const uint8_t *src = Wm + c0 * BS;
             const uint64_t al = walign | (uint64_t)bytes;
-            if ((al & 15) == 0)
+            if (nb == MQ_KC && (al & 15) == 0) {
+                constexpr int UPR = SA / 16;
+                for (int i = tid; i < MQ_BM * UPR; i += MQ_THREADS) {
+                    const int r = i / UPR, u = i - r * UPR;
+                    cp16(sA + r * SA + u * 16, src + swo[r] + u * 16, 16);
+                }
+            } else if ((al & 15) == 0) {
                 copy_rows<uint4>(sA, SA, src, swo, MQ_BM, bytes);
-            else if ((al & 3) == 0)
+            } else if ((al & 3) == 0) {
                 copy_rows<uint32_t>(sA, SA, src, swo, MQ_BM, bytes);
-            else
+            } else {
                 copy_rows<uint16_t>(sA, SA, src, swo, MQ_BM, bytes);
+            }
         }
-        /* tokens: 16-byte units u (block u / 2, half u % 2) of each token, permuted as described above */
+        /* tokens: 16-byte unit u of token n is values 16u .. 16u + 15 of the stage (zeros past the
+         * segment's tokens or the row's end) */
         for (int i = tid; i < MQ_BN * 2 * MQ_KC; i += MQ_THREADS) {
-            const int n = i / (2 * MQ_KC), u = i % (2 * MQ_KC), blk = u >> 1, half = u & 1;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (n < cnt && blk < nb) v = *(const uint4 *)(xq + sxo[n] + (c0 + blk) * 32 + half * 16);
-            uint8_t *d = sB + n * MQ_SB + blk * 32 + half * 4;
-            *(uint32_t *)(d + 0) = v.x;
-            *(uint32_t *)(d + 8) = v.y;
-            *(uint32_t *)(d + 16) = v.z;
-            *(uint32_t *)(d + 24) = v.w;
+            const int n = i / (2 * MQ_KC), u = i % (2 * MQ_KC);
+            const bool ok = n < cnt && (u >> 1) < nb;
+            cp16(sB + n * MQ_SB + u * 16, ok ? xq + sxo[n] + c0 * 32 + u * 16 : xq, ok ? 16 : 0);
         }
         for (int i = tid; i < MQ_BN * MQ_KC; i += MQ_THREADS) {
             const int n = i / MQ_KC, blk = i % MQ_KC;
-            float v = 0.0f;
-            if (n < cnt && blk < nb) v = *(const float *)((const uint8_t *)xscale_base + sxo[n] + (c0 + blk) * 4);
-            sdx[blk][n] = v;
+            const bool ok = n < cnt && blk < nb;
+            cp4(&sdx[blk][n], ok ? xscale_base + (sxo[n] >> 2) + c0 + blk : (const float *)xq, ok ? 4 : 0);
         }
+        cp_wait_all();
         __syncthreads();
 
 #pragma unroll 2
@@ -189,9 +205,9 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
 #pragma unroll
             for (int nt = 0; nt < 8; nt++) {
                 if (nt * 8 >= cnt) break; /* warp-uniform: the rest of the tile is empty */
-                const uint2 bv = *(const uint2 *)(sB + (nt * 8 + gid) * MQ_SB + blk * 32 + 8 * tig);
+                const uint8_t *bp = sB + (nt * 8 + gid) * MQ_SB + blk * 32 + 4 * tig;
                 float c[4];
-                mma_s8(c, a, bv.x, bv.y);
+                mma_s8(c, a, *(const uint32_t *)bp, *(const uint32_t *)(bp + 16));
                 const float2 dx = *(const float2 *)&sdx[blk][nt * 8 + 2 * tig];
                 acc[nt][0] = __fadd_rn(acc[nt][0], __fmul_rn(__fmul_rn(dwa, dx.x), c[0]));
                 acc[nt][1] = __fadd_rn(acc[nt][1], __fmul_rn(__fmul_rn(dwa, dx.y), c[1]));
