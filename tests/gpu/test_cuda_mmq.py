@@ -127,3 +127,33 @@ def test_dense_equals_mirror_and_is_batch_invariant(name):
     assert st == 0
     err = np.abs(y - ym).max() / np.abs(ym).max()
     assert err < 1e-5, f"{name}: tensor-core product vs matrix-vector kernel differ by {err:.2e} of max|y|"
+
+
+def test_engine_q4_0_prompt_does_not_depend_on_chunk_or_cache():
+    """A Q4_0 model (experts and attention on the tensor cores in prompt chunks): the same prompt logits
+    and reply, bit for bit, whatever the chunk (down to a last chunk of one token) and the cache size;
+    and close to the CPU backend."""
+    from strata import Engine, EngineConfig
+    from strata.model import ensure_model
+
+    path = ensure_model("tiny", quant="q4_0", seed=0)
+    with Engine(path, EngineConfig(device="cpu")) as eng:
+        vocab, n_experts = eng.info.n_vocab, eng.info.n_layer * eng.info.n_expert
+        prompt = [int(t) for t in np.random.default_rng(3).integers(10, vocab - 10, size=201)]
+        eng.prefill(prompt)
+        cpu = eng.logits()
+    ref = None
+    for cache, prefill in [("auto", "auto"), (str(n_experts - 8), "100"), (str(n_experts * 3 // 4), "16")]:
+        cfg = EngineConfig(device="cuda", expert_cache=cache, prefill=prefill)
+        with Engine(path, cfg) as eng:
+            eng.prefill(prompt)
+            first = eng.logits()
+            eng.kv_reset()
+            toks = eng.generate(prompt, max_tokens=8, stop_at_eos=False).tokens
+        got = (first.tobytes(), toks)
+        if ref is None:
+            ref = got
+            nmse = float(np.mean((first - cpu) ** 2) / np.mean(cpu**2))
+            assert nmse < 1e-3, f"prompt logits nMSE {nmse:.3e} against the CPU backend"
+        assert got[0] == ref[0], f"prompt logits differ with {cfg.to_cli_args()}"
+        assert got[1] == ref[1], f"replies differ with {cfg.to_cli_args()}"
