@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed of the random tokens and of sampling (default 0)"
     )
     t.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench (default: the one on PATH)")
+    t.add_argument(
+        "--llama-args",
+        default="",
+        metavar="'FLAGS'",
+        help="more llama-bench flags for every llama.cpp run, e.g. '-ub 4096 -b 4096' (recorded in each row)",
+    )
     t.add_argument(
         "--llama-n-cpu-moe",
         type=_n_cpu_moe_list,
@@ -491,7 +498,7 @@ def _run_engine_targets(
             run_llama_bench(
                 exe, model_path, model, args.n_prompt, args.n_gen, args.n_depth, args.repetitions, pr.cfg,
                 keep, on_test=functools.partial(prog.advance, task_l, 1), weights=weights,
-                n_cpu_moe=pr.n_cpu_moe, knobs=pr.knobs,
+                n_cpu_moe=pr.n_cpu_moe, knobs=pr.knobs, extra=shlex.split(args.llama_args),
             )  # fmt: skip
         except LlamaBenchError as e:
             # the tests it did not finish get failed rows; the next configuration still runs

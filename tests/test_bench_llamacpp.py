@@ -165,10 +165,11 @@ def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, model_file, tmp_path, m
     which is a failed row too."""
     monkeypatch.setenv("FAKE_LLAMA_BENCH_FAIL_NCMOE", "7")
     out = tmp_path / "r.jsonl"
-    rc = bench(
+    cmd = (
         f"run --device cuda --target strata --target llama.cpp --model {model_file} -p 32 -n 8 -r 5 "
         f"--threads 1 --vram-budget auto,64MiB,32MiB --llama-n-cpu-moe 0,7,3 --output {out} --format md"
     )
+    rc = main([*cmd.split(), "--llama-args", "-ub 256 -b 256"])
     assert rc == 1  # one llama.cpp setting failed (and strata's, where there is no GPU)
     rows = _rows(out)
     budgets = [None, 64 << 20, 32 << 20]
@@ -188,7 +189,9 @@ def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, model_file, tmp_path, m
         args = r["peer"]["args"]
         assert args[args.index("-ngl") + 1] == "99"
         assert ("-ncmoe" in args) == (n > 0) and (n == 0 or args[args.index("-ncmoe") + 1] == str(n))
-        assert r["peer"]["n_cpu_moe"] == n  # llama-bench's own record of the setting
+        # host experts from llama.cpp's own buffers, not the mapping; --llama-args reach every run
+        assert r["peer"]["load_mode"] == ("none" if n else "auto")
+        assert r["peer"]["n_cpu_moe"] == n and r["peer"]["n_ubatch"] == 256  # llama-bench's own record
         # the stand-in's speed is divided by 1 + n: the rows are those of the setting asked for
         assert r["mean"] == pytest.approx((900.0 if r["n_prompt"] else 40.0) / (1 + n), rel=0.02)
     md = capsys.readouterr().out
