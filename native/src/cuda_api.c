@@ -105,10 +105,14 @@ done:
     return s;
 }
 
+/* the weight types of the tensor-core prompt product (checked here too: the stub build has no kernels) */
+static int mmq_type(int32_t type) {
+    return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0 || type == STRATA_TYPE_Q4_K;
+}
+
 strata_status strata_cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                                      float *y) {
-    if (!w || !x || !y || (type != STRATA_TYPE_Q8_0 && type != STRATA_TYPE_Q4_0) || !shape_ok(type, rows, cols))
-        return STRATA_ERR_INVALID_ARGUMENT;
+    if (!w || !x || !y || !mmq_type(type) || !shape_ok(type, rows, cols)) return STRATA_ERR_INVALID_ARGUMENT;
     cuda_mirror_mmq(type, w, rows, cols, x, y);
     return STRATA_OK;
 }
@@ -117,8 +121,7 @@ strata_status strata_cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, 
 strata_status strata_cuda_mmq(int32_t type, const void *w, int32_t n_mat, int64_t rows, int64_t cols, const float *x,
                               int64_t n_x, const int32_t *mat, int64_t n_pairs, int32_t xdiv, int32_t seg_tokens,
                               float *y) {
-    if (!w || !x || !y || n_x <= 0 || n_mat <= 0 || (type != STRATA_TYPE_Q8_0 && type != STRATA_TYPE_Q4_0) ||
-        !shape_ok(type, rows, cols))
+    if (!w || !x || !y || n_x <= 0 || n_mat <= 0 || !mmq_type(type) || !shape_ok(type, rows, cols))
         return STRATA_ERR_INVALID_ARGUMENT;
     if (mat && (n_pairs <= 0 || xdiv <= 0 || seg_tokens < 1 || seg_tokens > CUDA_MMQ_TOKENS ||
                 (n_pairs - 1) / xdiv >= n_x))
@@ -132,7 +135,8 @@ strata_status strata_cuda_mmq(int32_t type, const void *w, int32_t n_mat, int64_
     if (s != STRATA_OK) return s;
     const int64_t mb = gq_row_bytes(type, cols) * rows;
     const size_t wb = (size_t)(mb * n_mat), xb = (size_t)(n_x * cols * 4), yb = (size_t)(n_y * rows * 4);
-    const int64_t qrb = (cuda_act_row_bytes(type, cols) + 15) / 16 * 16; /* rows 16-byte aligned, as in the engine */
+    /* activations in 8-bit blocks of 32 for every type here; rows 16-byte aligned, as in the engine */
+    const int64_t qrb = (cuda_act_row_bytes(STRATA_TYPE_Q8_0, cols) + 15) / 16 * 16;
     void *dw = NULL, *dx = NULL, *dy = NULL, *dq = NULL, *dt = NULL;
     int32_t *hp = NULL, *hs = NULL;
     const void **hw = NULL;
@@ -152,7 +156,8 @@ strata_status strata_cuda_mmq(int32_t type, const void *w, int32_t n_mat, int64_
     if ((s = cuda_h2d(ctx, dw, w, wb, CUDA_STREAM_COMPUTE)) || (s = cuda_h2d(ctx, dx, x, xb, CUDA_STREAM_COMPUTE)) ||
         (s = cuda_memset(ctx, dy, 0, yb)))
         goto done;
-    if ((s = cuda_quantize_act(ctx, type, (const float *)dx, cols, dq, qrb, cols, (int32_t)n_x))) goto done;
+    if ((s = cuda_quantize_act(ctx, STRATA_TYPE_Q8_0, (const float *)dx, cols, dq, qrb, cols, (int32_t)n_x)))
+        goto done;
     if (!mat) {
         s = cuda_mmq(ctx, type, dw, rows, cols, dq, qrb, (float *)dy, rows, (int32_t)n_x, 0);
     } else {

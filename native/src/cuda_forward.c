@@ -346,8 +346,8 @@ static int layer_mmq(strata_engine *e, int32_t l) {
 static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                             int64_t xs, float *y, int64_t ys, int32_t T, int32_t acc) {
     cuda_state *g = e->gpu;
-    if (use_mmq(e, type)) {
-        DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, T));
+    if (use_mmq(e, type)) { /* 8-bit activation blocks for every type the tensor cores run */
+        DEV(e, cuda_quantize_act(g->ctx, STRATA_TYPE_Q8_0, x, xs, g->act, g->act_row, cols, T));
         DEV(e, cuda_mmq(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
     } else if (cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, T));
@@ -392,13 +392,13 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
         /* tensor cores: wave_segments left the pairs (t * K + k) grouped by expert in seg_tok and each
          * segment's start in seg_out; gate/up read x row t = pair / K, down reads h row = pair */
         const int32_t *pairs = g->seg_tok, *start = g->seg_out;
-        DEV(e, cuda_quantize_act(g->ctx, W->gate_exps.type, g->xn, D, g->act, g->act_row, D, T));
+        DEV(e, cuda_quantize_act(g->ctx, STRATA_TYPE_Q8_0, g->xn, D, g->act, g->act_row, D, T));
         DEV(e, cuda_mmq_segments(g->ctx, W->gate_exps.type, wg, F, D, g->act, g->act_row, pairs, start, (int32_t)K,
                                  g->g, F, n_seg));
         DEV(e, cuda_mmq_segments(g->ctx, W->up_exps.type, wu, F, D, g->act, g->act_row, pairs, start, (int32_t)K,
                                  g->u, F, n_seg));
         DEV(e, cuda_swiglu(g->ctx, g->g, g->u, g->h, (int64_t)T * K * F));
-        DEV(e, cuda_quantize_act(g->ctx, W->down_exps.type, g->h, F, g->hact, g->hact_row, F, (int32_t)(T * K)));
+        DEV(e, cuda_quantize_act(g->ctx, STRATA_TYPE_Q8_0, g->h, F, g->hact, g->hact_row, F, (int32_t)(T * K)));
         DEV(e, cuda_mmq_segments(g->ctx, W->down_exps.type, wd, D, F, g->hact, g->hact_row, pairs, start, 1, g->ye,
                                  D, n_seg));
         return STRATA_OK;

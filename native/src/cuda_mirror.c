@@ -83,7 +83,8 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
 }
 
 /* The prompt-chunk product of mmq.cu: per block the exact integer dot of all 32 values, then
- * acc = acc + (dw * dx) * isum over the blocks in order. */
+ * acc = acc + (dw * dx) * isum over the blocks in order (Q4_K: acc + ((d * sc * dx) * isum -
+ * (dmin * m * dx) * sum of the block's activations)). */
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y) {
     const int64_t rb = gq_row_bytes(type, cols), G = cols / 32;
     uint8_t *xq = (uint8_t *)malloc((size_t)(cols + cols / 8));
@@ -94,6 +95,21 @@ void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, co
         const uint8_t *row = (const uint8_t *)w + r * rb;
         float acc = 0.0f;
         for (int64_t g = 0; g < G; g++) {
+            const int8_t *xg = (const int8_t *)xq + g * 32;
+            if (type == STRATA_TYPE_Q4_K) { /* sub-block j of a super-block: (d * sc) * q - dmin * m */
+                const uint8_t *b = row + (g >> 3) * 144;
+                const int j = (int)(g & 7), sh = 4 * (j & 1);
+                int sc, m;
+                gq_q4k_scale_min(b + 4, j, &sc, &m);
+                const float dsc = gq_f16(b) * (float)sc, dmn = gq_f16(b + 2) * (float)m;
+                int32_t isum = 0, xsum = 0;
+                for (int v = 0; v < 32; v++) {
+                    isum += ((b[16 + 32 * (j >> 1) + v] >> sh) & 0xF) * xg[v];
+                    xsum += xg[v];
+                }
+                acc = acc + ((dsc * dx[g]) * (float)isum - (dmn * dx[g]) * (float)xsum);
+                continue;
+            }
             float dw = 0.0f;
             int32_t isum = 0;
             for (int sl = 0; sl < 4; sl++) isum += mirror_isum(type, row, g, sl, (const int8_t *)xq, &dw);

@@ -1,5 +1,5 @@
 /*
- * mmq.cu — prompt-chunk products of Q8_0 / Q4_0 weights on the tensor cores (integer MMA), grouped by
+ * mmq.cu — prompt-chunk products of Q8_0 / Q4_0 / Q4_K weights on the tensor cores (integer MMA), grouped by
  * expert: the tokens routed to one expert share one read of its weights.
  *
  * Legend: R rows of W, C cols (a multiple of 32), G = C / 32 blocks of 32 values per row,
@@ -14,7 +14,9 @@
  *
  *     acc = 0;  for g = 0 .. G-1:  acc = acc + (dw[r, g] * dx[t, g]) * isum[r, t, g]
  *
- * (each operation rounded separately, no fused multiply-add, blocks in order). That expression
+ * (each operation rounded separately, no fused multiply-add, blocks in order). Q4_K (w = d*sc*q - dmin*m
+ * per sub-block of 32, q in 0..15; a stage is one super-block) adds the min term through a second MMA
+ * against ones, which sums each token's block: acc + ((d*sc * dx) * isum - (dmin*m * dx) * xsum). That expression
  * depends on the row and the token alone: not on how many tokens are processed together, which
  * segment or tile a token lands in, or which wave of experts it runs in. cuda_mirror_mmq computes the
  * same expression on the host, bit for bit.
@@ -98,8 +100,9 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
       int64_t cols, const uint8_t *__restrict__ xq, int64_t xs, const int32_t *__restrict__ pairs,
       const int32_t *__restrict__ seg_start, int32_t xdiv, float *__restrict__ y, int64_t ys, int32_t T,
       int32_t accumulate, int64_t unit0) {
-    constexpr int BS = TYPE == STRATA_TYPE_Q8_0 ? 34 : 18; /* bytes per block */
-    constexpr int SA = MQ_KC * BS;                          /* weight tile row stride: 272 / 144 bytes */
+    /* bytes per 32 values: Q8_0 34, Q4_0 18, Q4_K 18 (144 per 256: a stage is one super-block) */
+    constexpr int BS = TYPE == STRATA_TYPE_Q8_0 ? 34 : 18;
+    constexpr int SA = MQ_KC * BS; /* weight tile row stride: 272 / 144 bytes */
     __shared__ __align__(16) uint8_t sA[MQ_BM * SA];        /* [BM rows][KC blocks in the file layout] */
     __shared__ __align__(16) uint8_t sB[MQ_BN * MQ_SB];     /* [BN tokens][KC blocks of 32 int8] */
     __shared__ __align__(16) float sdx[MQ_KC][MQ_BN];       /* activation scales [block][token] */
@@ -188,14 +191,34 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
 #pragma unroll 2
         for (int blk = 0; blk < nb; blk++) {
             const uint8_t *ba = wr + blk * BS, *bb = ba + 8 * SA; /* rows gid and gid + 8 of the warp */
-            const float dwa = gq_f16(ba), dwb = gq_f16(bb);
+            float dwa, dwb, mna = 0.0f, mnb = 0.0f;               /* block scales (and Q4_K's min terms) */
             uint32_t a[4];
-            if (TYPE == STRATA_TYPE_Q8_0) {
+            if (TYPE == STRATA_TYPE_Q4_K) {
+                /* the stage is one super-block per row: sub-block blk's value v is nibble blk % 2 of
+                 * qs[32 * (blk / 2) + v]; w = (d * sc) * q - (dmin * m), q in 0..15 */
+                const uint8_t *sa = wr, *sb = wr + 8 * SA;
+                const int o = 16 + 32 * (blk >> 1) + 4 * tig, sh = 4 * (blk & 1);
+                a[0] = (ld_u32_a2(sa + o) >> sh) & 0x0F0F0F0Fu;
+                a[1] = (ld_u32_a2(sb + o) >> sh) & 0x0F0F0F0Fu;
+                a[2] = (ld_u32_a2(sa + o + 16) >> sh) & 0x0F0F0F0Fu;
+                a[3] = (ld_u32_a2(sb + o + 16) >> sh) & 0x0F0F0F0Fu;
+                int sc, m;
+                gq_q4k_scale_min(sa + 4, blk, &sc, &m);
+                dwa = __fmul_rn(gq_f16(sa), (float)sc);
+                mna = __fmul_rn(gq_f16(sa + 2), (float)m);
+                gq_q4k_scale_min(sb + 4, blk, &sc, &m);
+                dwb = __fmul_rn(gq_f16(sb), (float)sc);
+                mnb = __fmul_rn(gq_f16(sb + 2), (float)m);
+            } else if (TYPE == STRATA_TYPE_Q8_0) {
+                dwa = gq_f16(ba);
+                dwb = gq_f16(bb);
                 a[0] = ld_u32_a2(ba + 2 + 4 * tig);
                 a[1] = ld_u32_a2(bb + 2 + 4 * tig);
                 a[2] = ld_u32_a2(ba + 18 + 4 * tig);
                 a[3] = ld_u32_a2(bb + 18 + 4 * tig);
             } else { /* Q4_0: byte j holds value j (low nibble) and value j + 16 (high nibble) */
+                dwa = gq_f16(ba);
+                dwb = gq_f16(bb);
                 const uint32_t qa = ld_u32_a2(ba + 2 + 4 * tig), qb = ld_u32_a2(bb + 2 + 4 * tig);
                 a[0] = __vsub4(qa & 0x0F0F0F0Fu, 0x08080808u);
                 a[1] = __vsub4(qb & 0x0F0F0F0Fu, 0x08080808u);
@@ -206,13 +229,31 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
             for (int nt = 0; nt < 8; nt++) {
                 if (nt * 8 >= cnt) break; /* warp-uniform: the rest of the tile is empty */
                 const uint8_t *bp = sB + (nt * 8 + gid) * MQ_SB + blk * 32 + 4 * tig;
+                const uint32_t b0 = *(const uint32_t *)bp, b1 = *(const uint32_t *)(bp + 16);
                 float c[4];
-                mma_s8(c, a, *(const uint32_t *)bp, *(const uint32_t *)(bp + 16));
+                mma_s8(c, a, b0, b1);
                 const float2 dx = *(const float2 *)&sdx[blk][nt * 8 + 2 * tig];
-                acc[nt][0] = __fadd_rn(acc[nt][0], __fmul_rn(__fmul_rn(dwa, dx.x), c[0]));
-                acc[nt][1] = __fadd_rn(acc[nt][1], __fmul_rn(__fmul_rn(dwa, dx.y), c[1]));
-                acc[nt][2] = __fadd_rn(acc[nt][2], __fmul_rn(__fmul_rn(dwb, dx.x), c[2]));
-                acc[nt][3] = __fadd_rn(acc[nt][3], __fmul_rn(__fmul_rn(dwb, dx.y), c[3]));
+                if (TYPE == STRATA_TYPE_Q4_K) {
+                    /* the tokens' block sums (for the min term) by one more MMA against ones:
+                     * every row of C is then sum_k x[k][n], so c[0], c[2] hold token 2tig's, c[1], c[3]
+                     * token 2tig + 1's. term = (dsc * dx) * isum - (dmin_m * dx) * xsum */
+                    const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+                    float xs[4];
+                    mma_s8(xs, ones, b0, b1);
+                    acc[nt][0] = __fadd_rn(acc[nt][0], __fsub_rn(__fmul_rn(__fmul_rn(dwa, dx.x), c[0]),
+                                                                 __fmul_rn(__fmul_rn(mna, dx.x), xs[0])));
+                    acc[nt][1] = __fadd_rn(acc[nt][1], __fsub_rn(__fmul_rn(__fmul_rn(dwa, dx.y), c[1]),
+                                                                 __fmul_rn(__fmul_rn(mna, dx.y), xs[1])));
+                    acc[nt][2] = __fadd_rn(acc[nt][2], __fsub_rn(__fmul_rn(__fmul_rn(dwb, dx.x), c[2]),
+                                                                 __fmul_rn(__fmul_rn(mnb, dx.x), xs[2])));
+                    acc[nt][3] = __fadd_rn(acc[nt][3], __fsub_rn(__fmul_rn(__fmul_rn(dwb, dx.y), c[3]),
+                                                                 __fmul_rn(__fmul_rn(mnb, dx.y), xs[3])));
+                } else {
+                    acc[nt][0] = __fadd_rn(acc[nt][0], __fmul_rn(__fmul_rn(dwa, dx.x), c[0]));
+                    acc[nt][1] = __fadd_rn(acc[nt][1], __fmul_rn(__fmul_rn(dwa, dx.y), c[1]));
+                    acc[nt][2] = __fadd_rn(acc[nt][2], __fmul_rn(__fmul_rn(dwb, dx.x), c[2]));
+                    acc[nt][3] = __fadd_rn(acc[nt][3], __fmul_rn(__fmul_rn(dwb, dx.y), c[3]));
+                }
             }
         }
     }
@@ -237,10 +278,11 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
                                 const int32_t *seg_start, int32_t xdiv, float *y, int64_t ys, int64_t units, int32_t T,
                                 int32_t accumulate) {
     if (rows <= 0 || units <= 0) return STRATA_OK;
-    if (!cuda_mmq_supported(type) || cols <= 0 || cols % 32 || xs % 16 || ((uintptr_t)xq & 15)) {
+    const int64_t blk = type == STRATA_TYPE_Q4_K ? 256 : 32;
+    if (!cuda_mmq_supported(type) || cols <= 0 || cols % blk || xs % 16 || ((uintptr_t)xq & 15)) {
         snprintf(ctx->err, sizeof ctx->err,
-                 "CUDA: the grouped product runs Q8_0 and Q4_0 weights on 16-byte aligned activation rows of a "
-                 "multiple of 32 values (type %d, %lld cols, row stride %lld bytes)",
+                 "CUDA: the grouped product runs Q8_0, Q4_0 and Q4_K weights on 16-byte aligned activation rows "
+                 "of whole blocks (type %d, %lld cols, row stride %lld bytes)",
                  type, (long long)cols, (long long)xs);
         return STRATA_ERR_INVALID_ARGUMENT;
     }
@@ -250,14 +292,16 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
     for (int64_t u0 = 0; u0 < units; u0 += 65535) {
         const int64_t nu = units - u0 < 65535 ? units - u0 : 65535;
         dim3 grid(cu_blocks(rows, MQ_BM), (unsigned)nu);
+#define MQ_LAUNCH(TY)                                                                                        \
+    k_mmq<TY><<<grid, MQ_THREADS, 0, s>>>((const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols,          \
+                                          (const uint8_t *)xq, xs, pairs, seg_start, xdiv, y, ys, T, accumulate, u0)
         if (type == STRATA_TYPE_Q8_0)
-            k_mmq<STRATA_TYPE_Q8_0><<<grid, MQ_THREADS, 0, s>>>(
-                (const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols, (const uint8_t *)xq, xs, pairs,
-                seg_start, xdiv, y, ys, T, accumulate, u0);
+            MQ_LAUNCH(STRATA_TYPE_Q8_0);
+        else if (type == STRATA_TYPE_Q4_0)
+            MQ_LAUNCH(STRATA_TYPE_Q4_0);
         else
-            k_mmq<STRATA_TYPE_Q4_0><<<grid, MQ_THREADS, 0, s>>>(
-                (const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols, (const uint8_t *)xq, xs, pairs,
-                seg_start, xdiv, y, ys, T, accumulate, u0);
+            MQ_LAUNCH(STRATA_TYPE_Q4_K);
+#undef MQ_LAUNCH
         CU_LAUNCHED(ctx, "grouped quantized product");
     }
     return STRATA_OK;
@@ -265,7 +309,9 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
 
 extern "C" {
 
-int32_t cuda_mmq_supported(int32_t type) { return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0; }
+int32_t cuda_mmq_supported(int32_t type) {
+    return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0 || type == STRATA_TYPE_Q4_K;
+}
 
 strata_status cuda_mmq(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols, const void *xq,
                        int64_t xs, float *y, int64_t ys, int32_t T, int32_t accumulate) {
