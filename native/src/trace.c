@@ -8,7 +8,7 @@
  *                  prefixed "strata: ". A trace function in strata_params receives the same lines
  *                  instead, whatever this variable says.
  *
- *   STRATA_CUDA_MMQ "0": on --device cuda, run prompt chunks' Q8_0 / Q4_0 / Q4_K products with the
+ *   STRATA_CUDA_MMQ "0": on --device cuda, run prompt chunks' Q8_0 / Q4_0 / Q4_K / Q6_K products with the
  *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
  *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
  *

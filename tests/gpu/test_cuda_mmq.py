@@ -71,11 +71,11 @@ def _same_bits(a, b, what):
     assert bad.size == 0, f"{what}: row {bad[0]} got {a[bad[0]]!r}, mirror {b[bad[0]]!r}"
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
 @pytest.mark.parametrize("rows,cols", [(200, 768), (64, 2080), (130, 256)])
 def test_grouped_equals_mirror_in_any_segment(name, rows, cols):
     """Pairs grouped by matrix into segments of 64, 7 or 1 tokens: every pair gets the mirror's bits."""
-    if name == "Q4_K" and cols % 256:
+    if name in ("Q4_K", "Q6_K") and cols % 256:
         pytest.skip("K-quants need rows of whole 256-value blocks")
     rng = np.random.default_rng(rows + cols)
     n_mat, n_x, xdiv = 5, 70, 2
@@ -103,7 +103,7 @@ def test_grouped_equals_mirror_in_any_segment(name, rows, cols):
         assert err < 1e-5, f"{name} pair {p}: relative error {err:.2e} against the float64 reference"
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
 def test_dense_equals_mirror_and_is_batch_invariant(name):
     rows, cols = 300, 2048
     rng = np.random.default_rng(11)
@@ -119,8 +119,8 @@ def test_dense_equals_mirror_and_is_batch_invariant(name):
     exact = xr @ dense.astype(np.float64).T
     err = np.linalg.norm(y - exact) / np.linalg.norm(exact)
     assert err < 1e-5, f"{name}: relative error {err:.2e} against the float64 reference"
-    if name == "Q4_K":
-        return  # the decode kernel multiplies Q4_K with float activations: not the same products
+    if name in ("Q4_K", "Q6_K"):
+        return  # the decode kernel multiplies K-quants with float activations: not the same products
     # close to the decode kernel (same exact block products, summed in another order)
     ym = np.full((x.shape[0], rows), np.nan, dtype=np.float32)
     st = C.strata_cuda_matvec(
@@ -139,11 +139,10 @@ def test_dense_equals_mirror_and_is_batch_invariant(name):
 
 @pytest.mark.parametrize("preset,quant,bound", [("tiny", "q4_0", 1e-3), ("small", "q4_k_m", 1e-2)])
 def test_engine_prompt_does_not_depend_on_chunk_or_cache(preset, quant, bound):
-    """Q4_0 and Q4_K_M models (Q4_0 / Q4_K products on the tensor cores in prompt chunks, Q6_K ones on
-    the matrix-vector kernel): the same prompt logits and reply, bit for bit, whatever the chunk (down
-    to a last chunk of one token) and the cache size; and close to the CPU backend (which quantizes the
-    activations of K-quant products in blocks of 256, the GPU's prompt products in blocks of 32: hence
-    the looser bound there)."""
+    """Q4_0 and Q4_K_M models (every Q4_0 / Q4_K / Q6_K product of a prompt chunk on the tensor cores): the
+    same prompt logits and reply, bit for bit, whatever the chunk (down to a last chunk of one token) and
+    the cache size; and close to the CPU backend (which quantizes the activations of K-quant products in
+    blocks of 256, the GPU's prompt products in blocks of 32: hence the looser bound there)."""
     from strata import Engine, EngineConfig
     from strata.model import ensure_model
 

@@ -1,5 +1,5 @@
 /*
- * mmq.cu — prompt-chunk products of Q8_0 / Q4_0 / Q4_K weights on the tensor cores (integer MMA), grouped by
+ * mmq.cu — prompt-chunk products of Q8_0 / Q4_0 / Q4_K / Q6_K weights on the tensor cores (integer MMA), grouped by
  * expert: the tokens routed to one expert share one read of its weights.
  *
  * Legend: R rows of W, C cols (a multiple of 32), G = C / 32 blocks of 32 values per row,
@@ -14,10 +14,12 @@
  *
  *     acc = 0;  for g = 0 .. G-1:  acc = acc + (dw[r, g] * dx[t, g]) * isum[r, t, g]
  *
- * (each operation rounded separately, no fused multiply-add, blocks in order). Q4_K (w = d*sc*q - dmin*m
- * per sub-block of 32, q in 0..15; a stage is one super-block) adds the min term through a second MMA
- * against ones, which sums each token's block: acc + ((d*sc * dx) * isum - (dmin*m * dx) * xsum). That expression
- * depends on the row and the token alone: not on how many tokens are processed together, which
+ * (each operation rounded separately, no fused multiply-add, blocks in order). For the K-quants a
+ * stage is one super-block. Q4_K (w = d*sc*q - dmin*m per sub-block of 32, q in 0..15) adds the min
+ * term through a second MMA against ones, which sums each token's block:
+ * acc + ((d*sc * dx) * isum - (dmin*m * dx) * xsum). Q6_K (w = d*sc*(q - 32), a scale per 16 values)
+ * runs the two halves of a block as two MMAs: acc + ((d*sc_lo * dx) * isum_lo + (d*sc_hi * dx) * isum_hi).
+ * Each expression depends on the row and the token alone: not on how many tokens are processed together, which
  * segment or tile a token lands in, or which wave of experts it runs in. cuda_mirror_mmq computes the
  * same expression on the host, bit for bit.
  *
@@ -100,9 +102,12 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
       int64_t cols, const uint8_t *__restrict__ xq, int64_t xs, const int32_t *__restrict__ pairs,
       const int32_t *__restrict__ seg_start, int32_t xdiv, float *__restrict__ y, int64_t ys, int32_t T,
       int32_t accumulate, int64_t unit0) {
-    /* bytes per 32 values: Q8_0 34, Q4_0 18, Q4_K 18 (144 per 256: a stage is one super-block) */
+    /* bytes per 32 values: Q8_0 34, Q4_0 18, Q4_K 18 (144 per 256: a stage is one super-block);
+     * Q6_K: a stage is one super-block of 210 bytes, only 2-byte aligned, copied as 53 words */
+    constexpr bool K6 = TYPE == STRATA_TYPE_Q6_K;
     constexpr int BS = TYPE == STRATA_TYPE_Q8_0 ? 34 : 18;
-    constexpr int SA = MQ_KC * BS; /* weight tile row stride: 272 / 144 bytes */
+    constexpr int SB6 = 210;
+    constexpr int SA = K6 ? 212 : MQ_KC * BS; /* weight tile row stride: 272 / 144 / 212 bytes */
     __shared__ __align__(16) uint8_t sA[MQ_BM * SA];        /* [BM rows][KC blocks in the file layout] */
     __shared__ __align__(16) uint8_t sB[MQ_BN * MQ_SB];     /* [BN tokens][KC blocks of 32 int8] */
     __shared__ __align__(16) float sdx[MQ_KC][MQ_BN];       /* activation scales [block][token] */
@@ -155,7 +160,21 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
         /* weights: BM rows x nb blocks, raw. A whole stage of 16-byte aligned rows goes by cp.async
          * (KC * BS = 272 / 144 bytes a row, 16-byte units); a short last stage or rows of another
          * alignment by plain copies of the widest unit they allow. */
-        {
+        if (K6) {
+            /* super-block c0 / 8 of each row: 4-byte copies from the word holding its first byte, so
+             * it lands at byte (address & 2) of the shared row; a 4-byte aligned super-block ends
+             * with 2 bytes copied on their own (a word there would read past it) */
+            const uint8_t *src = Wm + (c0 / MQ_KC) * SB6;
+            for (int i = tid; i < MQ_BM * 53; i += MQ_THREADS) {
+                const int r = i / 53, u = i - r * 53;
+                const uint8_t *a = src + swo[r];
+                const int sh = (int)((uintptr_t)a & 2);
+                if (sh == 0 && u == 52)
+                    *(uint16_t *)(sA + r * SA + 208) = *(const uint16_t *)(a + 208);
+                else
+                    cp4(sA + r * SA + 4 * u, a - sh + 4 * u, 4);
+            }
+        } else {
             const int bytes = nb * BS;
             const uint8_t *src = Wm + c0 * BS;
             const uint64_t al = walign | (uint64_t)bytes;
@@ -193,7 +212,31 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
             const uint8_t *ba = wr + blk * BS, *bb = ba + 8 * SA; /* rows gid and gid + 8 of the warp */
             float dwa, dwb, mna = 0.0f, mnb = 0.0f;               /* block scales (and Q4_K's min terms) */
             uint32_t a[4];
-            if (TYPE == STRATA_TYPE_Q4_K) {
+            float dha = 0.0f, dhb = 0.0f; /* Q6_K: scales of the second 16 values */
+            if (K6) {
+                /* sub-block blk = 4h + qq: value l is (nibble qq / 2 of ql[64h + 32(qq % 2) + l]) |
+                 * (bits 2qq.. of qh[32h + l]) << 4, minus 32; values 0..15 and 16..31 have their own scale */
+                const uint8_t *s6 = Wm + (c0 / MQ_KC) * SB6;
+                const uint8_t *sa = wr + ((uintptr_t)(s6 + swo[warp * 16 + gid]) & 2);
+                const uint8_t *sb = wr + 8 * SA + ((uintptr_t)(s6 + swo[warp * 16 + gid + 8]) & 2);
+                const int h = blk >> 2, qq = blk & 3, ol = 64 * h + 32 * (qq & 1) + 4 * tig, oh = 128 + 32 * h + 4 * tig;
+                const int ls = 4 * (qq >> 1), hs = 2 * qq;
+#define Q6V(p, o)                                                                                            \
+    __vsub4(((ld_u32_a2((p) + ol + (o)) >> ls) & 0x0F0F0F0Fu) | (((ld_u32_a2((p) + oh + (o)) >> hs) & 0x03030303u) << 4), \
+            0x20202020u)
+                a[0] = Q6V(sa, 0);
+                a[1] = Q6V(sb, 0);
+                a[2] = Q6V(sa, 16);
+                a[3] = Q6V(sb, 16);
+#undef Q6V
+                const float da = gq_f16(sa + 208), db = gq_f16(sb + 208);
+                const int8_t *sca = (const int8_t *)(sa + 192 + 8 * h + 2 * qq);
+                const int8_t *scb = (const int8_t *)(sb + 192 + 8 * h + 2 * qq);
+                dwa = __fmul_rn(da, (float)sca[0]);
+                dha = __fmul_rn(da, (float)sca[1]);
+                dwb = __fmul_rn(db, (float)scb[0]);
+                dhb = __fmul_rn(db, (float)scb[1]);
+            } else if (TYPE == STRATA_TYPE_Q4_K) {
                 /* the stage is one super-block per row: sub-block blk's value v is nibble blk % 2 of
                  * qs[32 * (blk / 2) + v]; w = (d * sc) * q - (dmin * m), q in 0..15 */
                 const uint8_t *sa = wr, *sb = wr + 8 * SA;
@@ -230,10 +273,25 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
                 if (nt * 8 >= cnt) break; /* warp-uniform: the rest of the tile is empty */
                 const uint8_t *bp = sB + (nt * 8 + gid) * MQ_SB + blk * 32 + 4 * tig;
                 const uint32_t b0 = *(const uint32_t *)bp, b1 = *(const uint32_t *)(bp + 16);
-                float c[4];
-                mma_s8(c, a, b0, b1);
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                if (!K6) mma_s8(c, a, b0, b1);
                 const float2 dx = *(const float2 *)&sdx[blk][nt * 8 + 2 * tig];
-                if (TYPE == STRATA_TYPE_Q4_K) {
+                if (K6) {
+                    /* the two halves of the block by two MMAs, each with the other half's weights
+                     * zeroed: term = (d*sc_lo * dx) * isum_lo + (d*sc_hi * dx) * isum_hi */
+                    const uint32_t alo[4] = {a[0], a[1], 0u, 0u}, ahi[4] = {0u, 0u, a[2], a[3]};
+                    float cl[4], ch[4];
+                    mma_s8(cl, alo, b0, b1);
+                    mma_s8(ch, ahi, b0, b1);
+                    acc[nt][0] = __fadd_rn(acc[nt][0], __fadd_rn(__fmul_rn(__fmul_rn(dwa, dx.x), cl[0]),
+                                                                 __fmul_rn(__fmul_rn(dha, dx.x), ch[0])));
+                    acc[nt][1] = __fadd_rn(acc[nt][1], __fadd_rn(__fmul_rn(__fmul_rn(dwa, dx.y), cl[1]),
+                                                                 __fmul_rn(__fmul_rn(dha, dx.y), ch[1])));
+                    acc[nt][2] = __fadd_rn(acc[nt][2], __fadd_rn(__fmul_rn(__fmul_rn(dwb, dx.x), cl[2]),
+                                                                 __fmul_rn(__fmul_rn(dhb, dx.x), ch[2])));
+                    acc[nt][3] = __fadd_rn(acc[nt][3], __fadd_rn(__fmul_rn(__fmul_rn(dwb, dx.y), cl[3]),
+                                                                 __fmul_rn(__fmul_rn(dhb, dx.y), ch[3])));
+                } else if (TYPE == STRATA_TYPE_Q4_K) {
                     /* the tokens' block sums (for the min term) by one more MMA against ones:
                      * every row of C is then sum_k x[k][n], so c[0], c[2] hold token 2tig's, c[1], c[3]
                      * token 2tig + 1's. term = (dsc * dx) * isum - (dmin_m * dx) * xsum */
@@ -278,7 +336,7 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
                                 const int32_t *seg_start, int32_t xdiv, float *y, int64_t ys, int64_t units, int32_t T,
                                 int32_t accumulate) {
     if (rows <= 0 || units <= 0) return STRATA_OK;
-    const int64_t blk = type == STRATA_TYPE_Q4_K ? 256 : 32;
+    const int64_t blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
     if (!cuda_mmq_supported(type) || cols <= 0 || cols % blk || xs % 16 || ((uintptr_t)xq & 15)) {
         snprintf(ctx->err, sizeof ctx->err,
                  "CUDA: the grouped product runs Q8_0, Q4_0 and Q4_K weights on 16-byte aligned activation rows "
@@ -299,8 +357,10 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
             MQ_LAUNCH(STRATA_TYPE_Q8_0);
         else if (type == STRATA_TYPE_Q4_0)
             MQ_LAUNCH(STRATA_TYPE_Q4_0);
-        else
+        else if (type == STRATA_TYPE_Q4_K)
             MQ_LAUNCH(STRATA_TYPE_Q4_K);
+        else
+            MQ_LAUNCH(STRATA_TYPE_Q6_K);
 #undef MQ_LAUNCH
         CU_LAUNCHED(ctx, "grouped quantized product");
     }
@@ -310,7 +370,8 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
 extern "C" {
 
 int32_t cuda_mmq_supported(int32_t type) {
-    return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0 || type == STRATA_TYPE_Q4_K;
+    return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0 || type == STRATA_TYPE_Q4_K ||
+           type == STRATA_TYPE_Q6_K;
 }
 
 strata_status cuda_mmq(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols, const void *xq,
