@@ -262,3 +262,14 @@ def test_n_cpu_moe_needs_a_gpu_run_and_one_value_per_budget(fake_bin, model_file
     assert bench(cmd) == 1
     assert "give one per budget" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_n_cpu_moe_values_without_budgets_all_run(fake_bin, model_file, tmp_path) -> None:
+    """No --vram-budget list: every --llama-n-cpu-moe value runs; only 0 stands against strata's rows."""
+    out = tmp_path / "r.jsonl"
+    cmd = f"run --device cuda --target llama.cpp --model {model_file} -p 32 -n 0 -r 5 --llama-n-cpu-moe 0,2,4 --output {out}"
+    assert bench(cmd) == 0
+    rows = _rows(out)
+    assert [r["knobs"]["n_cpu_moe"] for r in rows] == [0, 2, 4]
+    assert ["vram_budget" in r["knobs"] for r in rows] == [True, False, False]
+    assert [r["mean"] for r in rows] == pytest.approx([900.0, 300.0, 180.0], rel=0.02)

@@ -21,12 +21,17 @@
 
 /* ---- RoPE -------------------------------------------------------------------------------------- */
 
-/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * theta^(-2i/hd), computed
- * in double so that long positions keep their precision. */
-static void rope_angles(float *cs, int32_t hd, int32_t pos, float theta) {
+/* The rotation frequencies theta^(-2i/hd), i < hd/2, in double (the same for every position). */
+static void rope_freqs(double *f, int32_t hd, float theta) {
+    for (int32_t i = 0; i < hd / 2; i++) f[i] = pow((double)theta, -2.0 * (double)i / (double)hd);
+}
+
+/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * f[i], computed in double
+ * so that long positions keep their precision. */
+static void rope_angles(float *cs, int32_t hd, int32_t pos, const double *f) {
     int32_t half = hd / 2;
     for (int32_t i = 0; i < half; i++) {
-        double ang = (double)pos * pow((double)theta, -2.0 * (double)i / (double)hd);
+        double ang = (double)pos * f[i];
         cs[i] = (float)cos(ang);
         cs[half + i] = (float)sin(ang);
     }
@@ -113,6 +118,7 @@ typedef struct tok_job {
     strata_engine *e;
     int32_t l, T, pos0, step;
     int32_t wtype; /* the weight type the activations are quantized for */
+    int tiled;     /* att_use_tiled: the cache rows are stored by the AVX-512 converter */
 } tok_job;
 
 static void tok_item(void *ctx, int64_t item, int thread) {
@@ -133,10 +139,12 @@ static void tok_item(void *ctx, int64_t item, int thread) {
         break;
     case TOK_ROPE_STORE: {
         /* per-head norms and RoPE, then append to the cache */
-        float cs[ROPE_MAX_HD]; /* [hd] this token's rotation */
+        float cs[ROPE_MAX_HD];         /* [hd] this token's rotation */
+        double freq[ROPE_MAX_HD / 2];  /* [hd / 2] */
+        rope_freqs(freq, hd, hp->rope_theta);
         for (int32_t t = t0; t < t1; t++) {
             int32_t pos = j->pos0 + t;
-            rope_angles(cs, hd, pos, hp->rope_theta);
+            rope_angles(cs, hd, pos, freq);
             for (int32_t h = 0; h < H; h++) {
                 float *qh = cb->q + t * QD + (int64_t)h * hd;
                 rmsnorm_rows(qh, qh, L->q_norm, 1, hd, hp->rms_eps);
@@ -147,7 +155,13 @@ static void tok_item(void *ctx, int64_t item, int thread) {
                 rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
                 rope_neox(kh, hd, cs);
             }
-            kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
+            if (j->tiled) { /* the same row layout as kv_store, converted 16 values at a time */
+                const size_t off = ((size_t)j->l * (size_t)e->kv.n_ctx + (size_t)pos) * e->kv.row_bytes;
+                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.k + off), cb->k + t * KD, (int32_t)KD);
+                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.v + off), cb->v + t * KD, (int32_t)KD);
+            } else {
+                kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
+            }
         }
         break;
     }
@@ -161,8 +175,9 @@ static void tok_item(void *ctx, int64_t item, int thread) {
     }
 }
 
+
 static void tok_run(strata_engine *e, int32_t l, int32_t T, int32_t pos0, int32_t step, int32_t wtype) {
-    tok_job j = {e, l, T, pos0, step, wtype};
+    tok_job j = {e, l, T, pos0, step, wtype, att_use_tiled(e)};
     pool_run(e->pool, (T + TOK_BLOCK - 1) / TOK_BLOCK, tok_item, &j);
 }
 

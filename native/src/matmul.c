@@ -12,7 +12,7 @@
 #include "strata.h"
 
 #define MM_MAX_SEGS 4096
-#define MM_TOKEN_TILE 32
+#define MM_TOKEN_TILE 64
 
 typedef struct mm_job {
     const mm_seg *segs;

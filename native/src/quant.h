@@ -59,6 +59,8 @@ quant_dot_xn_fn quant_get_xn(const quant_traits *traits);
 typedef void (*quant_dot_4xn_fn)(int64_t n, const void *w, size_t w_stride, const void *const *act, int32_t n_act,
                                  float *out);
 void quant_set_4xn(const quant_traits table[], int32_t type, quant_dot_4xn_fn fn);
+/* Activation rows a four-row kernel keeps in flight at once (any n_act works). */
+#define QUANT_DOT_4XN_MAX 64
 /* The register-blocked kernel of a type's traits, or NULL. */
 quant_dot_4xn_fn quant_get_4xn(const quant_traits *traits);
 

@@ -147,6 +147,7 @@ static void iq4xs_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, c
         float dd[4];
         for (int r = 0; r < 4; r++) {
             const block_iq4_xs *b = (const block_iq4_xs *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             iq4xs_unpacked u;
             iq4xs_unpack(b, lut, &u);
             acc[r] = _mm512_setzero_si512();
@@ -213,10 +214,10 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), ib = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     __m512i w16[4][X4N_CHUNK][8]; /* [row][block][sub-block]: factor x value, int16 */
     float dr[X4N_CHUNK][4];
-    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
-        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
-        __m512 sums[QUANT_DOT_N_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
-        for (int g = 0; g < QUANT_DOT_N_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
         for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
             const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
             for (int r = 0; r < 4; r++)

@@ -146,6 +146,7 @@ static void q4k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
         float dd[4], dm[4];
         for (int r = 0; r < 4; r++) {
             const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             uint8_t sc[8];
             const uint64_t m = k_scale_words(b->scales, sc);
             acc[r] = _mm512_setzero_si512();
@@ -220,10 +221,10 @@ static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                                    float *out) {
     const int64_t nb = n / QK_K;
     q4k_unpacked u[4][X4N_CHUNK];
-    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
-        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
-        __m512 sums[QUANT_DOT_N_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
-        for (int g = 0; g < QUANT_DOT_N_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
         for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
             const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
             for (int r = 0; r < 4; r++)
@@ -394,6 +395,7 @@ static void q6k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
         float dd[4];
         for (int r = 0; r < 4; r++) {
             const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             q6k_unpacked u;
             q6k_unpack(b, &u);
             acc[r] = _mm512_setzero_si512();
@@ -450,10 +452,10 @@ static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                                    float *out) {
     const int64_t nb = n / QK_K;
     q6k_unpacked u[4][X4N_CHUNK];
-    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
-        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
-        __m512 sums[QUANT_DOT_N_MAX / 4];
-        for (int g = 0; g < QUANT_DOT_N_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4];
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
         for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
             const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
             for (int r = 0; r < 4; r++)

@@ -1,7 +1,7 @@
 /*
- * quant_reduce16.h — the horizontal sums of sixteen int32 accumulators at once, for the AVX-512
- * four-row x four-token kernels (16 (row, token) pairs in registers). Integer adds are exact, so
- * the order of the tree changes nothing; it only has to put pair p's sum in lane p.
+ * quant_reduce16.h — helpers of the AVX-512 four-row kernels: the horizontal sums of sixteen int32
+ * accumulators at once (16 (row, token) pairs in registers), and the decode prefetch. Integer adds
+ * are exact, so the order of the tree changes nothing; it only has to put pair p's sum in lane p.
  */
 #ifndef STRATA_QUANT_REDUCE16_H
 #define STRATA_QUANT_REDUCE16_H
@@ -40,6 +40,16 @@ static inline __m512 pairs_by_row(const float v[4]) {
 }
 static inline __m512 pairs_by_token(__m128 v) {
     return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3), _mm512_castps128_ps512(v));
+}
+
+/* Prefetch the block of `bytes` at p (every cache line it touches) for the decode kernels: they
+ * stream whole matrices once per token and are bound by memory latency; a prefetch past the end of a
+ * matrix is a hint that never faults. */
+#define QUANT_PREFETCH_ROWS 16
+static inline void prefetch_block(const void *p, int bytes) {
+    const char *c = (const char *)p;
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+    _mm_prefetch(c + bytes - 1, _MM_HINT_T0);
 }
 
 #endif
