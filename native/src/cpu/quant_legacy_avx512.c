@@ -69,7 +69,9 @@ static void q8_0_vec_dot_n_avx512(int64_t n, const void *w, const void *const *a
 }
 
 /* [lo x 8 | hi x 8]: the per-lane scale of a pair of blocks */
-static inline __m512 pair_scale(float lo, float hi) { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
+static inline __m512 pair_scale(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
 
 static inline __m512i load_pair(const uint8_t *blk) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
@@ -107,7 +109,8 @@ static void q8_0_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const v
             for (int r = 0; r < 4; r++) {
                 const uint8_t *ai = a + (size_t)r * ws + i * 34;
                 const __m512i qa = load_pair(ai);
-                const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, qa));
+                const __m512i zero = _mm512_setzero_si512();
+                const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, x80, qa));
                 const __m512 da = pair_scale(f16_at(ai), f16_at(ai + 34));
                 for (int k = 0; k < 4; k++) {
                     const __m512i p = _mm512_dpbusd_epi32(corr, bu[k], qa);

@@ -39,7 +39,8 @@ static inline __m512 pairs_by_row(const float v[4]) {
                                  _mm512_castps128_ps512(_mm_loadu_ps(v)));
 }
 static inline __m512 pairs_by_token(__m128 v) {
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3), _mm512_castps128_ps512(v));
+    const __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
 /* Prefetch the block of `bytes` at p (every cache line it touches) for the decode kernels: they
