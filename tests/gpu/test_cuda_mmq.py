@@ -137,12 +137,16 @@ def test_dense_equals_mirror_and_is_batch_invariant(name):
     assert err < 1e-5, f"{name}: tensor-core product vs matrix-vector kernel differ by {err:.2e} of max|y|"
 
 
-@pytest.mark.parametrize("preset,quant,bound", [("tiny", "q4_0", 1e-3), ("small", "q4_k_m", 1e-2)])
+# The CPU bound: Q4_0 products quantize activations the same way on both backends (measured on an H200:
+# within 1e-3). K-quant products do not (the CPU in blocks of 256, the GPU's prompt products in blocks of
+# 32), and this random-weight model amplifies such differences: measured on an H200, GPU vs CPU nMSE
+# 3.7e-2 on small/q4_k_m, while the CPU backend itself is 3.6e-2 away from the float64 NumPy reference
+# (tests/reference.py) on the same prompt. A wrong product gives logits about as far as unrelated ones.
+@pytest.mark.parametrize("preset,quant,bound", [("tiny", "q4_0", 1e-3), ("small", "q4_k_m", 0.1)])
 def test_engine_prompt_does_not_depend_on_chunk_or_cache(preset, quant, bound):
     """Q4_0 and Q4_K_M models (every Q4_0 / Q4_K / Q6_K product of a prompt chunk on the tensor cores): the
     same prompt logits and reply, bit for bit, whatever the chunk (down to a last chunk of one token) and
-    the cache size; and close to the CPU backend (which quantizes the activations of K-quant products in
-    blocks of 256, the GPU's prompt products in blocks of 32: hence the looser bound there)."""
+    the cache size; and close to the CPU backend (see the bound above)."""
     from strata import Engine, EngineConfig
     from strata.model import ensure_model
 
