@@ -8,7 +8,11 @@
  *                  prefixed "strata: ". A trace function in strata_params receives the same lines
  *                  instead, whatever this variable says.
  *
- * The variable is read when an engine is opened, not per line.
+ *   STRATA_CUDA_MMQ "0": on --device cuda, run prompt chunks' Q8_0 / Q4_0 / Q4_K / Q6_K products with the
+ *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
+ *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
+ *
+ * STRATA_TRACE is read when an engine is opened, not per line; STRATA_CUDA_MMQ at the first prompt.
  */
 #include "trace.h"
 
@@ -37,4 +41,9 @@ void trace_emit(const trace_sink *t, const char *fmt, ...) {
     va_end(ap);
     if (t->fn) t->fn(t->user, line);
     else fprintf(stderr, "strata: %s\n", line);
+}
+
+int trace_env_cuda_mmq(void) {
+    const char *v = getenv("STRATA_CUDA_MMQ");
+    return !(v && strcmp(v, "0") == 0);
 }

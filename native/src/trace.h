@@ -16,5 +16,7 @@ typedef struct trace_sink {
 void trace_init(trace_sink *t, strata_trace_fn fn, void *user);
 /* Emit one line (printf format, no newline) when enabled. */
 void trace_emit(const trace_sink *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 0 when STRATA_CUDA_MMQ=0 asks for the matrix-vector kernel in prompt chunks, else 1 (see trace.c). */
+int trace_env_cuda_mmq(void);
 
 #endif
