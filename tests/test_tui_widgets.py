@@ -158,5 +158,11 @@ def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
             log.follow()
             await pilot.pause(0.1)
             assert log.scroll_y == log.max_scroll_y
+            # text laid out after the last follow() (Markdown mounts its blocks in a later turn, as after
+            # the last draw of a cancelled reply) is followed too
+            end = log.max_scroll_y
+            await view.append(Delta(content="\n\n" + "\n\n".join(f"late {i}" for i in range(10))))
+            await pilot.pause(0.3)
+            assert log.max_scroll_y > end and log.scroll_y == log.max_scroll_y
 
     asyncio.run(run())

@@ -22,6 +22,12 @@ class ChatLog(VerticalScroll):
         # growth of the content moves max_scroll_y, not scroll_y: only the user (or scroll_end) lands here
         self.sticky = new >= self.max_scroll_y - 1
 
+    def watch_virtual_size(self) -> None:
+        # the content grew (also after the last draw, when Markdown mounts its blocks in a later turn):
+        # while following, go to the new end once it is laid out
+        if self.sticky:
+            self.call_after_refresh(self._to_end)
+
     def messages(self) -> list[MessageView]:
         return list(self.query(MessageView))
 
