@@ -64,7 +64,10 @@ async def wait_for(
     while not cond():
         if loop.time() > t_end:
             raise AssertionError(f"timed out waiting for: {what}")
-        await pilot.pause(0.05)
+        if settle:
+            await pilot.pause(0.05)
+        else:
+            await asyncio.sleep(0.05)  # Pilot.pause first waits for every widget's queue: long mid-stream
     if settle:
         await pilot.pause()
 
@@ -201,6 +204,7 @@ def test_cancel_while_the_reply_is_written(small_server: ServerProcess, tmp_path
             await wait_for(pilot, lambda: app.chat.reply is not None and len(app.chat.reply.view.content) > 20
                            and app.chat.engine.state == "generating", "the first words", settle=False)
             shown = app.chat.reply.view.content
+            received = app.chat.reply.n_pieces  # tokens that reached the chat before Esc
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
             reply = views(app, "assistant")[-1]
@@ -211,7 +215,8 @@ def test_cancel_while_the_reply_is_written(small_server: ServerProcess, tmp_path
             await wait_for(pilot, lambda: status(url)["state"] == "idle", "server idle", timeout=30)
             last = status(url)["last_request"]
             assert last["strata"]["engine_finish_reason"] == "cancelled"
-            assert 0 < last["timings"]["predicted_n"] < max_tokens // 4
+            # it stopped soon after Esc (within a few hundred tokens, a fraction of a second), far short
+            assert received <= last["timings"]["predicted_n"] < min(received + 400, max_tokens // 2)
             # the message box still takes keys, and the next message is answered in full
             app.chat.input.focus()
             await pilot.press(*"/max-tokens 12", "enter")
