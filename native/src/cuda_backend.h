@@ -114,6 +114,15 @@ strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, con
  * logits [T, E] -> ids [T, K] (best first), weights [T, K]. */
 strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,
                                int32_t *ids, float *weights);
+/* The same top-K and weights, plus the segment tables of cuda_matvec_segments (one token per segment)
+ * for the T * K pairs, made on the device: segment j = t * K + k runs expert ids[t, k], whose gate, up
+ * and down device addresses are table[3 * id + 0..2]; w_ptrs are seg_w[0..], seg_w[seg_cap..],
+ * seg_w[2 * seg_cap..]; token rows seg_tok[j] = t and seg_out[j] = j (gate and up), seg_tok[seg_half + j]
+ * = seg_out[seg_half + j] = j (down). Used when every expert is resident, so that a decode step needs
+ * no host round trip. */
+strata_status cuda_router_topk_segments(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,
+                                        int32_t *ids, float *weights, const void *const *table, const void **seg_w,
+                                        int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half);
 /* h[i] = silu(g[i]) * u[i] over n values. */
 strata_status cuda_swiglu(cuda_ctx *ctx, const float *g, const float *u, float *h, int64_t n);
 /* y[t] += sum_k weights[t, k] * e[t, k, :] in k order.  e: [T, K, D]. */

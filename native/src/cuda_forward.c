@@ -15,6 +15,12 @@
  * segments (each expert's tokens, CUDA_SEG_TOKENS at a time) pointing at the experts' slots, copies
  * the experts that are not cached into the least recently used slots first, and launches one product
  * per matrix (gate, up, down) for all segments of the layer.
+ *
+ * Decode with every expert resident (the slot table can never change) skips that round trip: the
+ * router kernel writes the segment tables itself from a device copy of the expert -> slot addresses
+ * (ptr_dev), every lookup is a hit, and a token's step runs from the embedding upload to the logits
+ * without waiting for the device. The reply is the same: a pair's product does not depend on the
+ * order of the segments, and the kernels are the same.
  */
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +56,7 @@ struct cuda_state {
     uint64_t *last_use;      /* host [S]: decode step of last use (victim choice) */
     uint64_t step;
     exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down */
+    exp_ptrs *ptr_dev;       /* device [L * E]: the same, when every expert is resident (else NULL) */
     int32_t miss_policy;
     int32_t kv_type;
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
@@ -276,6 +283,11 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
         const int32_t l = (int32_t)(s2 % L), ex = (int32_t)(s2 / L);
         STRATA_TRY(slot_fill(e, s2, l, ex, CUDA_STREAM_COMPUTE));
     }
+    if (g->n_slots == L * E && env_cuda_device_routing()) {
+        /* every expert resident: decode routes on the device (see the header) */
+        STRATA_TRY(upload(e, (void **)&g->ptr_dev, g->ptr_host, (size_t)(L * E) * sizeof(exp_ptrs),
+                          "the expert address table"));
+    }
     DEV(e, cuda_sync(g->ctx));
     trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB", cuda_ctx_device_name(g->ctx),
                g->n_slots, (long long)(L * E), g->n_slots, g->slot_bytes / 1048576.0,
@@ -295,7 +307,7 @@ void cuda_forward_close(strata_engine *e) {
                              dl->router, dl->k_cache, dl->v_cache};
                 for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
             }
-        void *p[] = {g->output_norm, g->output, g->slab, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
                      g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
                      g->seg_tok, g->seg_out};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
@@ -342,9 +354,18 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
     const dev_layer *dl = &g->layers[l];
     const int64_t D = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
     DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
-    STRATA_TRY(matvec(e, W->wq.type, dl->wq, QD, D, g->xn, D, g->q, QD, T, 0));
-    STRATA_TRY(matvec(e, W->wk.type, dl->wk, KD, D, g->xn, D, g->k, KD, T, 0));
-    STRATA_TRY(matvec(e, W->wv.type, dl->wv, KD, D, g->xn, D, g->v, KD, T, 0));
+    const int32_t at = cuda_act_type(W->wq.type);
+    if (at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at && cuda_act_type(W->wv.type) == at) {
+        /* q, k and v read the same quantized activations: quantize once */
+        DEV(e, cuda_quantize_act(g->ctx, W->wq.type, g->xn, D, g->act, g->act_row, D, T));
+        DEV(e, cuda_matvec(g->ctx, W->wq.type, dl->wq, QD, D, g->act, g->act_row, g->q, QD, T, 0));
+        DEV(e, cuda_matvec(g->ctx, W->wk.type, dl->wk, KD, D, g->act, g->act_row, g->k, KD, T, 0));
+        DEV(e, cuda_matvec(g->ctx, W->wv.type, dl->wv, KD, D, g->act, g->act_row, g->v, KD, T, 0));
+    } else {
+        STRATA_TRY(matvec(e, W->wq.type, dl->wq, QD, D, g->xn, D, g->q, QD, T, 0));
+        STRATA_TRY(matvec(e, W->wk.type, dl->wk, KD, D, g->xn, D, g->k, KD, T, 0));
+        STRATA_TRY(matvec(e, W->wv.type, dl->wv, KD, D, g->xn, D, g->v, KD, T, 0));
+    }
     DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, T, hp->n_head, hp->n_head_kv, hp->head_dim,
                              pos0, hp->rope_theta, hp->rms_eps));
     DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0));
@@ -463,6 +484,17 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
     DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->ffn_norm, g->xn, T, D, hp->rms_eps));
     STRATA_TRY(matvec(e, W->router.type, dl->router, E, D, g->xn, D, g->router, E, T, 0));
+    if (T == 1 && g->ptr_dev) { /* every expert resident: route on the device, no round trip */
+        const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+        DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+                                         (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
+                                         g->seg_tok, g->seg_out, half));
+        e->stats.lookups += (uint64_t)T * K;
+        e->stats.hits += (uint64_t)T * K;
+        STRATA_TRY(expert_products(e, l, T * K, 1, T));
+        DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
+        return STRATA_OK;
+    }
     DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
 
     int32_t *sel = (int32_t *)g->stage;
@@ -508,8 +540,9 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
         int32_t n_seg = 0;
         STRATA_TRY(wave_segments(e, l, sel, T, state, SEG, &n_seg));
         STRATA_TRY(expert_products(e, l, n_seg, SEG, T));
-        /* the next wave reuses this wave's slots and the staging of its tables */
-        DEV(e, cuda_sync(g->ctx));
+        /* the next wave rewrites the staging of its tables (its slots are ordered by the stream); after
+         * the last wave the host writes the staging again only after the next layer's sync */
+        if (pending) DEV(e, cuda_sync(g->ctx));
     }
     if (n_host > 0) { /* decode: the missed experts on the host, bit-exact with the device */
         const int64_t F = hp->n_ff_exp;
@@ -529,7 +562,6 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     }
     /* x += sum_k w_k ye_k (in k order) */
     DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
-    DEV(e, cuda_sync(g->ctx)); /* the staging is reused by the next layer */
     return STRATA_OK;
 }
 
@@ -540,13 +572,16 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
     STRATA_TRY(work_alloc(e, T));
+    /* the staging below may still be read by the copies of a call that ended without logits or failed
+     * (an idle stream makes this free) */
+    DEV(e, cuda_sync(g->ctx));
     /* embeddings on the host (one row per token), then up */
     float *xe = (float *)g->stage;
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
+    /* the host writes the staging again only after a sync (a layer's routing, or the end of this call) */
     DEV(e, cuda_h2d(g->ctx, g->x, xe, (size_t)T * D * 4, CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_sync(g->ctx)); /* the staging is reused by the first layer */
     for (int32_t l = 0; l < hp->n_layer; l++) {
         strata_status s = attention(e, l, T, pos0);
         if (s == STRATA_OK) s = moe(e, l, T);

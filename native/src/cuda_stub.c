@@ -73,6 +73,13 @@ strata_status cuda_router_topk(cuda_ctx *c, const float *l, int32_t T, int32_t E
     (void)c; (void)l; (void)T; (void)E; (void)K; (void)i; (void)w;
     return STRATA_ERR_DEVICE;
 }
+strata_status cuda_router_topk_segments(cuda_ctx *c, const float *l, int32_t T, int32_t E, int32_t K, int32_t *i,
+                                        float *w, const void *const *tb, const void **sw, int32_t sc, int32_t *st,
+                                        int32_t *so, int64_t sh) {
+    (void)c; (void)l; (void)T; (void)E; (void)K; (void)i; (void)w; (void)tb; (void)sw; (void)sc; (void)st; (void)so;
+    (void)sh;
+    return STRATA_ERR_DEVICE;
+}
 strata_status cuda_swiglu(cuda_ctx *c, const float *g, const float *u, float *h, int64_t n) {
     (void)c; (void)g; (void)u; (void)h; (void)n;
     return STRATA_ERR_DEVICE;

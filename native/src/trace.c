@@ -8,7 +8,12 @@
  *                  prefixed "strata: ". A trace function in strata_params receives the same lines
  *                  instead, whatever this variable says.
  *
- * The variable is read when an engine is opened, not per line.
+ *   STRATA_CUDA_DECODE  "host": on --device cuda with every expert resident, bring the router's choices
+ *                  to the host every layer as with a partial cache, instead of routing on the device
+ *                  (the replies are the same; for comparing the two paths). Read when the device
+ *                  cache is filled.
+ *
+ * The variables are read when an engine is opened, not per line.
  */
 #include "trace.h"
 
@@ -37,4 +42,9 @@ void trace_emit(const trace_sink *t, const char *fmt, ...) {
     va_end(ap);
     if (t->fn) t->fn(t->user, line);
     else fprintf(stderr, "strata: %s\n", line);
+}
+
+int env_cuda_device_routing(void) {
+    const char *v = getenv("STRATA_CUDA_DECODE");
+    return !(v && strcmp(v, "host") == 0);
 }

@@ -16,5 +16,7 @@ typedef struct trace_sink {
 void trace_init(trace_sink *t, strata_trace_fn fn, void *user);
 /* Emit one line (printf format, no newline) when enabled. */
 void trace_emit(const trace_sink *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 0 when STRATA_CUDA_DECODE=host asks the CUDA backend to route decode steps on the host (trace.c). */
+int env_cuda_device_routing(void);
 
 #endif
