@@ -48,6 +48,7 @@ __all__ = [
     "strata_cuda_bench_matvec",
     "strata_cuda_matvec",
     "strata_cuda_mirror_matvec",
+    "strata_cuda_router_topk",
     "strata_decode",
     "strata_default_generate_params",
     "strata_default_params",
@@ -519,4 +520,16 @@ def strata_cuda_mirror_matvec(type: int, w: Any, rows: int, cols: int, x: Any, y
 )
 def strata_cuda_bench_matvec(
     type: int, w: Any, rows: int, cols: int, n: int, reps: int, median_us: Any
+) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_router_topk(const float *logits, int32_t T, int32_t E, int32_t K, int32_t *ids,
+#                                                  float *weights, int32_t with_segments);
+@c_function(
+    "strata_cuda_router_topk",
+    [POINTER(c_float), c_int32, c_int32, c_int32, POINTER(c_int32), POINTER(c_float), c_int32],
+    c_int32,
+)
+def strata_cuda_router_topk(
+    logits: Any, T: int, E: int, K: int, ids: Any, weights: Any, with_segments: int
 ) -> int: ...

@@ -374,6 +374,11 @@ STRATA_API strata_status strata_cuda_mirror_matvec(int32_t type, const void *w, 
  * weights resident on the device. */
 STRATA_API strata_status strata_cuda_bench_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
                                                   int64_t n, int32_t reps, double *median_us);
+/* The device router on host buffers: logits [T, E] -> ids [T, K] (greater logit first, lower id on a
+ * tie) and weights [T, K] (softmax over the chosen K). With_segments 1 runs the decode variant that
+ * also writes segment tables (same ids and weights). DEVICE when there is no CUDA device. */
+STRATA_API strata_status strata_cuda_router_topk(const float *logits, int32_t T, int32_t E, int32_t K, int32_t *ids,
+                                                 float *weights, int32_t with_segments);
 
 #ifdef __cplusplus
 }

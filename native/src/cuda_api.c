@@ -106,3 +106,48 @@ done:
 }
 
 int32_t strata_cuda_available(void) { return cuda_device_present(); }
+
+strata_status strata_cuda_router_topk(const float *logits, int32_t T, int32_t E, int32_t K, int32_t *ids,
+                                      float *weights, int32_t with_segments) {
+    if (!logits || !ids || !weights || T <= 0 || E <= 0 || K <= 0 || K > E) return STRATA_ERR_INVALID_ARGUMENT;
+    char err[512];
+    cuda_ctx *ctx = NULL;
+    strata_status s = cuda_ctx_create(0, &ctx, err, sizeof err);
+    if (s != STRATA_OK) return s;
+    const int64_t n = (int64_t)T * K;
+    void *dl = NULL, *di = NULL, *dw = NULL, *dtab = NULL, *dsw = NULL, *dst = NULL, *dso = NULL;
+    void **tab = NULL;
+    if ((s = cuda_alloc(ctx, (size_t)T * E * 4, &dl, "logits")) || (s = cuda_alloc(ctx, (size_t)n * 4, &di, "ids")) ||
+        (s = cuda_alloc(ctx, (size_t)n * 4, &dw, "weights")))
+        goto done;
+    if ((s = cuda_h2d(ctx, dl, logits, (size_t)T * E * 4, CUDA_STREAM_COMPUTE))) goto done;
+    if (with_segments) {
+        /* a table of made-up addresses: only the ids and weights come back */
+        tab = (void **)calloc((size_t)E * 3, sizeof *tab);
+        if (!tab) {
+            s = STRATA_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        if ((s = cuda_alloc(ctx, (size_t)E * 3 * sizeof(void *), &dtab, "table")) ||
+            (s = cuda_alloc(ctx, (size_t)n * 3 * sizeof(void *), &dsw, "segments")) ||
+            (s = cuda_alloc(ctx, (size_t)n * 2 * 4, &dst, "segment tokens")) ||
+            (s = cuda_alloc(ctx, (size_t)n * 2 * 4, &dso, "segment rows")) ||
+            (s = cuda_h2d(ctx, dtab, tab, (size_t)E * 3 * sizeof(void *), CUDA_STREAM_COMPUTE)) ||
+            (s = cuda_router_topk_segments(ctx, (const float *)dl, T, E, K, (int32_t *)di, (float *)dw,
+                                           (const void *const *)dtab, (const void **)dsw, (int32_t)n, (int32_t *)dst,
+                                           (int32_t *)dso, n)))
+            goto done;
+    } else if ((s = cuda_router_topk(ctx, (const float *)dl, T, E, K, (int32_t *)di, (float *)dw))) {
+        goto done;
+    }
+    if ((s = cuda_d2h(ctx, ids, di, (size_t)n * 4, CUDA_STREAM_COMPUTE)) ||
+        (s = cuda_d2h(ctx, weights, dw, (size_t)n * 4, CUDA_STREAM_COMPUTE)) || (s = cuda_sync(ctx)))
+        goto done;
+done:
+    if (ctx) cuda_sync(ctx);
+    void *p[] = {dl, di, dw, dtab, dsw, dst, dso};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(ctx, p[i]);
+    free(tab);
+    cuda_ctx_destroy(ctx);
+    return s;
+}
