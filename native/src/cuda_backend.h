@@ -58,6 +58,14 @@ strata_status cuda_memset(cuda_ctx *ctx, void *dst, int value, size_t bytes);
 strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to);
 strata_status cuda_sync(cuda_ctx *ctx);
 
+/* CUDA Graphs: record what is enqueued on the compute stream between begin and end (nothing runs),
+ * then replay it with one launch. A failed capture returns an error and leaves the stream usable. */
+strata_status cuda_capture_begin(cuda_ctx *ctx);
+/* End the capture; on success *exec is the instantiated graph (cuda_graph_free frees it). */
+strata_status cuda_capture_end(cuda_ctx *ctx, void **exec);
+strata_status cuda_graph_launch(cuda_ctx *ctx, void *exec);
+void cuda_graph_free(void *exec);
+
 /* ---- kernels (all on the compute stream) ---------------------------------------------------- */
 
 /* Types the device kernels run: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K. */
@@ -96,20 +104,27 @@ strata_status cuda_matvec_segments(cuda_ctx *ctx, int32_t type, const void *cons
 /* y[t] = x[t] / rms(x[t]) * w,  x, y: [T, D] (may alias). */
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D,
                            float eps);
+/* cuda_rmsnorm, plus y quantized into q as cuda_quantize_act does for weights whose activations are
+ * Q8_0 (the same bits as the two calls; D a multiple of 32). */
+strata_status cuda_rmsnorm_q8(cuda_ctx *ctx, const float *x, const float *w, float *y, void *q, int64_t q_stride,
+                             int32_t T, int32_t D, float eps);
+/* Position arguments: pos_dev, when not NULL, is a device int32 read by the kernel in place of pos0,
+ * so that a captured CUDA Graph can run at any position. */
+
 /* Per-head RMSNorm of q and k, then NeoX RoPE at positions pos0 + t.
  * q: [T, H*hd], k: [T, Hkv*hd]. */
 strata_status cuda_qk_norm_rope(cuda_ctx *ctx, float *q, float *k, const float *q_norm, const float *k_norm,
                                 int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0, float theta,
-                                float eps);
+                                float eps, const int32_t *pos_dev);
 /* Store k, v ([T, Hkv*hd] f32) into the layer's cache at positions pos0.. (f16, or int8 with a
  * scale per block of 32 values). */
 strata_status cuda_kv_store(cuda_ctx *ctx, int32_t kv_type, const float *k, const float *v, void *k_cache,
-                            void *v_cache, int32_t T, int32_t kv_dim, int32_t pos0);
+                            void *v_cache, int32_t T, int32_t kv_dim, int32_t pos0, const int32_t *pos_dev);
 /* Causal attention of T queries at positions pos0.. over the cache: out [T, H*hd]. The result of a
  * query depends only on its position and the cache, never on T. */
 strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
                              const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
-                             int32_t pos0);
+                             int32_t pos0, const int32_t *pos_dev);
 /* Router: softmax over E logits, top-K, weights renormalized to sum 1.
  * logits [T, E] -> ids [T, K] (best first), weights [T, K]. */
 strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,

@@ -20,7 +20,9 @@
  * router kernel writes the segment tables itself from a device copy of the expert -> slot addresses
  * (ptr_dev), every lookup is a hit, and a token's step runs from the embedding upload to the logits
  * without waiting for the device. The reply is the same: a pair's product does not depend on the
- * order of the segments, and the kernels are the same.
+ * order of the segments, and the kernels are the same. That step is then captured once as a CUDA Graph
+ * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
+ * with one launch per token; the graph is dropped when the work buffers move.
  */
 #include <math.h>
 #include <stdio.h>
@@ -57,6 +59,10 @@ struct cuda_state {
     uint64_t step;
     exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down */
     exp_ptrs *ptr_dev;       /* device [L * E]: the same, when every expert is resident (else NULL) */
+    int32_t *pos_dev;        /* device [1]: the position of a graph-replayed decode step */
+    const int32_t *pos_arg;  /* pos_dev while a step is captured, else NULL (kernels take pos0) */
+    void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
+    int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
     int32_t miss_policy;
     int32_t kv_type;
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
@@ -119,6 +125,10 @@ int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
 static strata_status work_alloc(strata_engine *e, int32_t T) {
     cuda_state *g = e->gpu;
     if (T <= g->cap) return STRATA_OK;
+    /* a captured graph holds the addresses of the buffers that move now */
+    cuda_graph_free(g->graph);
+    g->graph = NULL;
+    if (g->graph_state == 1) g->graph_state = 0;
     void *old[] = {g->x, g->xn, g->q, g->k, g->v, g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye,
                    g->sel, g->act, g->hact, (void *)g->seg_w, g->seg_tok, g->seg_out};
     /* x carries the residual stream between calls only within one forward; safe to drop */
@@ -287,6 +297,10 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
         /* every expert resident: decode routes on the device (see the header) */
         STRATA_TRY(upload(e, (void **)&g->ptr_dev, g->ptr_host, (size_t)(L * E) * sizeof(exp_ptrs),
                           "the expert address table"));
+        DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
+        g->graph_state = env_cuda_graph() ? 0 : -1;
+    } else {
+        g->graph_state = -1;
     }
     DEV(e, cuda_sync(g->ctx));
     trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB", cuda_ctx_device_name(g->ctx),
@@ -300,6 +314,7 @@ void cuda_forward_close(strata_engine *e) {
     if (!g) return;
     if (g->ctx) {
         cuda_sync(g->ctx);
+        cuda_graph_free(g->graph);
         if (g->layers)
             for (int32_t l = 0; l < e->hp.n_layer; l++) {
                 dev_layer *dl = &g->layers[l];
@@ -307,7 +322,7 @@ void cuda_forward_close(strata_engine *e) {
                              dl->router, dl->k_cache, dl->v_cache};
                 for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
             }
-        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
                      g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
                      g->seg_tok, g->seg_out};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
@@ -334,6 +349,22 @@ int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expe
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
 
+/* xn = rmsnorm(x[T, D]) * w, then y = W xn [T, rows]: for weights with 8-bit activations, the norm
+ * writes the quantized rows in the same launch. */
+static strata_status norm_matvec(strata_engine *e, const float *x, const float *nw, int32_t type, const void *w,
+                                 int64_t rows, float *y, int32_t T) {
+    cuda_state *g = e->gpu;
+    const int32_t D = e->hp.n_embd;
+    if (cuda_act_type(type) != STRATA_TYPE_F32) {
+        DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
+        DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
+    } else {
+        DEV(e, cuda_rmsnorm(g->ctx, x, nw, g->xn, T, D, e->hp.rms_eps));
+        DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->xn, D, y, rows, T, 0));
+    }
+    return STRATA_OK;
+}
+
 /* y (+)= W x for T rows of x (f32, stride xs floats), quantizing x first when W's type wants it. */
 static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                             int64_t xs, float *y, int64_t ys, int32_t T, int32_t acc) {
@@ -353,24 +384,23 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int64_t D = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
-    DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
     const int32_t at = cuda_act_type(W->wq.type);
     if (at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at && cuda_act_type(W->wv.type) == at) {
-        /* q, k and v read the same quantized activations: quantize once */
-        DEV(e, cuda_quantize_act(g->ctx, W->wq.type, g->xn, D, g->act, g->act_row, D, T));
-        DEV(e, cuda_matvec(g->ctx, W->wq.type, dl->wq, QD, D, g->act, g->act_row, g->q, QD, T, 0));
+        /* q, k and v read the same quantized activations: normed and quantized once */
+        STRATA_TRY(norm_matvec(e, g->x, dl->attn_norm, W->wq.type, dl->wq, QD, g->q, T));
         DEV(e, cuda_matvec(g->ctx, W->wk.type, dl->wk, KD, D, g->act, g->act_row, g->k, KD, T, 0));
         DEV(e, cuda_matvec(g->ctx, W->wv.type, dl->wv, KD, D, g->act, g->act_row, g->v, KD, T, 0));
     } else {
+        DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
         STRATA_TRY(matvec(e, W->wq.type, dl->wq, QD, D, g->xn, D, g->q, QD, T, 0));
         STRATA_TRY(matvec(e, W->wk.type, dl->wk, KD, D, g->xn, D, g->k, KD, T, 0));
         STRATA_TRY(matvec(e, W->wv.type, dl->wv, KD, D, g->xn, D, g->v, KD, T, 0));
     }
     DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, T, hp->n_head, hp->n_head_kv, hp->head_dim,
-                             pos0, hp->rope_theta, hp->rms_eps));
-    DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0));
+                             pos0, hp->rope_theta, hp->rms_eps, g->pos_arg));
+    DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0, g->pos_arg));
     DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head, hp->n_head_kv,
-                          hp->head_dim, pos0));
+                          hp->head_dim, pos0, g->pos_arg));
     /* x += Wo att */
     return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, T, 1);
 }
@@ -482,8 +512,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->ffn_norm, g->xn, T, D, hp->rms_eps));
-    STRATA_TRY(matvec(e, W->router.type, dl->router, E, D, g->xn, D, g->router, E, T, 0));
+    STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
     if (T == 1 && g->ptr_dev) { /* every expert resident: route on the device, no round trip */
         const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
         DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
@@ -567,6 +596,61 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
+/* Enqueue one forward of T tokens whose embeddings are in the staging (and, while a graph is
+ * captured, the position after them): the upload, every layer, and the logits' download when asked.
+ * Nothing here waits for the device when every expert is resident and T == 1. */
+static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, int want_logits) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd;
+    const float *xe = (const float *)g->stage;
+    /* the host writes the staging again only after a sync (a layer's routing, or the end of this call) */
+    DEV(e, cuda_h2d(g->ctx, g->x, xe, (size_t)T * D * 4, CUDA_STREAM_COMPUTE));
+    if (g->pos_arg) DEV(e, cuda_h2d(g->ctx, g->pos_dev, xe + (int64_t)T * D, sizeof(int32_t), CUDA_STREAM_COMPUTE));
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        strata_status s = attention(e, l, T, pos0);
+        if (s == STRATA_OK) s = moe(e, l, T);
+        if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+    }
+    if (want_logits) {
+        float *xl = g->x + (int64_t)(T - 1) * D;
+        STRATA_TRY(norm_matvec(e, xl, g->output_norm, e->w.output.type, g->output, hp->n_vocab, g->logits_dev, 1));
+        DEV(e, cuda_d2h(g->ctx, g->host_logits, g->logits_dev, (size_t)hp->n_vocab * 4, CUDA_STREAM_COMPUTE));
+    }
+    return STRATA_OK;
+}
+
+/* Capture the decode step (T = 1, every expert resident, logits wanted) as a graph. The capture runs
+ * nothing, so the counts it made are taken back. On failure the step runs without a graph from then
+ * on, and the trace says why. */
+static void graph_capture(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const strata_stats saved = e->stats;
+    g->pos_arg = g->pos_dev;
+    strata_status s = cuda_capture_begin(g->ctx);
+    if (s != STRATA_OK) {
+        err_set(&e->err, s, "%s", cuda_ctx_error(g->ctx));
+    } else {
+        const strata_status s1 = enqueue_forward(e, 1, 0, 1);
+        void *exec = NULL;
+        const strata_status s2 = cuda_capture_end(g->ctx, &exec);
+        if (s1 == STRATA_OK && s2 != STRATA_OK) err_set(&e->err, s2, "%s", cuda_ctx_error(g->ctx));
+        s = s1 != STRATA_OK ? s1 : s2;
+        if (s == STRATA_OK) g->graph = exec;
+        else cuda_graph_free(exec);
+    }
+    g->pos_arg = NULL;
+    e->stats = saved;
+    if (s == STRATA_OK) {
+        g->graph_state = 1;
+        trace_emit(&e->trace, "cuda: decode step captured as a graph");
+    } else {
+        g->graph_state = -1;
+        trace_emit(&e->trace, "cuda: decode step not captured (%s); running it launch by launch", e->err.msg);
+        err_clear(&e->err);
+    }
+}
+
 strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int want_logits) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
@@ -580,18 +664,22 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
-    /* the host writes the staging again only after a sync (a layer's routing, or the end of this call) */
-    DEV(e, cuda_h2d(g->ctx, g->x, xe, (size_t)T * D * 4, CUDA_STREAM_COMPUTE));
-    for (int32_t l = 0; l < hp->n_layer; l++) {
-        strata_status s = attention(e, l, T, pos0);
-        if (s == STRATA_OK) s = moe(e, l, T);
-        if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+    if (T == 1 && want_logits && g->ptr_dev && g->graph_state >= 0) {
+        memcpy(xe + D, &pos0, sizeof pos0); /* the staging holds [D] floats and then the position */
+        if (g->graph_state == 0) graph_capture(e);
+        if (g->graph_state == 1) {
+            DEV(e, cuda_graph_launch(g->ctx, g->graph));
+            DEV(e, cuda_sync(g->ctx));
+            const uint64_t n = (uint64_t)hp->n_layer * hp->n_expert_used;
+            e->stats.lookups += n; /* every expert is resident: every lookup a hit */
+            e->stats.hits += n;
+            memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
+            e->has_logits = 1;
+            return STRATA_OK;
+        }
     }
+    STRATA_TRY(enqueue_forward(e, T, pos0, want_logits));
     if (want_logits) {
-        float *xl = g->x + (int64_t)(T - 1) * D;
-        DEV(e, cuda_rmsnorm(g->ctx, xl, g->output_norm, g->xn, 1, D, hp->rms_eps));
-        STRATA_TRY(matvec(e, e->w.output.type, g->output, hp->n_vocab, D, g->xn, D, g->logits_dev, hp->n_vocab, 1, 0));
-        DEV(e, cuda_d2h(g->ctx, g->host_logits, g->logits_dev, (size_t)hp->n_vocab * 4, CUDA_STREAM_COMPUTE));
         DEV(e, cuda_sync(g->ctx));
         memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
         e->has_logits = 1;

@@ -31,6 +31,10 @@ strata_status cuda_d2d(cuda_ctx *c, void *d, const void *s, size_t n, int32_t st
 strata_status cuda_memset(cuda_ctx *c, void *d, int v, size_t n) { (void)c; (void)d; (void)v; (void)n; return STRATA_ERR_DEVICE; }
 strata_status cuda_stream_order(cuda_ctx *c, int32_t a, int32_t b) { (void)c; (void)a; (void)b; return STRATA_ERR_DEVICE; }
 strata_status cuda_sync(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVICE; }
+strata_status cuda_capture_begin(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVICE; }
+strata_status cuda_capture_end(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+strata_status cuda_graph_launch(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+void cuda_graph_free(void *x) { (void)x; }
 int32_t cuda_type_supported(int32_t t) { (void)t; return 0; }
 int32_t cuda_act_type(int32_t t) { (void)t; return STRATA_TYPE_F32; }
 int64_t cuda_act_row_bytes(int32_t t, int64_t cols) { (void)t; return cols * 4; }
@@ -55,22 +59,28 @@ strata_status cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float *y
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_qk_norm_rope(cuda_ctx *c, float *q, float *k, const float *qn, const float *kn, int32_t T,
-                                int32_t H, int32_t Hkv, int32_t hd, int32_t p, float th, float e) {
+                                int32_t H, int32_t Hkv, int32_t hd, int32_t p, float th, float e, const int32_t *pd) {
     (void)c; (void)q; (void)k; (void)qn; (void)kn; (void)T; (void)H; (void)Hkv; (void)hd; (void)p; (void)th; (void)e;
+    (void)pd;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_kv_store(cuda_ctx *c, int32_t kt, const float *k, const float *v, void *kc, void *vc, int32_t T,
-                            int32_t kd, int32_t p) {
-    (void)c; (void)kt; (void)k; (void)v; (void)kc; (void)vc; (void)T; (void)kd; (void)p;
+                            int32_t kd, int32_t p, const int32_t *pd) {
+    (void)c; (void)kt; (void)k; (void)v; (void)kc; (void)vc; (void)T; (void)kd; (void)p; (void)pd;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_attention(cuda_ctx *c, int32_t kt, const float *q, const void *kc, const void *vc, float *o,
-                             int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t p) {
-    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)T; (void)H; (void)Hkv; (void)hd; (void)p;
+                             int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t p, const int32_t *pd) {
+    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)T; (void)H; (void)Hkv; (void)hd; (void)p; (void)pd;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_router_topk(cuda_ctx *c, const float *l, int32_t T, int32_t E, int32_t K, int32_t *i, float *w) {
     (void)c; (void)l; (void)T; (void)E; (void)K; (void)i; (void)w;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_rmsnorm_q8(cuda_ctx *c, const float *x, const float *w, float *y, void *q, int64_t qs, int32_t T,
+                             int32_t D, float e) {
+    (void)c; (void)x; (void)w; (void)y; (void)q; (void)qs; (void)T; (void)D; (void)e;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_router_topk_segments(cuda_ctx *c, const float *l, int32_t T, int32_t E, int32_t K, int32_t *i,

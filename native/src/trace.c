@@ -13,6 +13,10 @@
  *                  (the replies are the same; for comparing the two paths). Read when the device
  *                  cache is filled.
  *
+ *   STRATA_CUDA_GRAPH   "0": on --device cuda, run the decode step launch by launch instead of capturing
+ *                  it once as a CUDA Graph (same replies; for comparison and as a way around a driver
+ *                  that refuses the capture). Read when the device cache is filled.
+ *
  * The variables are read when an engine is opened, not per line.
  */
 #include "trace.h"
@@ -47,4 +51,9 @@ void trace_emit(const trace_sink *t, const char *fmt, ...) {
 int env_cuda_device_routing(void) {
     const char *v = getenv("STRATA_CUDA_DECODE");
     return !(v && strcmp(v, "host") == 0);
+}
+
+int env_cuda_graph(void) {
+    const char *v = getenv("STRATA_CUDA_GRAPH");
+    return !(v && strcmp(v, "0") == 0);
 }

@@ -18,5 +18,7 @@ void trace_init(trace_sink *t, strata_trace_fn fn, void *user);
 void trace_emit(const trace_sink *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* 0 when STRATA_CUDA_DECODE=host asks the CUDA backend to route decode steps on the host (trace.c). */
 int env_cuda_device_routing(void);
+/* 0 when STRATA_CUDA_GRAPH=0 asks the CUDA backend not to capture the decode step as a graph. */
+int env_cuda_graph(void);
 
 #endif

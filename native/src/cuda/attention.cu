@@ -57,7 +57,9 @@ __device__ __forceinline__ void load_vec(const uint8_t *__restrict__ cache, int6
 
 template <int E, int KVT>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, int H, int Hkv, int pos0) {
+k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, int H, int Hkv, int pos0,
+            const int32_t *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     const int hd = 32 * E, kv_dim = Hkv * hd;
     const int t = blockIdx.x / H, h = blockIdx.x % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -155,7 +157,7 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
 
 extern "C" strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
                                         const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
-                                        int32_t pos0) {
+                                        int32_t pos0, const int32_t *pos_dev) {
     if (T <= 0) return STRATA_OK;
     if (hd % 32 || hd > 256 || Hkv <= 0 || H % Hkv) {
         snprintf(ctx->err, sizeof ctx->err,
@@ -169,9 +171,9 @@ extern "C" strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const fl
 #define ATT_CASE(EE)                                                                                            \
     case EE:                                                                                                    \
         if (kv_type == STRATA_KV_F16)                                                                           \
-            k_attention<EE, STRATA_KV_F16><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0); \
+            k_attention<EE, STRATA_KV_F16><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev); \
         else                                                                                                    \
-            k_attention<EE, STRATA_KV_INT8><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0); \
+            k_attention<EE, STRATA_KV_INT8><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev); \
         break;
     switch (hd / 32) {
         ATT_CASE(1)

@@ -163,15 +163,7 @@ __global__ void k_quantize_q8(const float *x, int64_t xs, uint8_t *q, int64_t qs
     const int lane = threadIdx.x & 31;
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= cols / 32) return;
-    const float v = x[t * xs + b * 32 + lane];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint8_t *row = q + t * qs_stride;
-    row[b * 32 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(v, id));
-    if (lane == 0) ((float *)(row + cols))[b] = __half2float(__float2half_rn(d));
+    cu_q8_block(x[t * xs + b * 32 + lane], q + t * qs_stride, b, lane, cols);
 }
 
 template <int TOK>
