@@ -148,3 +148,62 @@ def test_router_topk_matches_serial_scan(E, K, T, with_segments):
     )
     assert np.allclose(wts, ref_w, rtol=2e-6, atol=0), f"weights {wts[0]} vs {ref_w[0]}"
     assert np.allclose(wts.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def _attention(lib, kv_type, q, k, v, T, H, Hkv, hd, on_device=0):
+    out = np.full((T, H * hd), np.nan, dtype=np.float32)
+    fn = lib.strata_cuda_attention
+    fn.argtypes = [ctypes.c_int32] + [ctypes.c_void_p] * 3 + [ctypes.c_int32] * 6 + [ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    st = fn(kv_type, ptr(q), ptr(k), ptr(v), k.shape[0], T, H, Hkv, hd, on_device, ptr(out))
+    assert st == 0, f"strata_cuda_attention failed with status {st}"
+    return out
+
+
+def _stored(x: np.ndarray, kv_type: int) -> np.ndarray:
+    """What the KV cache holds: f16, or int8 per block of 32 with scale max|x|/127 (round half to even)."""
+    if kv_type == 0:
+        return x.astype(np.float16).astype(np.float64)
+    b = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = np.abs(b).max(axis=2, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return (np.rint(b * inv) * d).reshape(x.shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("kv_type", [0, 1])
+@pytest.mark.parametrize(
+    "hd,H,Hkv,n_pos,T", [(128, 8, 2, 100, 9), (64, 4, 4, 300, 5), (256, 2, 1, 40, 40), (32, 2, 1, 1, 1)]
+)
+def test_attention_matches_reference_and_ignores_batch(kv_type, hd, H, Hkv, n_pos, T):
+    lib = cuda_lib()
+    rng = np.random.default_rng(hd + n_pos + T)
+    q = rng.standard_normal((T, H * hd)).astype(np.float32)
+    k = rng.standard_normal((n_pos, Hkv * hd)).astype(np.float32)
+    v = rng.standard_normal((n_pos, Hkv * hd)).astype(np.float32)
+    out = _attention(lib, kv_type, q, k, v, T, H, Hkv, hd)
+    ks, vs = _stored(k, kv_type), _stored(v, kv_type)
+    ref = np.zeros((T, H * hd))
+    for t in range(T):
+        p = n_pos - T + t
+        for h in range(H):
+            kh = h // (H // Hkv)
+            s = (
+                ks[: p + 1, kh * hd : (kh + 1) * hd]
+                @ q[t, h * hd : (h + 1) * hd].astype(np.float64)
+                / np.sqrt(hd)
+            )
+            w = np.exp(s - s.max())
+            ref[t, h * hd : (h + 1) * hd] = (w / w.sum()) @ vs[: p + 1, kh * hd : (kh + 1) * hd]
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err < 1e-5, f"relative error {err:.2e} against the float64 reference"
+    # a query's output depends on its position and the cache only: alone (as in decode) == in the chunk,
+    # and with the position read from device memory (as a captured graph does)
+    for t in range(T):
+        p = n_pos - T + t
+        one = _attention(
+            lib, kv_type, np.ascontiguousarray(q[t : t + 1]), k[: p + 1], v[: p + 1], 1, H, Hkv, hd
+        )
+        assert (one.view(np.uint32) == out[t : t + 1].view(np.uint32)).all(), f"query {t} alone differs"
+    dev = _attention(lib, kv_type, q, k, v, T, H, Hkv, hd, on_device=1)
+    assert (dev.view(np.uint32) == out.view(np.uint32)).all(), "position through device memory differs"
