@@ -14,6 +14,7 @@ exactly what was timed. The tokens are random but fixed by the seed, so two runs
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from strata._config import EngineConfig
 
 from ._model import bytes_moved, weight_bytes
 from ._nvml import GpuSampler
-from ._records import base_record, llama_test_name, summarize
+from ._records import base_record, failed_record, llama_test_name, summarize
 
 __all__ = ["BenchTest", "plan_tests", "run_strata"]
 
@@ -119,6 +120,16 @@ def _metrics(
     return out
 
 
+def _error(phase: str, exc: BaseException, flags: str) -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "type": type(exc).__name__,
+        "status": getattr(exc, "status", None),
+        "message": str(exc),
+        "flags": flags,
+    }
+
+
 def run_strata(
     model_path: str,
     model: dict[str, Any],
@@ -131,62 +142,103 @@ def run_strata(
     seed: int = 0,
     advance: Callable[[int], None] | None = None,
 ) -> int:
-    """Run every test under every configuration; each finished test becomes a record. Returns the row count."""
+    """Run every test under every configuration; each finished test becomes a record. Returns the row count.
+
+    A configuration that fails does not stop the others: when the engine cannot open (a budget too
+    small for the plan, no device, out of memory), each of its tests gets a failed record naming the
+    flags and the engine's words; when one test fails (a loan that cannot be lent, a device error), that
+    test gets a failed record and the next test runs on the same engine. Only a missing library, which
+    no configuration could get past, stops the run.
+    """
     from strata import Engine, StrataError
+    from strata._exceptions import LibraryNotFoundError
 
     weights = weight_bytes(model_path)
     need = max((t.context for t in tests), default=1)
+    steps = warmup + repetitions
     n = 0
     for cfg in configs:
         run_cfg = dataclasses.replace(cfg)
         if run_cfg.max_context is None:
             run_cfg.max_context = need  # like llama-bench, a context exactly as long as the tests need
         flags = " ".join(cfg.to_cli_args()) or "(default flags)"
-        where = "opening the engine"
-        try:
-            with Engine(model_path, run_cfg) as eng:
+
+        def common(test: BenchTest, cfg: EngineConfig = cfg) -> dict[str, Any]:
+            return {
+                "target": "strata",
+                "test": test.name,
+                "kind": "pp" if test.n_prompt else "tg",
+                "n_prompt": test.n_prompt,
+                "n_gen": test.n_gen,
+                "n_depth": test.n_depth,
+                "unit": "t/s",
+                "repetitions": repetitions,
+                "warmup": warmup,
+                "seed": seed,
+                **model,
+                "knobs": cfg.to_dict(),  # as given; what the engine made of them is in "plan"
+            }
+
+        # one sampler per engine: its baseline is the device before this engine opened
+        with GpuSampler(pids=[os.getpid()]) as gpu:
+            try:
+                eng = Engine(model_path, run_cfg)
+            except LibraryNotFoundError:
+                raise
+            except StrataError as e:
+                for test in tests:
+                    on_record(failed_record(_error("open", e, flags), **common(test)))
+                    if advance:
+                        advance(steps)
+                continue
+            with eng:
                 info, plan = eng.info, eng.plan
                 n_vocab = int(info.n_vocab)
                 for ti, test in enumerate(tests):
-                    where = test.name
                     rng = np.random.default_rng([seed, ti])
                     samples_ns: list[int] = []
                     runs: list[dict[str, Any]] = []
-                    with GpuSampler() as gpu:
-                        for rep in range(warmup + repetitions):
+                    gpu.take()  # the window of this test starts here
+                    rep = 0
+                    try:
+                        for rep in range(steps):
                             ns, stats = _run_once(eng, test, rng, n_vocab)
                             if rep >= warmup:
                                 samples_ns.append(ns)
                                 runs.append(stats)
                             if advance:
                                 advance(1)
+                    except StrataError as e:
+                        where = (
+                            f"{test.name}, warm-up {rep + 1} of {warmup}"
+                            if rep < warmup
+                            else f"{test.name}, repetition {rep - warmup + 1} of {repetitions}"
+                        )
+                        on_record(
+                            failed_record(
+                                _error(where, e, flags),
+                                **common(test),
+                                plan=_stats_dict(plan),
+                                nvml=gpu.take(),
+                            )
+                        )
+                        if advance:
+                            advance(steps - rep - 1)
+                        continue
                     n_tokens = test.n_prompt or test.n_gen
                     samples = [n_tokens * 1e9 / ns for ns in samples_ns]
                     seconds = sum(samples_ns) / len(samples_ns) / 1e9
                     on_record(
                         base_record(
-                            target="strata",
-                            test=test.name,
-                            kind="pp" if test.n_prompt else "tg",
-                            n_prompt=test.n_prompt,
-                            n_gen=test.n_gen,
-                            n_depth=test.n_depth,
-                            unit="t/s",
-                            repetitions=repetitions,
-                            warmup=warmup,
-                            seed=seed,
-                            **model,
-                            knobs=cfg.to_dict(),  # as given; what the engine made of them is in "plan"
+                            **common(test),
+                            status="ok",
                             samples=samples,
                             samples_ns=samples_ns,
                             **summarize(samples),
                             metrics=_metrics(runs, test, seconds, weights, run_cfg.kv),
                             plan=_stats_dict(plan),
-                            nvml=gpu.summary(),
+                            nvml=gpu.take(),
                         )
                     )
                     n += 1
-        except StrataError as e:
-            # which configuration of a grid failed, and where, in front of the engine's own words
-            raise type(e)(f"strata {flags}, {where}: {e}", e.status) from None
     return n

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-from strata._config import EngineConfig, add_engine_args
+from strata._config import EngineConfig, add_engine_args, parse_size
 
 __all__ = ["ENGINE_FIELDS", "add_grid_engine_args", "configs_from_grid", "int_list", "swept_knobs"]
 
@@ -41,13 +41,24 @@ def _list_of(parse: Callable[[str], Any] | None, choices: Any, flag: str) -> Cal
     return convert
 
 
+def _size_or_auto(text: str) -> int | None:
+    """A size, or ``auto`` for the flag's default (no budget: all free device memory)."""
+    return None if text.lower() in ("auto", "none") else parse_size(text)
+
+
 def add_grid_engine_args(p: argparse.ArgumentParser) -> None:
-    """strata's engine flags, each accepting a comma-separated list to sweep."""
+    """strata's engine flags, each accepting a comma-separated list to sweep.
+
+    The size flags also take ``auto`` in a list (``--vram-budget auto,24GiB,12GiB``): that element is the
+    flag left out, so one grid holds the all-resident run and the budgeted ones.
+    """
     add_engine_args(p)
     for action in p._actions:
         if action.dest in ENGINE_FIELDS and action.option_strings:
             flag = action.option_strings[0]
             parse = action.type if callable(action.type) else None
+            if action.dest in ("vram_budget", "host_ram_budget"):
+                parse = _size_or_auto
             action.type = _list_of(parse, action.choices, flag)
             action.choices = None
             action.metavar = action.metavar or action.dest.upper()

@@ -20,12 +20,15 @@ from typing import Any
 from strata._config import EngineConfig
 
 from ._model import bytes_moved
+from ._nvml import GpuSampler
 from ._records import base_record, llama_test_name, summarize
 
 __all__ = [
     "LlamaBenchError",
     "find_llama_bench",
     "llama_bench_args",
+    "n_cpu_moe_for_budget",
+    "on_gpu",
     "peer_knobs",
     "record_from_row",
     "run_llama_bench",
@@ -48,6 +51,7 @@ _PEER_FIELDS = (
     "type_k",
     "type_v",
     "n_gpu_layers",
+    "n_cpu_moe",
     "flash_attn",
     "use_mmap",
     "test_time",
@@ -82,9 +86,60 @@ def _threads(cfg: EngineConfig) -> int:
     return cfg.threads or os.cpu_count() or 1
 
 
-def peer_knobs(cfg: EngineConfig) -> dict[str, Any]:
-    """The strata knobs that have a llama.cpp counterpart: what a strata row and a llama.cpp row must share."""
-    return {"threads": _threads(cfg), "device": cfg.device, "kv": cfg.kv}
+def on_gpu(device: str | None, gpu_present: bool | None = None) -> bool:
+    """Whether a strata device setting means the GPU (``auto`` does when there is one)."""
+    if device == "cuda":
+        return True
+    if device == "auto":
+        if gpu_present is None:
+            from ._nvml import gpu_info
+
+            gpu_present = gpu_info() is not None
+        return bool(gpu_present)
+    return False
+
+
+# What llama.cpp holds on the device besides the weights and the KV cache: compute buffers (logits of a
+# 512-token micro-batch over a large vocabulary alone take ~300 MB) and scratch. An estimate; the rows
+# record the memory NVML saw, which is what the comparison should be read against.
+_LLAMA_COMPUTE_RESERVE = 1 << 30
+
+
+def n_cpu_moe_for_budget(weights: dict[str, Any], budget: int | None, n_ctx: int) -> int:
+    """llama.cpp's ``--n-cpu-moe N`` that fits ``-ngl 99`` into ``budget`` bytes of device memory.
+
+    With ``-ngl 99 --n-cpu-moe N`` llama.cpp keeps every weight on the device except the token
+    embeddings and the experts of layers 0..N-1, plus its KV cache and compute buffers. The smallest N
+    whose estimate fits the budget gives llama.cpp about the device memory strata was given. No budget
+    (every expert resident in strata) is N = 0.
+    """
+    n_layer = len(weights["expert_bytes"])
+    if budget is None:
+        return 0
+    layer_experts = [b * weights["n_expert"] for b in weights["expert_bytes"]]
+    kv = weights["kv_values_per_token"] * 2 * n_ctx  # f16 K and V
+    # dense_bytes leaves out an input embedding table that is not also the output: llama.cpp keeps it on the host
+    fixed = weights["dense_bytes"] + kv + _LLAMA_COMPUTE_RESERVE
+    for n in range(n_layer + 1):
+        if fixed + sum(layer_experts[n:]) <= budget:
+            return n
+    return n_layer
+
+
+def peer_knobs(cfg: EngineConfig, n_cpu_moe: int | None = None, paired: bool = True) -> dict[str, Any]:
+    """The strata knobs that have a llama.cpp counterpart: what a strata row and a llama.cpp row must share.
+
+    On the GPU llama.cpp runs every layer there (``-ngl 99``) and keeps the experts of its first
+    ``n_cpu_moe`` layers on the host; such a row stands for the strata rows of the same
+    ``vram_budget`` (kept in its knobs when ``paired``), and the table shows their ratio.
+    """
+    k: dict[str, Any] = {"threads": _threads(cfg), "device": cfg.device, "kv": cfg.kv}
+    if on_gpu(cfg.device):
+        k["n_gpu_layers"] = 99
+        k["n_cpu_moe"] = int(n_cpu_moe or 0)
+        if paired:
+            k["vram_budget"] = cfg.vram_budget
+    return k
 
 
 def llama_bench_args(
@@ -94,8 +149,10 @@ def llama_bench_args(
     n_depth: Sequence[int],
     repetitions: int,
     cfg: EngineConfig,
+    n_cpu_moe: int | None = None,
 ) -> list[str]:
-    """llama-bench's flags for the same tests strata runs under ``cfg``."""
+    """llama-bench's flags for the same tests strata runs under ``cfg``; ``n_cpu_moe`` only on the GPU."""
+    gpu = on_gpu(cfg.device)
     args = [
         "-m",
         str(model),
@@ -109,10 +166,12 @@ def llama_bench_args(
         str(_threads(cfg)),
         # every layer on the GPU when strata runs on CUDA; none on a CPU run
         "-ngl",
-        "99" if cfg.device == "cuda" else "0",
+        "99" if gpu else "0",
         "-o",
         "jsonl",
     ]
+    if gpu and n_cpu_moe:
+        args += ["-ncmoe", str(n_cpu_moe)]
     if any(d > 0 for d in n_depth):
         args += ["-d", ",".join(map(str, n_depth))]
     if cfg.kv == "int8":
@@ -126,6 +185,8 @@ def record_from_row(
     model: dict[str, Any],
     args: list[str],
     weights: dict[str, Any] | None = None,
+    knobs: dict[str, Any] | None = None,
+    nvml: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A strata-bench record from one llama-bench JSONL row."""
     try:
@@ -155,12 +216,14 @@ def record_from_row(
         repetitions=len(samples),
         warmup=1,
         **model,
-        knobs=peer_knobs(cfg),
+        knobs=knobs if knobs is not None else peer_knobs(cfg),
+        status="ok",
         samples=samples,
         samples_ns=[int(x) for x in row.get("samples_ns", [])],
         **summary,
         metrics=metrics,
         peer={k: row[k] for k in _PEER_FIELDS if k in row} | {"args": args},
+        nvml=nvml,
     )
 
 
@@ -176,11 +239,20 @@ def run_llama_bench(
     on_record: Callable[[dict[str, Any]], None],
     on_test: Callable[[], None] | None = None,
     weights: dict[str, Any] | None = None,
+    n_cpu_moe: int | None = None,
+    knobs: dict[str, Any] | None = None,
 ) -> int:
-    """Run llama-bench once for ``cfg``; each JSONL row becomes a record passed to ``on_record``. Returns the row count."""
-    args = llama_bench_args(model_path, n_prompt, n_gen, n_depth, repetitions, cfg)
+    """Run llama-bench once for ``cfg``; each JSONL row becomes a record passed to ``on_record``. Returns the row count.
+
+    GPU memory and utilization are sampled while it runs; each row gets the samples taken since the
+    previous row (the first one's window includes loading the model).
+    """
+    args = llama_bench_args(model_path, n_prompt, n_gen, n_depth, repetitions, cfg, n_cpu_moe)
     n = 0
-    with tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err:
+    with (
+        tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err,
+        GpuSampler(pids=[]) as gpu,
+    ):
         with subprocess.Popen(
             [str(exe), *args],
             stdout=subprocess.PIPE,
@@ -189,6 +261,7 @@ def run_llama_bench(
             text=True,
             bufsize=1,
         ) as proc:
+            gpu.pids.append(proc.pid)
             try:
                 assert proc.stdout is not None
                 for line in proc.stdout:
@@ -201,7 +274,9 @@ def run_llama_bench(
                         raise LlamaBenchError(
                             f"llama-bench printed a line that is not JSON: {line[:200]}"
                         ) from None
-                    on_record(record_from_row(row, cfg, model, [str(exe), *args], weights))
+                    on_record(
+                        record_from_row(row, cfg, model, [str(exe), *args], weights, knobs, nvml=gpu.take())
+                    )
                     n += 1
                     if on_test:
                         on_test()

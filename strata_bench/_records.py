@@ -34,6 +34,8 @@ __all__ = [
     "RecordWriter",
     "base_record",
     "environment",
+    "failed",
+    "failed_record",
     "flatten",
     "git_state",
     "read_records",
@@ -147,6 +149,31 @@ def base_record(**fields: Any) -> dict[str, Any]:
         rec["load_avg_1m"] = None
     rec.update(fields)
     return rec
+
+
+def failed_record(error: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A record of a test that could not be measured: ``status`` is ``"failed"``, ``error`` says where
+    (``phase``: opening the engine, a test, llama-bench, a server suite) and in whose words (``type``,
+    ``status``, ``message``, ``flags``), and every knob is there as in a measured row. It has no samples
+    and no summary, so tables show the cell as failed and ``compare`` gates fail on it."""
+    nan = float("nan")
+    return base_record(
+        **fields,
+        status="failed",
+        error=error,
+        samples=[],
+        samples_ns=[],
+        mean=nan,
+        median=nan,
+        stddev=nan,
+        min=nan,
+        max=nan,
+    )
+
+
+def failed(record: dict[str, Any]) -> bool:
+    """Whether a record is of a test that failed (records written before ``status`` existed are measured)."""
+    return record.get("status") == "failed"
 
 
 # ---- writing and reading ------------------------------------------------------------------------

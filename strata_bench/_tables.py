@@ -6,6 +6,12 @@
 - **engine**: one row per test with what the engine did while it was timed: expert-cache hit
   rate, bytes streamed through the prompt ring, slots lent, the chunk, and the GB/s achieved.
 - **server**: one row per suite with TTFT, TPOT, ITL and end-to-end latency percentiles.
+- **failed**: one row per configuration that failed (a test of it, or all of them), with the error.
+
+On the GPU each row also shows the device memory the target used at its peak (NVML; the process's
+own figure where NVML lists processes, else the device's peak less what was in use before the
+target started) and the mean GPU utilization while it ran. A llama.cpp row on the GPU stands for the
+strata rows with the same ``--vram-budget`` (``-ngl 99 --n-cpu-moe N`` chosen for that budget).
 """
 
 from __future__ import annotations
@@ -14,18 +20,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from strata._config import EngineConfig
+
 from ._grid import swept_knobs
-from ._records import to_markdown
+from ._records import failed, to_markdown
 
 __all__ = [
     "Table",
     "engine_table",
+    "failed_table",
     "fmt_bytes",
     "peer_key",
     "render_markdown",
     "server_table",
     "speed_table",
     "tables",
+    "vram_used",
 ]
 
 
@@ -48,7 +58,19 @@ def fmt_bytes(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
+def vram_used(rec: dict[str, Any]) -> int | None:
+    """The device memory a row's target used at its peak, from its NVML samples; None without them."""
+    nv = rec.get("nvml") or {}
+    if nv.get("process_memory_max") is not None:
+        return int(nv["process_memory_max"])
+    if nv.get("memory_used_max") is None:
+        return None
+    return int(nv["memory_used_max"] - (nv.get("memory_baseline") or 0))
+
+
 def _fmt_ts(rec: dict[str, Any]) -> str:
+    if failed(rec):
+        return "failed"
     mean, sd = rec.get("mean"), rec.get("stddev")
     if mean is None:
         return "-"
@@ -61,19 +83,40 @@ def _fmt_gbps(x: float | None) -> str:
     return f"{x:.2f}" if x >= 1 else f"{x:.3g}"
 
 
-def _knob_str(v: Any) -> str:
-    return "-" if v is None else str(v)
+_SIZE_KNOBS = ("vram_budget", "host_ram_budget")
 
 
-def peer_key(rec: dict[str, Any]) -> tuple[Any, ...]:
-    """What a strata row and a llama.cpp row must share to be compared: model, threads, device, KV type."""
+def _knob_str(v: Any, name: str = "") -> str:
+    if v is None:
+        return "auto" if name in _SIZE_KNOBS else "-"
+    if name in _SIZE_KNOBS and isinstance(v, int):
+        cfg = EngineConfig()
+        setattr(cfg, name, v)
+        return " ".join(cfg.to_cli_args()[1:])  # the flag's own spelling: 12GiB
+    return str(v)
+
+
+def _gpu(rec: dict[str, Any]) -> bool:
     k = rec.get("knobs") or {}
-    return (
+    return k.get("device") == "cuda" or (k.get("device") == "auto" and bool(rec.get("gpu")))
+
+
+def peer_key(rec: dict[str, Any]) -> tuple[Any, ...] | None:
+    """What a strata row and a llama.cpp row must share to be compared: model, threads, device, KV type,
+    and on the GPU the device memory (strata's ``--vram-budget``, for which llama.cpp's ``--n-cpu-moe``
+    was chosen). None for a llama.cpp GPU row that stands for no budget (an extra ``--n-cpu-moe`` value)."""
+    k = rec.get("knobs") or {}
+    key: tuple[Any, ...] = (
         rec.get("model"),
         k.get("threads") or rec.get("n_cpu"),
         k.get("device", "cpu"),
         k.get("kv", "f16"),
     )
+    if _gpu(rec):
+        if rec.get("target") == "llama.cpp" and "vram_budget" not in k:
+            return None
+        key += (k.get("vram_budget"),)
+    return key
 
 
 def _group_key(rec: dict[str, Any]) -> tuple[Any, ...]:
@@ -84,6 +127,13 @@ def _group_key(rec: dict[str, Any]) -> tuple[Any, ...]:
         rec.get("quant"),
         tuple(sorted((n, repr(v)) for n, v in k.items())),
     )
+
+
+def _llama_flags(k: dict[str, Any]) -> str:
+    if "n_gpu_layers" not in k:
+        return "-"
+    out = f"-ngl {k['n_gpu_layers']}"
+    return out + (f" -ncmoe {k['n_cpu_moe']}" if k.get("n_cpu_moe") else "")
 
 
 def speed_table(records: Sequence[dict[str, Any]]) -> Table | None:
@@ -99,29 +149,69 @@ def speed_table(records: Sequence[dict[str, Any]]) -> Table | None:
         g["tests"][r["test"]] = r  # a later row of the same test wins (appended re-runs)
     knobs = swept_knobs([r.get("knobs") or {} for r in recs if r.get("target") == "strata"])
     multi_model = len({r.get("model") for r in recs}) > 1
-    headers = ["target"] + (["model"] if multi_model else []) + ["quant"] + knobs + tests
-    rows: list[list[str]] = []
-    peers = {peer_key(g["first"]): g for g in groups.values() if g["first"].get("target") == "llama.cpp"}
-    for g in groups.values():
+    peer_cols = any("n_gpu_layers" in (r.get("knobs") or {}) for r in recs if r.get("target") == "llama.cpp")
+    vram_col = any(vram_used(r) is not None for r in recs)
+    headers = (
+        ["target"]
+        + (["model"] if multi_model else [])
+        + ["quant"]
+        + knobs
+        + (["llama.cpp flags"] if peer_cols else [])
+        + (["VRAM peak"] if vram_col else [])
+        + tests
+    )
+
+    def row_of(g: dict[str, Any]) -> list[str]:
         first = g["first"]
         k = first.get("knobs") or {}
-        lead = (
+        strata = first.get("target") == "strata"
+        vram = [v for v in (vram_used(r) for r in g["tests"].values()) if v is not None]
+        return (
             [first.get("target", "?")]
             + ([first.get("model", "?")] if multi_model else [])
             + [first.get("quant") or "-"]
+            # a llama.cpp GPU row shows the budget it stands for
+            + [_knob_str(k.get(n), n) if strata or (n == "vram_budget" and n in k) else "-" for n in knobs]
+            + ([("-" if strata else _llama_flags(k))] if peer_cols else [])
+            + ([fmt_bytes(max(vram)) if vram else "-"] if vram_col else [])
+            + [_fmt_ts(g["tests"][t]) if t in g["tests"] else "-" for t in tests]
         )
-        knob_cells = [_knob_str(k.get(n)) if first.get("target") == "strata" else "-" for n in knobs]
-        rows.append(lead + knob_cells + [_fmt_ts(g["tests"][t]) if t in g["tests"] else "-" for t in tests])
+
+    rows: list[list[str]] = []
+    peers: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for g in groups.values():
+        if g["first"].get("target") == "llama.cpp" and (pk := peer_key(g["first"])) is not None:
+            peers.setdefault(pk, g)
+    shown: set[int] = set()
+    for g in groups.values():
+        first = g["first"]
+        if id(g) in shown:
+            continue
+        if (
+            first.get("target") == "llama.cpp"
+            and peers.get(peer_key(first) or ()) is g
+            and any(
+                o["first"].get("target") == "strata" and peer_key(o["first"]) == peer_key(first)
+                for o in groups.values()
+            )
+        ):
+            continue  # printed under the first strata row it stands against
+        rows.append(row_of(g))
+        shown.add(id(g))
         if first.get("target") == "strata":
-            peer = peers.get(peer_key(first))
+            peer = peers.get(peer_key(first) or ())
             if peer is not None:
+                if id(peer) not in shown:
+                    rows.append(row_of(peer))
+                    shown.add(id(peer))
                 cells = []
                 for t in tests:
                     a, b = g["tests"].get(t), peer["tests"].get(t)
-                    ok = a and b and a.get("mean") and b.get("mean")
+                    ok = a and b and not failed(a) and not failed(b) and a.get("mean") and b.get("mean")
                     cells.append(f"{a['mean'] / b['mean']:.2f}x" if ok else "-")
                 ratio_lead = ["strata / llama.cpp"] + ([""] if multi_model else []) + [""]
-                rows.append(ratio_lead + [""] * len(knobs) + cells)
+                pad = len(knobs) + int(peer_cols) + int(vram_col)
+                rows.append(ratio_lead + [""] * pad + cells)
     return Table("speed (tokens/s, mean ± stddev)", headers, rows)
 
 
@@ -131,10 +221,12 @@ def engine_table(records: Sequence[dict[str, Any]]) -> Table | None:
         return None
     knobs = swept_knobs([r.get("knobs") or {} for r in recs if r.get("target") == "strata"])
     targets = len({r.get("target") for r in recs}) > 1
+    gpu_cols = any(r.get("nvml") for r in recs)
     headers = (
         (["target"] if targets else [])
         + knobs
         + ["test", "t/s", "hit rate", "streamed", "lent", "chunk", "GB/s"]
+        + (["VRAM peak", "GPU util"] if gpu_cols else [])
     )
     rows = []
     for r in recs:
@@ -143,7 +235,7 @@ def engine_table(records: Sequence[dict[str, Any]]) -> Table | None:
         hr = m.get("hit_rate")
         rows.append(
             ([r.get("target", "?")] if targets else [])
-            + [_knob_str(k.get(n)) if r.get("target") == "strata" else "-" for n in knobs]
+            + [_knob_str(k.get(n), n) if r.get("target") == "strata" else "-" for n in knobs]
             + [
                 r["test"],
                 f"{r['mean']:.2f}" if r.get("mean") is not None else "-",
@@ -153,8 +245,35 @@ def engine_table(records: Sequence[dict[str, Any]]) -> Table | None:
                 str(m["chunk"]) if m.get("chunk") else "-",
                 _fmt_gbps(m.get("gbps")),
             ]
+            + (_gpu_cells(r) if gpu_cols else [])
         )
     return Table("engine (counters while timed; GB/s = weight and KV bytes read / time)", headers, rows)
+
+
+def _gpu_cells(r: dict[str, Any]) -> list[str]:
+    nv = r.get("nvml") or {}
+    util = nv.get("utilization_mean")
+    return [fmt_bytes(vram_used(r)), f"{util:.0f}%" if util is not None else "-"]
+
+
+def failed_table(records: Sequence[dict[str, Any]]) -> Table | None:
+    """One row per failed configuration: its target and flags, the tests it lost, where and why."""
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
+    for r in records:
+        if not failed(r):
+            continue
+        e = r.get("error") or {}
+        msg = " ".join(str(e.get("message") or "").split())
+        phase = str(e.get("phase") or "")
+        if phase.startswith(str(r.get("test"))):
+            phase = phase[len(str(r.get("test"))) :].lstrip(", ") or "test"
+        key = (str(r.get("target")), str(e.get("flags") or "-"), phase, msg)
+        groups.setdefault(key, []).append(str(r.get("test")))
+    if not groups:
+        return None
+    rows = [[t, f, ", ".join(tests), ph, m] for (t, f, ph, m), tests in groups.items()]
+    return Table("failed (these configurations were not measured; the others were)",
+                 ["target", "flags", "tests", "where", "error"], rows)  # fmt: skip
 
 
 def server_table(records: Sequence[dict[str, Any]]) -> Table | None:
@@ -174,6 +293,9 @@ def server_table(records: Sequence[dict[str, Any]]) -> Table | None:
     rows = []
     for r in recs:
         m = r.get("metrics") or {}
+        if failed(r):
+            rows.append([r.get("target", "?"), r["test"], "-", "failed", "-", "-", "-", "-"])
+            continue
 
         def pct(name: str, m: dict[str, Any] = m) -> str:
             s = m.get(name) or {}
@@ -199,7 +321,8 @@ def server_table(records: Sequence[dict[str, Any]]) -> Table | None:
 
 
 def tables(records: Sequence[dict[str, Any]]) -> list[Table]:
-    return [t for t in (speed_table(records), engine_table(records), server_table(records)) if t is not None]
+    made = (speed_table(records), engine_table(records), server_table(records), failed_table(records))
+    return [t for t in made if t is not None]
 
 
 def render_markdown(records: Sequence[dict[str, Any]]) -> str:

@@ -18,6 +18,7 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,14 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--server-model", help="model name to request (default: the first of /v1/models)")
     g.add_argument("--server-context", type=int, help="the server's context in tokens, when it does not say")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take (default 900)")
+
+
+def _n_cpu_moe_list(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",")]
+    for t in items:
+        if t != "auto" and not t.isdigit():
+            raise argparse.ArgumentTypeError(f"--llama-n-cpu-moe: {t!r} is not a layer count or 'auto'")
+    return items
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed of the random tokens and of sampling (default 0)"
     )
     t.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench (default: the one on PATH)")
+    t.add_argument(
+        "--llama-n-cpu-moe",
+        type=_n_cpu_moe_list,
+        metavar="N,...",
+        help="GPU runs: llama.cpp's --n-cpu-moe (experts of the first N layers on the host, -ngl 99), one "
+        "value per --vram-budget value in the same order, or 'auto' for the value whose estimated device "
+        "memory fits that budget (the default); with no --vram-budget, every value runs and 0 pairs "
+        "with strata's all-resident rows",
+    )
     _add_output_args(r)
     _add_server_args(r)
     add_grid_engine_args(r)
@@ -238,31 +256,155 @@ def _parse_targets(raw: list[str] | None) -> list[str]:
     return targets
 
 
-def _run_server(args: argparse.Namespace, url: str, on_record: Callable[[dict[str, Any]], None]) -> int:
+def _run_server(
+    args: argparse.Namespace, url: str, on_record: Callable[[dict[str, Any]], None], prog: Any = None
+) -> int:
     from ._server_bench import run_suites
 
     suites = [s.strip() for s in args.suite.split(",") if s.strip()]
-    with _progress() as prog:
-        task = prog.add_task(f"server {url}", total=None)
-        return run_suites(
-            url,
-            suites,
-            on_record,
-            requests=args.requests,
-            max_tokens=args.max_tokens,
-            seed=args.seed,
-            api_key=args.api_key,
-            model=args.server_model,
-            max_context=args.server_context,
-            turns=args.turns,
-            timeout=args.timeout,
-            advance=lambda k: prog.advance(task, k),
-            set_total=lambda n: prog.update(task, total=n),
+    if prog is None:
+        with _progress() as own:
+            return _run_server(args, url, on_record, own)
+    task = prog.add_task(f"server {url}", total=None)
+    return run_suites(
+        url,
+        suites,
+        on_record,
+        requests=args.requests,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        api_key=args.api_key,
+        model=args.server_model,
+        max_context=args.server_context,
+        turns=args.turns,
+        timeout=args.timeout,
+        advance=lambda k: prog.advance(task, k),
+        set_total=lambda n: prog.update(task, total=n),
+    )
+
+
+@dataclass
+class _PeerRun:
+    """One llama-bench invocation: the strata configuration it mirrors and llama.cpp's own settings."""
+
+    cfg: Any  # EngineConfig
+    n_cpu_moe: int | None
+    knobs: dict[str, Any]
+    after: int  # run it right after this strata configuration (index), so pairs finish together
+
+
+def _peer_runs(
+    args: argparse.Namespace, configs: list[Any], weights: dict[str, Any] | None, n_ctx: int
+) -> list[_PeerRun]:
+    """The llama-bench runs for a grid: one per distinct set of shared knobs; on the GPU, one per budget
+    with the ``--n-cpu-moe`` that matches it (given, or estimated from the model)."""
+    from ._llamacpp import n_cpu_moe_for_budget, on_gpu, peer_knobs
+
+    raw: list[str] | None = args.llama_n_cpu_moe
+    gpu_cfgs = [c for c in configs if on_gpu(c.device)]
+    if raw is not None and not gpu_cfgs:
+        raise ValueError(
+            "--llama-n-cpu-moe: llama.cpp keeps experts on the host only in a GPU run; add --device cuda"
         )
+    budgets: list[int | None] = []
+    for c in gpu_cfgs:
+        if c.vram_budget not in budgets:
+            budgets.append(c.vram_budget)
+    chosen: dict[int | None, str] = {b: "auto" for b in budgets}
+    extra: list[str] = []
+    if raw is not None:
+        if len(raw) == len(budgets):
+            chosen = dict(zip(budgets, raw, strict=True))
+        elif budgets == [None]:
+            chosen = {None: "0"}
+            extra = [v for v in raw if v != "0"]
+        else:
+            raise ValueError(
+                f"--llama-n-cpu-moe has {len(raw)} values and --vram-budget {len(budgets)}: give one per "
+                "budget, in the same order ('auto' estimates the value that fits the budget; 0 = all on the GPU)"
+            )
+
+    def resolve(v: str, budget: int | None) -> int:
+        if v != "auto":
+            return int(v)
+        if budget is None:
+            return 0
+        if weights is None:
+            raise ValueError(
+                "--llama-n-cpu-moe auto: the model's tensor sizes could not be read; give the values"
+            )
+        return n_cpu_moe_for_budget(weights, budget, n_ctx)
+
+    runs: list[_PeerRun] = []
+    seen: list[dict[str, Any]] = []
+    for i, cfg in enumerate(configs):
+        n = resolve(chosen[cfg.vram_budget], cfg.vram_budget) if on_gpu(cfg.device) else None
+        knobs = peer_knobs(cfg, n)
+        if knobs not in seen:
+            seen.append(knobs)
+            runs.append(_PeerRun(cfg, n, knobs, i))
+        if on_gpu(cfg.device) and cfg.vram_budget is None:
+            for v in extra:
+                knobs = peer_knobs(cfg, int(v), paired=False)
+                if knobs not in seen:
+                    seen.append(knobs)
+                    runs.append(_PeerRun(cfg, int(v), knobs, i))
+                extra = []
+    return runs
+
+
+def _row_line(rec: dict[str, Any]) -> str:
+    """One line per finished row on stderr, so a long run shows its figures as they come."""
+    from ._records import failed
+    from ._tables import fmt_bytes, vram_used
+
+    k = rec.get("knobs") or {}
+    if rec.get("target") == "strata":
+        from strata._config import EngineConfig
+
+        try:
+            flags = " ".join(EngineConfig.from_dict(dict(k)).to_cli_args())
+        except (TypeError, ValueError):
+            flags = ""
+    else:
+        flags = " ".join(f"{n}={v}" for n, v in k.items() if n in ("threads", "n_gpu_layers", "n_cpu_moe"))
+    head = f"{rec.get('target')} {flags}".strip() + f" {rec.get('test')}:"
+    if failed(rec):
+        msg = (rec.get("error") or {}).get("message", "")
+        return (
+            f"{head} FAILED ({(rec.get('error') or {}).get('phase')}): {msg.splitlines()[0] if msg else ''}"
+        )
+    line = f"{head} {rec.get('mean', 0):.2f} ± {rec.get('stddev') or 0:.2f} {rec.get('unit', '')}"
+    vram = vram_used(rec)
+    if vram is not None:
+        util = (rec.get("nvml") or {}).get("utilization_mean")
+        line += f" · VRAM {fmt_bytes(vram)}" + (f" · GPU {util:.0f}%" if util is not None else "")
+    return line
+
+
+def _failure_summary(records: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per failed configuration (its tests merged) for the end of a run."""
+    from ._records import failed
+
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for r in records:
+        if not failed(r):
+            continue
+        e = r.get("error") or {}
+        key = (str(r.get("target")), str(e.get("flags") or ""), str(e.get("message") or ""))
+        groups.setdefault(key, []).append(str(r.get("test")))
+    out = []
+    for (target, flags, msg), tests in groups.items():
+        lines = msg.strip().splitlines() or ["(no message)"]
+        text = lines[0] + "".join(
+            f"\n    {x}" for x in lines[1:][-12:]
+        )  # a tool's stderr tail: its last lines
+        out.append(f"{target} {flags}".rstrip() + f" [{', '.join(tests)}]: {text}")
+    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ._records import RecordWriter
+    from ._records import RecordWriter, failed
 
     targets = _parse_targets(args.target)
     if args.repetitions < 1:
@@ -272,75 +414,127 @@ def cmd_run(args: argparse.Namespace) -> int:
     args._writer = writer
     _err(f"records -> {out}")
 
-    engine_targets = [t for t in targets if not t.startswith("openai:")]
-    if engine_targets:
-        from ._engine_bench import plan_tests, run_strata
-        from ._grid import configs_from_grid
-        from ._llamacpp import find_llama_bench, peer_knobs, run_llama_bench
-        from ._model import model_fields, weight_bytes
+    with _progress() as prog:
 
-        configs = configs_from_grid(args)
-        tests = plan_tests(args.n_prompt, args.n_gen, args.n_depth)
-        if not tests:
-            raise ValueError("nothing to measure: every -p and -n value is 0")
-        exe = find_llama_bench(args.llama_bench) if "llama.cpp" in targets else None  # fail before any work
-        if args.model:
-            model_path = Path(args.model)
-        else:
-            from strata.model import ensure_model
+        def record(rec: dict[str, Any]) -> None:
+            writer.append(rec)
+            prog.console.print(_row_line(rec), highlight=False, markup=False, soft_wrap=True)
 
-            kw: dict[str, Any] = {"preset": args.preset, "seed": 0}
-            if args.quant:
-                kw["quant"] = args.quant
-            model_path = Path(ensure_model(**kw))
-        model = model_fields(model_path)
-        weights = weight_bytes(model_path)
-        with _progress() as prog:
-            for target in engine_targets:
-                if target == "strata":
-                    task = prog.add_task(
-                        "strata", total=len(configs) * len(tests) * (args.warmup + args.repetitions)
-                    )
-                    run_strata(
-                        str(model_path),
-                        model,
-                        configs,
-                        tests,
-                        args.repetitions,
-                        writer.append,
-                        warmup=args.warmup,
-                        seed=args.seed,
-                        advance=functools.partial(prog.advance, task),
-                    )
-                else:
-                    # one llama-bench run per distinct (threads, device, kv): the knobs it shares with strata
-                    seen: list[dict[str, Any]] = []
-                    peer_cfgs = []
-                    for cfg in configs:
-                        if peer_knobs(cfg) not in seen:
-                            seen.append(peer_knobs(cfg))
-                            peer_cfgs.append(cfg)
-                    task = prog.add_task("llama.cpp", total=len(peer_cfgs) * len(tests))
-                    assert exe is not None  # found before any work started
-                    for cfg in peer_cfgs:
-                        run_llama_bench(
-                            exe,
-                            model_path,
-                            model,
-                            args.n_prompt,
-                            args.n_gen,
-                            args.n_depth,
-                            args.repetitions,
-                            cfg,
-                            writer.append,
-                            on_test=functools.partial(prog.advance, task, 1),
-                            weights=weights,
-                        )
-    for target in targets:
-        if target.startswith("openai:"):
-            _run_server(args, target.removeprefix("openai:"), writer.append)
+        engine_targets = [t for t in targets if not t.startswith("openai:")]
+        if engine_targets:
+            _run_engine_targets(args, engine_targets, targets, prog, record)
+        for target in targets:
+            if target.startswith("openai:"):
+                _run_server_target(args, target, record, prog)
     _print_records(writer.rows, args.format)
+    bad = _failure_summary(writer.rows)
+    if bad:
+        n_failed = sum(1 for r in writer.rows if failed(r))
+        _err(
+            f"{n_failed} of {len(writer.rows)} rows failed, in {len(bad)} configuration(s); "
+            f"the others were measured (records in {out}):"
+        )
+        for line in bad:
+            print(f"  {line}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _run_engine_targets(
+    args: argparse.Namespace,
+    engine_targets: list[str],
+    targets: list[str],
+    prog: Any,
+    record: Callable[[dict[str, Any]], None],
+) -> None:
+    from ._engine_bench import plan_tests, run_strata
+    from ._grid import configs_from_grid
+    from ._llamacpp import LlamaBenchError, find_llama_bench, run_llama_bench
+    from ._model import model_fields, weight_bytes
+    from ._records import failed_record
+
+    configs = configs_from_grid(args)
+    tests = plan_tests(args.n_prompt, args.n_gen, args.n_depth)
+    if not tests:
+        raise ValueError("nothing to measure: every -p and -n value is 0")
+    exe = find_llama_bench(args.llama_bench) if "llama.cpp" in targets else None  # fail before any work
+    if args.model:
+        model_path = Path(args.model)
+    else:
+        from strata.model import ensure_model
+
+        kw: dict[str, Any] = {"preset": args.preset, "seed": 0}
+        if args.quant:
+            kw["quant"] = args.quant
+        model_path = Path(ensure_model(**kw))
+    model = model_fields(model_path)
+    weights = weight_bytes(model_path)
+    n_ctx = max(t.context for t in tests)
+    peers = _peer_runs(args, configs, weights, n_ctx) if "llama.cpp" in engine_targets else []
+    steps = args.warmup + args.repetitions
+    task_s = (
+        prog.add_task("strata", total=len(configs) * len(tests) * steps)
+        if "strata" in engine_targets
+        else None
+    )
+    task_l = prog.add_task("llama.cpp", total=len(peers) * len(tests)) if peers else None
+
+    def run_peer(pr: _PeerRun) -> None:
+        assert exe is not None  # found before any work started
+        done: list[str] = []
+
+        def keep(rec: dict[str, Any]) -> None:
+            done.append(rec["test"])
+            record(rec)
+
+        try:
+            run_llama_bench(
+                exe, model_path, model, args.n_prompt, args.n_gen, args.n_depth, args.repetitions, pr.cfg,
+                keep, on_test=functools.partial(prog.advance, task_l, 1), weights=weights,
+                n_cpu_moe=pr.n_cpu_moe, knobs=pr.knobs,
+            )  # fmt: skip
+        except LlamaBenchError as e:
+            # the tests it did not finish get failed rows; the next configuration still runs
+            error = {"phase": "llama-bench", "type": type(e).__name__, "status": None, "message": str(e),
+                     "flags": " ".join(f"{k}={v}" for k, v in pr.knobs.items())}  # fmt: skip
+            for t in tests:
+                if t.name not in done:
+                    record(failed_record(
+                        dict(error), target="llama.cpp", test=t.name, kind="pp" if t.n_prompt else "tg",
+                        n_prompt=t.n_prompt, n_gen=t.n_gen, n_depth=t.n_depth, unit="t/s",
+                        repetitions=args.repetitions, warmup=1, **model, knobs=pr.knobs,
+                    ))  # fmt: skip
+                    prog.advance(task_l, 1)
+
+    for i, cfg in enumerate(configs):
+        for target in engine_targets:
+            if target == "strata":
+                assert task_s is not None
+                run_strata(
+                    str(model_path), model, [cfg], tests, args.repetitions, record,
+                    warmup=args.warmup, seed=args.seed, advance=functools.partial(prog.advance, task_s),
+                )  # fmt: skip
+            else:
+                for pr in peers:
+                    if pr.after == i:
+                        run_peer(pr)
+
+
+def _run_server_target(
+    args: argparse.Namespace, target: str, record: Callable[[dict[str, Any]], None], prog: Any
+) -> None:
+    from ._records import failed_record
+    from ._server_bench import ServerBenchError
+
+    url = target.removeprefix("openai:")
+    try:
+        _run_server(args, url, record, prog)
+    except ServerBenchError as e:
+        # a peer that errors is a failed row; the targets after it still run
+        record(failed_record(
+            {"phase": "server", "type": type(e).__name__, "status": None, "message": str(e), "flags": url},
+            target="openai", url=url, test=args.suite, kind="server", unit="tok/s", knobs={},
+        ))  # fmt: skip
 
 
 def cmd_serve_bench(args: argparse.Namespace) -> int:

@@ -157,14 +157,61 @@ def test_sigint_keeps_finished_engine_rows(tiny, tmp_path) -> None:
     assert f"{len(rows)} finished rows kept" in err
 
 
-def test_a_failing_grid_cell_names_its_flags_and_keeps_earlier_rows(tiny, tmp_path, capsys) -> None:
+def test_a_failing_configuration_is_a_row_and_the_grid_goes_on(tiny, tmp_path, capsys) -> None:
     out = tmp_path / "r.jsonl"
-    # 64 KiB cannot hold even the resident weights: the second configuration fails when it opens
-    assert bench(f"run --model {tiny} -p 16 -n 0 -r 5 --vram-budget 256MiB,64KiB --output {out}") == 1
-    err = capsys.readouterr().err
-    assert (
-        "strata --vram-budget 64KiB, opening the engine:" in err
-        and "--vram-budget" in err.split("engine:")[1]
+    # 64 KiB cannot hold even the resident weights: the middle configuration fails when it opens,
+    # and the one after it is still measured
+    rc = bench(
+        f"run --model {tiny} -p 16 -n 4 -r 5 --vram-budget 256MiB,64KiB,128MiB --output {out} --format md"
     )
-    assert "1 finished rows kept" in err
-    assert [r["knobs"]["vram_budget"] for r in _rows(out)] == [256 << 20]
+    assert rc == 1
+    cap = capsys.readouterr()
+    rows = _rows(out)
+    assert [(r["knobs"]["vram_budget"], r["test"], r["status"]) for r in rows] == [
+        (256 << 20, "pp16", "ok"),
+        (256 << 20, "tg4", "ok"),
+        (64 << 10, "pp16", "failed"),
+        (64 << 10, "tg4", "failed"),
+        (128 << 20, "pp16", "ok"),
+        (128 << 20, "tg4", "ok"),
+    ]
+    for r in rows[2:4]:
+        e = r["error"]
+        # the engine's own words (what is missing and the flag to change), where, and every knob
+        assert e["phase"] == "open" and e["type"] == "BudgetError" and e["status"] == 6
+        assert "--vram-budget" in e["message"] and e["flags"] == "--vram-budget 64KiB"
+        assert r["knobs"]["threads"] is None and r["knobs"]["expert_cache"] == "auto" and r["samples"] == []
+        assert r["mean"] is None  # no figure for what was not measured
+    assert all(len(r["samples"]) == 5 for r in rows if r["status"] == "ok")
+    md = cap.out
+    speed = md.split("**engine")[0]
+    assert [line.split("|")[3].strip() for line in speed.splitlines() if line.startswith("| strata ")] == [
+        "256MiB",
+        "64KiB",
+        "128MiB",
+    ]
+    failed_line = next(line for line in speed.splitlines() if "64KiB" in line)
+    assert failed_line.count("failed") == 2
+    assert "**failed" in md and "BudgetError" not in md.split("**failed")[0]
+    # the end of the run names the failed configuration and what the engine said
+    assert "1 configuration(s)" in cap.err
+    summary = cap.err.split("configuration(s)")[1]
+    assert "--vram-budget 64KiB [pp16, tg4]" in summary and rows[2]["error"]["message"] in summary
+
+
+def test_a_failing_test_keeps_the_engine_for_the_next(tiny, tmp_path, capsys) -> None:
+    # lend_policy=legacy cannot lend a 2048-token chunk its slots at 5000 cached experts (tiny, context 4096);
+    # the engine stays usable, so the shorter prompt and the decode of that configuration are still measured
+    out = tmp_path / "r.jsonl"
+    rc = bench(
+        f"run --model {tiny} -p 2048,16 -n 4 -r 5 --threads 1 --max-context 4096 --lend-policy legacy "
+        f"--expert-cache 5000 --output {out}"
+    )
+    assert rc == 1
+    rows = _rows(out)
+    assert [(r["test"], r["status"]) for r in rows] == [("pp2048", "failed"), ("pp16", "ok"), ("tg4", "ok")]
+    e = rows[0]["error"]
+    assert e["type"] == "LendError" and e["phase"] == "pp2048, warm-up 1 of 1"
+    assert "lending the prompt path its slots failed" in e["message"]
+    assert rows[0]["plan"]["n_slots"] == 5000  # the engine had opened: its plan is in the row
+    assert "[pp2048]" in capsys.readouterr().err

@@ -106,7 +106,15 @@ def test_failing_llama_bench_keeps_finished_rows(fake_bin, model_file, tmp_path,
     assert bench(f"run --target llama.cpp --model {model_file} -p 16,32,64 -n 8 -r 5 --output {out}") == 1
     err = capsys.readouterr().err
     assert "exited with status 1" in err and "failed to create context" in err
-    assert [r["test"] for r in _rows(out)] == ["pp16", "pp32"]
+    # the finished rows are kept, the tests llama-bench did not finish are failed rows with its words
+    rows = _rows(out)
+    assert [(r["test"], r["status"]) for r in rows] == [
+        ("pp16", "ok"),
+        ("pp32", "ok"),
+        ("pp64", "failed"),
+        ("tg8", "failed"),
+    ]
+    assert all("failed to create context" in r["error"]["message"] for r in rows[2:])
 
 
 def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
@@ -148,3 +156,106 @@ def test_real_llama_bench(model_file, tmp_path) -> None:
     for r in rows:
         assert len(r["samples"]) == 5 and all(x > 0 for x in r["samples"])
         assert r["peer"]["n_threads"] == 2 and r["peer"]["build_commit"]
+
+
+def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, model_file, tmp_path, monkeypatch, capsys) -> None:
+    """--device cuda: llama.cpp runs -ngl 99 and, for each --vram-budget, the --n-cpu-moe given for it,
+    right after the strata configuration it stands against; a llama.cpp setting that fails to load is a
+    failed row and the next one still runs. Without a GPU here strata's CUDA configurations fail to open,
+    which is a failed row too."""
+    monkeypatch.setenv("FAKE_LLAMA_BENCH_FAIL_NCMOE", "7")
+    out = tmp_path / "r.jsonl"
+    rc = bench(
+        f"run --device cuda --target strata --target llama.cpp --model {model_file} -p 32 -n 8 -r 5 "
+        f"--threads 1 --vram-budget auto,64MiB,32MiB --llama-n-cpu-moe 0,7,3 --output {out} --format md"
+    )
+    assert rc == 1  # one llama.cpp setting failed (and strata's, where there is no GPU)
+    rows = _rows(out)
+    budgets = [None, 64 << 20, 32 << 20]
+    assert [(r["target"], r["knobs"]["vram_budget"]) for r in rows] == [
+        (t, b) for b in budgets for t in ("strata", "strata", "llama.cpp", "llama.cpp")
+    ]
+    for r in rows:
+        assert r["knobs"]["device"] == "cuda"
+        if r["target"] == "strata" and r["status"] == "failed":
+            assert r["error"]["phase"] == "open" and r["error"]["type"] == "DeviceError"
+    llama = [r for r in rows if r["target"] == "llama.cpp"]
+    for r, n in zip(llama, [0, 0, 7, 7, 3, 3], strict=True):
+        assert r["knobs"]["n_gpu_layers"] == 99 and r["knobs"]["n_cpu_moe"] == n
+        if n == 7:
+            assert r["status"] == "failed" and "failed to load model" in r["error"]["message"]
+            continue
+        args = r["peer"]["args"]
+        assert args[args.index("-ngl") + 1] == "99"
+        assert ("-ncmoe" in args) == (n > 0) and (n == 0 or args[args.index("-ncmoe") + 1] == str(n))
+        assert r["peer"]["n_cpu_moe"] == n  # llama-bench's own record of the setting
+        # the stand-in's speed is divided by 1 + n: the rows are those of the setting asked for
+        assert r["mean"] == pytest.approx((900.0 if r["n_prompt"] else 40.0) / (1 + n), rel=0.02)
+    md = capsys.readouterr().out
+    speed = md.split("**engine")[0]
+    line = next(x for x in speed.splitlines() if "-ncmoe 3" in x)
+    assert line.startswith("| llama.cpp") and "32MiB" in line
+    assert "failed to load model" in md.split("**failed")[1]
+
+
+def test_gpu_ratio_rows_pair_equal_budgets() -> None:
+    """The speed table puts each llama.cpp GPU row under the strata row of the same budget, with the ratio."""
+    from strata_bench._tables import speed_table
+
+    def rec(target: str, budget: int | None, test: str, mean: float, **knobs) -> dict:
+        k = {"threads": 8, "device": "cuda", "kv": "f16", "vram_budget": budget, **knobs}
+        return {"target": target, "model": "m.gguf", "quant": "Q8_0", "test": test, "unit": "t/s",
+                "mean": mean, "stddev": 1.0, "knobs": k, "status": "ok",
+                "nvml": {"process_memory_max": (budget or 30 << 30) - (1 << 28)}}  # fmt: skip
+
+    g = 1 << 30
+    recs = [
+        rec("strata", None, "pp512", 1400.0), rec("strata", None, "tg128", 57.0),
+        rec("strata", 12 * g, "pp512", 110.0), rec("strata", 12 * g, "tg128", 9.0),
+        rec("llama.cpp", 12 * g, "pp512", 1300.0, n_gpu_layers=99, n_cpu_moe=33),
+        rec("llama.cpp", 12 * g, "tg128", 36.0, n_gpu_layers=99, n_cpu_moe=33),
+        rec("llama.cpp", None, "pp512", 8000.0, n_gpu_layers=99, n_cpu_moe=0),
+        rec("llama.cpp", None, "tg128", 340.0, n_gpu_layers=99, n_cpu_moe=0),
+    ]  # fmt: skip
+    t = speed_table(recs)
+    assert t is not None
+    assert t.headers == ["target", "quant", "vram_budget", "llama.cpp flags", "VRAM peak", "pp512", "tg128"]
+    cells = [[c.strip() for c in row] for row in t.rows]
+    assert [r[0] for r in cells] == ["strata", "llama.cpp", "strata / llama.cpp"] * 2
+    assert cells[0][2] == "auto" and cells[1][3] == "-ngl 99" and cells[1][2] == "auto"
+    assert cells[2][-2:] == [f"{1400 / 8000:.2f}x", f"{57 / 340:.2f}x"]
+    assert cells[3][2] == "12GiB" and cells[4][3] == "-ngl 99 -ncmoe 33" and cells[4][2] == "12GiB"
+    assert cells[5][-2:] == [f"{110 / 1300:.2f}x", f"{9 / 36:.2f}x"]
+    assert cells[3][4] == "11.75 GiB"  # the peak of the process's own device memory
+
+
+def test_n_cpu_moe_for_a_budget(model_file) -> None:
+    """The smallest --n-cpu-moe whose estimated device memory fits the budget (see n_cpu_moe_for_budget)."""
+    from strata_bench._llamacpp import _LLAMA_COMPUTE_RESERVE, n_cpu_moe_for_budget
+    from strata_bench._model import weight_bytes
+
+    w = weight_bytes(model_file)
+    assert w is not None
+    n_layer, ctx = len(w["expert_bytes"]), 160
+    per_layer = [b * w["n_expert"] for b in w["expert_bytes"]]
+    fixed = w["dense_bytes"] + w["kv_values_per_token"] * 2 * ctx + _LLAMA_COMPUTE_RESERVE
+    assert n_cpu_moe_for_budget(w, None, ctx) == 0
+    for k in range(n_layer + 1):
+        fits = fixed + sum(per_layer[k:])
+        assert n_cpu_moe_for_budget(w, fits, ctx) == k
+        if k < n_layer:
+            assert n_cpu_moe_for_budget(w, fits - 1, ctx) == k + 1
+    assert n_cpu_moe_for_budget(w, 1 << 20, ctx) == n_layer  # not even the dense part fits: all on the host
+
+
+def test_n_cpu_moe_needs_a_gpu_run_and_one_value_per_budget(fake_bin, model_file, tmp_path, capsys) -> None:
+    out = tmp_path / "r.jsonl"
+    assert bench(f"run --target llama.cpp --model {model_file} --llama-n-cpu-moe 4 --output {out}") == 1
+    assert "add --device cuda" in capsys.readouterr().err
+    cmd = (
+        f"run --device cuda --target llama.cpp --model {model_file} --vram-budget 64MiB,32MiB "
+        f"--llama-n-cpu-moe 1,2,3 --output {out}"
+    )
+    assert bench(cmd) == 1
+    assert "give one per budget" in capsys.readouterr().err
+    assert not out.exists()

@@ -39,7 +39,18 @@ def test_summary_matches_numpy() -> None:
 
 def test_record_is_self_describing() -> None:
     rec = base_record(target="strata", test="tg128", knobs={"threads": 2})
-    for key in ("schema", "time_utc", "commit", "dirty", "cpu", "n_cpu", "gpu", "gpu_driver", "host", "load_avg_1m"):
+    for key in (
+        "schema",
+        "time_utc",
+        "commit",
+        "dirty",
+        "cpu",
+        "n_cpu",
+        "gpu",
+        "gpu_driver",
+        "host",
+        "load_avg_1m",
+    ):
         assert key in rec
     assert rec["time_utc"].endswith("Z")
     assert rec["commit"] is None or len(rec["commit"]) == 40

@@ -3,6 +3,7 @@ the suites produce latency rows."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -28,9 +29,13 @@ def test_server_down_is_a_clear_error(tmp_path, capsys) -> None:
     assert main(["serve-bench", "--url", url, "--output", str(out)]) == 1
     err = capsys.readouterr().err
     assert f"cannot reach the server at {url}" in err and "Traceback" not in err
+    assert not out.exists() or out.read_text() == ""
+    # as one target of `run`, a server that is down is a failed row (the other targets would still run)
     assert main(["run", "--target", f"openai:{url}/v1", "--suite", "short", "--output", str(out)]) == 1
     assert "cannot reach the server" in capsys.readouterr().err
-    assert not out.exists() or out.read_text() == ""
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["status"] == "failed" and row["target"] == "openai" and row["test"] == "short"
+    assert row["error"]["message"].startswith(f"cannot reach the server at {url}")
 
 
 def test_unknown_suite_and_target(capsys) -> None:

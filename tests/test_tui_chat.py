@@ -51,14 +51,19 @@ def server() -> Iterator[ServerProcess]:
     proc.stop()
 
 
-async def wait_for(pilot: Pilot[None], cond: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+async def wait_for(
+    pilot: Pilot[None], cond: Callable[[], bool], what: str, timeout: float = 60.0, settle: bool = True
+) -> None:
+    """Wait until ``cond()`` holds; then (``settle``) until the app is idle, which takes up to a second
+    while a reply streams."""
     loop = asyncio.get_running_loop()
     t_end = loop.time() + timeout
     while not cond():
         if loop.time() > t_end:
             raise AssertionError(f"timed out waiting for: {what}")
         await pilot.pause(0.05)
-    await pilot.pause()
+    if settle:
+        await pilot.pause()
 
 
 def views(app: StrataChat, role: str | None = None) -> list[MessageView]:
@@ -151,6 +156,68 @@ def test_cancel_stops_the_server(server: ServerProcess, tmp_path: Path) -> None:
             reply = await send_and_wait(pilot, app, "Are you still there?")
             assert reply.content and reply.footer_text != "cancelled"
     asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def small_server() -> Iterator[ServerProcess]:
+    """The small preset writes a few hundred tokens a second here: a long reply lasts seconds, so Esc
+    lands while it is being written (made once into the cache folder, about 10 s)."""
+    from strata.model import ensure_model
+
+    proc = ServerProcess(ensure_model("small"), ["--threads", "2"])
+    proc.start(timeout=240)
+    yield proc
+    proc.stop()
+
+
+def test_cancel_while_the_reply_is_written(small_server: ServerProcess, tmp_path: Path) -> None:
+    url = small_server.url
+    assert url is not None
+    max_tokens = 4000  # several seconds of writing even on a quiet machine: only Esc ends it early
+    db = tmp_path / "c.sqlite3"
+
+    async def run() -> int | None:
+        app = StrataChat(server_url=url, db_path=db)
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, max_tokens)
+            await type_and_send(pilot, app, "Tell me a long story.")
+            # the reply is on the screen and still growing, and the panel says the engine is writing it;
+            # Esc at once (no settling: the app is never idle while a reply streams)
+            await wait_for(pilot, lambda: app.chat.reply is not None and len(app.chat.reply.view.content) > 20
+                           and app.chat.engine.state == "generating", "the first words", settle=False)
+            shown = app.chat.reply.view.content
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
+            reply = views(app, "assistant")[-1]
+            # what arrived is kept, marked as cancelled
+            assert reply.footer_text == "cancelled"
+            assert reply.content.startswith(shown)
+            # the server stopped writing: idle again, far short of max_tokens, and it says it was cancelled
+            await wait_for(pilot, lambda: status(url)["state"] == "idle", "server idle", timeout=30)
+            last = status(url)["last_request"]
+            assert last["strata"]["engine_finish_reason"] == "cancelled"
+            assert 0 < last["timings"]["predicted_n"] < max_tokens // 4
+            # the message box still takes keys, and the next message is answered in full
+            app.chat.input.focus()
+            await pilot.press(*"/max-tokens 12", "enter")
+            await pilot.pause()
+            assert app.chat.conv.settings.max_tokens == 12 and app.chat.input.text == ""
+            nxt = await send_and_wait(pilot, app, "Are you still there?")
+            assert nxt.content and nxt.footer_text.startswith("12 tokens")
+            assert "stopped at max tokens" in nxt.footer_text
+            assert status(url)["last_request"]["timings"]["predicted_n"] == 12
+            return app.chat.conv.id
+
+    conv_id = asyncio.run(run())
+    assert conv_id is not None
+    # the cancelled reply was saved as cancelled, and the conversation goes on after it
+    s = Store(db)
+    msgs = s.messages(conv_id)
+    s.close()
+    assert [m.role for m in msgs] == ["user", "assistant", "user", "assistant"]
+    assert msgs[1].meta.get("cancelled") is True and msgs[1].content
+    assert not msgs[3].meta.get("cancelled")
 
 
 def test_regenerate_replaces_the_reply(server: ServerProcess, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu/attn.h"
 #include "engine_internal.h"
 #include "matmul.h"
 
@@ -77,6 +78,30 @@ static void att_item(void *ctx, int64_t item, int thread) {
     for (int32_t p = 0; p <= pos; p++) kv_acc_v(&e->kv, j->layer, p, kvh, sc[p] * inv, out);
 }
 
+/* The tiled kernel (cpu/attn_avx512.c): an item is one KV head and a block of tokens, the blocks
+ * handed out last token first so that the longest (causal) items start early. */
+typedef struct att_tiled_ctx {
+    attn_tile_job job;
+    int32_t T, n_head_kv, tokens_per_item, n_blocks;
+} att_tiled_ctx;
+
+static void att_tiled_item(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const att_tiled_ctx *c = ctx;
+    const int32_t kvh = (int32_t)(item % c->n_head_kv);
+    const int32_t blk = c->n_blocks - 1 - (int32_t)(item / c->n_head_kv);
+    const int32_t t0 = blk * c->tokens_per_item;
+    const int32_t t1 = t0 + c->tokens_per_item < c->T ? t0 + c->tokens_per_item : c->T;
+    attn_f16_tiled_avx512(&c->job, kvh, t0, t1);
+}
+
+/* 1 when this engine runs the tiled kernel: AVX-512 level, f16 cache, a head dim it handles. The
+ * choice depends on the engine's configuration alone, so decode and prefill always agree. */
+static int att_use_tiled(const strata_engine *e) {
+    return e->kv.type == STRATA_KV_F16 && attn_f16_tiled_supported(e->hp.head_dim) &&
+           quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512);
+}
+
 /* ---- the block --------------------------------------------------------------------------------- */
 
 strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
@@ -120,8 +145,24 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
         kv_store(&e->kv, l, pos, cb->k + t * KD, cb->v + t * KD);
     }
 
-    att_job aj = {e, l, T, pos0};
-    pool_run(e->pool, (int64_t)T * H, att_item, &aj);
+    if (att_use_tiled(e)) {
+        const int32_t G = H / HKV;
+        att_tiled_ctx c;
+        c.job = (attn_tile_job){cb->q, cb->att, e->kv.k + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes,
+                                e->kv.v + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes, e->kv.row_bytes, hd, H,
+                                G, pos0, 1.0f / sqrtf((float)hd)};
+        c.T = T;
+        c.n_head_kv = HKV;
+        c.tokens_per_item = ATTN_ITEM_QUERIES / G > 1 ? ATTN_ITEM_QUERIES / G : 1;
+        /* enough items for every thread on short chunks */
+        while (c.tokens_per_item > 1 && (int64_t)HKV * ((T + c.tokens_per_item - 1) / c.tokens_per_item) < 4 * pool_size(e->pool))
+            c.tokens_per_item /= 2;
+        c.n_blocks = (T + c.tokens_per_item - 1) / c.tokens_per_item;
+        pool_run(e->pool, (int64_t)HKV * c.n_blocks, att_tiled_item, &c);
+    } else {
+        att_job aj = {e, l, T, pos0};
+        pool_run(e->pool, (int64_t)T * H, att_item, &aj);
+    }
 
     /* output projection, added to the residual stream */
     mm_quantize(e->qt, L->wo.type, cb->att, QD, T, QD, cb->act, cb->act_stride);

@@ -1,12 +1,15 @@
 """A stand-in for llama.cpp's ``llama-bench`` that prints rows in its real ``-o jsonl`` format.
 
-It takes the flags strata-bench passes (-m -p -n -d -r -t -ngl -o -ctk -ctv), runs the tests in
+It takes the flags strata-bench passes (-m -p -n -d -r -t -ngl -ncmoe -o -ctk -ctv), runs the tests in
 llama-bench's order (for each depth, prompt tests then generation tests) and prints one JSON
 object per test with llama-bench's field names. The speeds are made up but deterministic: they
 depend only on the test, so a test can check that each row is the right row. Environment:
 
 - ``FAKE_LLAMA_BENCH_DELAY``: seconds to wait before each row (to interrupt a run mid-way);
-- ``FAKE_LLAMA_BENCH_FAIL``: exit with status 1 and llama-bench's message after this many rows.
+- ``FAKE_LLAMA_BENCH_FAIL``: exit with status 1 and llama-bench's message after this many rows;
+- ``FAKE_LLAMA_BENCH_FAIL_NCMOE``: fail to load the model (status 1, before any row) with this ``-ncmoe``.
+
+With ``-ncmoe N`` the made-up speeds are divided by 1 + N (experts on the host are slower).
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def speed(n_prompt: int, n_gen: int, n_depth: int) -> float:
-    """Made-up tokens/s: prompt tests faster than generation, both slower at depth."""
+def speed(n_prompt: int, n_gen: int, n_depth: int, n_cpu_moe: int = 0) -> float:
+    """Made-up tokens/s: prompt tests faster than generation, both slower at depth and with host experts."""
     base = 900.0 if n_prompt else 40.0
-    return base / (1.0 + n_depth / 4096.0)
+    return base / (1.0 + n_depth / 4096.0) / (1.0 + n_cpu_moe)
 
 
 def main() -> int:
@@ -37,6 +40,7 @@ def main() -> int:
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("-t", "--threads", type=ints, default=[4])
     p.add_argument("-ngl", "--n-gpu-layers", type=ints, default=[99])
+    p.add_argument("-ncmoe", "--n-cpu-moe", type=ints, default=[0])
     p.add_argument("-ctk", "--cache-type-k", default="f16")
     p.add_argument("-ctv", "--cache-type-v", default="f16")
     p.add_argument("-o", "--output", default="md")
@@ -49,6 +53,9 @@ def main() -> int:
         return 1
     delay = float(os.environ.get("FAKE_LLAMA_BENCH_DELAY", "0"))
     fail_after = int(os.environ.get("FAKE_LLAMA_BENCH_FAIL", "-1"))
+    if str(a.n_cpu_moe[0]) == os.environ.get("FAKE_LLAMA_BENCH_FAIL_NCMOE"):
+        print(f"main: error: failed to load model '{a.model}'", file=sys.stderr)
+        return 1
     # llama-bench's order: for each depth, the prompt tests and then the generation tests
     tests = []
     for d in a.n_depth:
@@ -60,7 +67,7 @@ def main() -> int:
             return 1
         if delay:
             time.sleep(delay)
-        ts = speed(n_prompt, n_gen, n_depth)
+        ts = speed(n_prompt, n_gen, n_depth, a.n_cpu_moe[0])
         samples_ts = [round(ts * (1 + 0.01 * ((k % 3) - 1)), 3) for k in range(a.repetitions)]
         n_tok = n_prompt or n_gen
         samples_ns = [int(n_tok / s * 1e9) for s in samples_ts]
@@ -86,6 +93,7 @@ def main() -> int:
             "type_k": a.cache_type_k,
             "type_v": a.cache_type_v,
             "n_gpu_layers": a.n_gpu_layers[0],
+            "n_cpu_moe": a.n_cpu_moe[0],
             "split_mode": "layer",
             "main_gpu": 0,
             "no_kv_offload": False,

@@ -1,0 +1,9 @@
+"""``python -m strata_bench``: the ``strata-bench`` command, for hosts where it is not installed as a script."""
+
+from __future__ import annotations
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
