@@ -101,6 +101,17 @@ strata_status cuda_matvec_segments(cuda_ctx *ctx, int32_t type, const void *cons
                                    const int32_t *out_rows, float *y, int64_t y_stride, int32_t n_segments,
                                    int32_t seg_tokens);
 
+/* Decode, one token and its K experts (weights wg[k], wu[k] of one type, [F, D] each):
+ * h[k, :] = swiglu(Wg_k x, Wu_k x), h: [K, F]; x: one row of cuda_act_type(type). The same bits as two
+ * cuda_matvec_segments calls (one token per segment) followed by cuda_swiglu. */
+strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const *wg, const void *const *wu,
+                                  int64_t F, int64_t D, const void *x, float *h, int32_t K);
+/* Decode: y[:] += sum_k weights[k] * (Wd_k h_k) in k order, Wd_k = wd[k] [D, F]; h: K rows of
+ * cuda_act_type(type), stride h_stride (floats for F32 rows, bytes for quantized rows); K <= 32. The same
+ * bits as cuda_matvec_segments followed by cuda_moe_combine. */
+strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *const *wd, int64_t D, int64_t F,
+                                       const void *h, int64_t h_stride, const float *weights, float *y, int32_t K);
+
 /* y[t] = x[t] / rms(x[t]) * w,  x, y: [T, D] (may alias). */
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D,
                            float eps);

@@ -63,6 +63,7 @@ struct cuda_state {
     const int32_t *pos_arg;  /* pos_dev while a step is captured, else NULL (kernels take pos0) */
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
     int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
+    int32_t fused_experts;   /* decode_experts for device-routed steps (STRATA_CUDA_DECODE=unfused: 0) */
     int32_t miss_policy;
     int32_t kv_type;
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
@@ -299,6 +300,7 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                           "the expert address table"));
         DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
         g->graph_state = env_cuda_graph() ? 0 : -1;
+        g->fused_experts = env_cuda_fused_experts();
     } else {
         g->graph_state = -1;
     }
@@ -441,6 +443,37 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
     return STRATA_OK;
 }
 
+/* Decode with the segment tables made on the device (one token, segment k = its k-th expert): gate, up
+ * and SwiGLU in one launch, down and the weighted sum into x in another. The same bits as
+ * expert_products + cuda_moe_combine (cuda_backend.h). xn (and act, its 8-bit rows for the router's
+ * type) hold the normed token. */
+static strata_status decode_experts(strata_engine *e, int32_t l) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const int64_t D = hp->n_embd, F = hp->n_ff_exp;
+    const int32_t K = hp->n_expert_used;
+    const void *const *wg = (const void *const *)g->seg_w, *const *wu = wg + g->seg_cap, *const *wd = wu + g->seg_cap;
+    const int32_t gt = W->gate_exps.type, dt = W->down_exps.type;
+    const void *xin = g->xn;
+    if (cuda_act_type(gt) != STRATA_TYPE_F32) {
+        /* act holds xn's 8-bit rows when the router took the same activations (norm_matvec) */
+        if (cuda_act_type(W->router.type) != cuda_act_type(gt))
+            DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
+        xin = g->act;
+    }
+    DEV(e, cuda_expert_gate_up(g->ctx, gt, wg, wu, F, D, xin, g->h, K));
+    const void *hin = g->h;
+    int64_t hs = F;
+    if (cuda_act_type(dt) != STRATA_TYPE_F32) {
+        DEV(e, cuda_quantize_act(g->ctx, dt, g->h, F, g->hact, g->hact_row, F, K));
+        hin = g->hact;
+        hs = g->hact_row;
+    }
+    DEV(e, cuda_expert_down_combine(g->ctx, dt, wd, D, F, hin, hs, g->wsel, g->x, K));
+    return STRATA_OK;
+}
+
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
 static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32_t T) {
     cuda_state *g = e->gpu;
@@ -520,6 +553,8 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
                                          g->seg_tok, g->seg_out, half));
         e->stats.lookups += (uint64_t)T * K;
         e->stats.hits += (uint64_t)T * K;
+        if (g->fused_experts && W->gate_exps.type == W->up_exps.type && K <= 32)
+            return decode_experts(e, l);
         STRATA_TRY(expert_products(e, l, T * K, 1, T));
         DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
         return STRATA_OK;

@@ -83,6 +83,16 @@ strata_status cuda_rmsnorm_q8(cuda_ctx *c, const float *x, const float *w, float
     (void)c; (void)x; (void)w; (void)y; (void)q; (void)qs; (void)T; (void)D; (void)e;
     return STRATA_ERR_DEVICE;
 }
+strata_status cuda_expert_gate_up(cuda_ctx *c, int32_t t, const void *const *wg, const void *const *wu, int64_t F,
+                                  int64_t D, const void *x, float *h, int32_t K) {
+    (void)c; (void)t; (void)wg; (void)wu; (void)F; (void)D; (void)x; (void)h; (void)K;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_expert_down_combine(cuda_ctx *c, int32_t t, const void *const *wd, int64_t D, int64_t F,
+                                       const void *h, int64_t hs, const float *w, float *y, int32_t K) {
+    (void)c; (void)t; (void)wd; (void)D; (void)F; (void)h; (void)hs; (void)w; (void)y; (void)K;
+    return STRATA_ERR_DEVICE;
+}
 strata_status cuda_router_topk_segments(cuda_ctx *c, const float *l, int32_t T, int32_t E, int32_t K, int32_t *i,
                                         float *w, const void *const *tb, const void **sw, int32_t sc, int32_t *st,
                                         int32_t *so, int64_t sh) {
