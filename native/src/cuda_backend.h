@@ -58,6 +58,13 @@ strata_status cuda_memset(cuda_ctx *ctx, void *dst, int value, size_t bytes);
 strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to);
 strata_status cuda_sync(cuda_ctx *ctx);
 
+/* Events (opaque): recorded on a stream; the host waits for one with cuda_event_wait (an event never
+ * recorded counts as done). */
+strata_status cuda_event_create(cuda_ctx *ctx, void **ev);
+strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream);
+strata_status cuda_event_wait(cuda_ctx *ctx, void *ev);
+void cuda_event_free(void *ev);
+
 /* CUDA Graphs: record what is enqueued on the compute stream between begin and end (nothing runs),
  * then replay it with one launch. A failed capture returns an error and leaves the stream usable. */
 strata_status cuda_capture_begin(cuda_ctx *ctx);

@@ -23,6 +23,13 @@
  * order of the segments, and the kernels are the same. That step is then captured once as a CUDA Graph
  * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
  * with one launch per token; the graph is dropped when the work buffers move.
+ *
+ * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) go through a
+ * ring of STAGE_RING pinned buffers of one slot each: the pool's threads copy the expert's bytes from
+ * the mapped file into a free buffer, and one DMA at full PCIe speed takes it to its slot, while the
+ * host fills the next buffer (a buffer is reused once the event after its DMA has passed). A copy
+ * straight from the mapping would be a pageable copy: a fraction of the bandwidth, with the host
+ * blocked.
  */
 #include <math.h>
 #include <stdio.h>
@@ -43,6 +50,9 @@ typedef struct dev_layer {
 typedef struct exp_ptrs {
     const void *gate, *up, *down;
 } exp_ptrs;
+
+#define STAGE_RING 4          /* pinned staging buffers for expert copies */
+#define STAGE_PIECE (1 << 19) /* bytes per item of the parallel host copy */
 
 struct cuda_state {
     cuda_ctx *ctx;
@@ -82,6 +92,9 @@ struct cuda_state {
     float *host_logits;      /* pinned [V] */
     float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
+    uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
+    void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
+    int32_t ring_next;
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -185,17 +198,48 @@ static strata_status work_alloc(strata_engine *e, int32_t T) {
     return STRATA_OK;
 }
 
+/* One expert's gate | up | down, copied piece by piece into a staging buffer by the pool. */
+typedef struct stage_job {
+    uint8_t *dst;          /* [gate_bytes + up_bytes + down_bytes] */
+    const uint8_t *src[3]; /* gate, up, down in the mapped file */
+    int64_t len[3];
+} stage_job;
+
+static void stage_piece(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const stage_job *j = ctx;
+    int64_t lo = item * STAGE_PIECE, hi = lo + STAGE_PIECE, base = 0;
+    for (int p = 0; p < 3; p++) { /* the part of [lo, hi) that falls in each of the three ranges */
+        const int64_t a = lo > base ? lo : base, b = hi < base + j->len[p] ? hi : base + j->len[p];
+        if (a < b) memcpy(j->dst + a, j->src[p] + (a - base), (size_t)(b - a));
+        base += j->len[p];
+    }
+}
+
 /* Put expert (l, ex) into slot s: copy its gate, up and down from the mapped file. */
 static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t ex, int32_t stream) {
     cuda_state *g = e->gpu;
     const layer_weights *L = &e->w.layers[l];
     const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd;
     uint8_t *dst = g->slab + (int64_t)s * g->slot_bytes;
-    DEV(e, cuda_h2d(g->ctx, dst, L->gate_exps.data + ex * F * L->gate_exps.row_bytes, (size_t)g->gate_bytes, stream));
-    DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, L->up_exps.data + ex * F * L->up_exps.row_bytes, (size_t)g->up_bytes,
-                    stream));
-    DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, L->down_exps.data + ex * D * L->down_exps.row_bytes,
-                    (size_t)g->down_bytes, stream));
+    const uint8_t *src_g = L->gate_exps.data + ex * F * L->gate_exps.row_bytes;
+    const uint8_t *src_u = L->up_exps.data + ex * F * L->up_exps.row_bytes;
+    const uint8_t *src_d = L->down_exps.data + ex * D * L->down_exps.row_bytes;
+    if (g->ring[0]) {
+        const int32_t i = g->ring_next;
+        g->ring_next = (i + 1) % STAGE_RING;
+        DEV(e, cuda_event_wait(g->ctx, g->ring_done[i])); /* its last DMA has left the buffer */
+        const int64_t n = g->gate_bytes + g->up_bytes + g->down_bytes;
+        stage_job j = {g->ring[i], {src_g, src_u, src_d}, {g->gate_bytes, g->up_bytes, g->down_bytes}};
+        pool_run(e->pool, (n + STAGE_PIECE - 1) / STAGE_PIECE, stage_piece, &j);
+        /* the slot's layout is gate | up | down back to back, as in the buffer: one DMA */
+        DEV(e, cuda_h2d(g->ctx, dst, g->ring[i], (size_t)n, stream));
+        DEV(e, cuda_event_record(g->ctx, g->ring_done[i], stream));
+    } else {
+        DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)g->gate_bytes, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, src_u, (size_t)g->up_bytes, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, src_d, (size_t)g->down_bytes, stream));
+    }
     const int32_t id = l * e->hp.n_expert + ex;
     if (g->expert_in[s] >= 0) {
         g->slot_of[g->expert_in[s]] = -1;
@@ -289,6 +333,11 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
     DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
+    if (env_cuda_staging())
+        for (int i = 0; i < STAGE_RING; i++) {
+            DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
+            DEV(e, cuda_event_create(g->ctx, &g->ring_done[i]));
+        }
     /* fill: layer-major round robin over expert ids, so that every layer gets its share */
     for (int32_t s2 = 0; s2 < g->n_slots; s2++) {
         const int32_t l = (int32_t)(s2 % L), ex = (int32_t)(s2 / L);
@@ -330,6 +379,10 @@ void cuda_forward_close(strata_engine *e) {
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
         cuda_host_free(g->ctx, g->stage);
         cuda_host_free(g->ctx, g->host_logits);
+        for (int i = 0; i < STAGE_RING; i++) {
+            cuda_host_free(g->ctx, g->ring[i]);
+            cuda_event_free(g->ring_done[i]);
+        }
         cuda_ctx_destroy(g->ctx);
     }
     free(g->layers);

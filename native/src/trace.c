@@ -19,6 +19,10 @@
  *                  it once as a CUDA Graph (same replies; for comparison and as a way around a driver
  *                  that refuses the capture). Read when the device cache is filled.
  *
+ *   STRATA_CUDA_STAGING "0": on --device cuda, copy experts into device slots straight from the mapped
+ *                  file (pageable copies) instead of through the ring of pinned staging buffers.
+ *                  Read when the device cache is made.
+ *
  * The variables are read when an engine is opened, not per line.
  */
 #include "trace.h"
@@ -63,4 +67,9 @@ int env_cuda_graph(void) {
 int env_cuda_fused_experts(void) {
     const char *v = getenv("STRATA_CUDA_DECODE");
     return !(v && strcmp(v, "unfused") == 0);
+}
+
+int env_cuda_staging(void) {
+    const char *v = getenv("STRATA_CUDA_STAGING");
+    return !(v && strcmp(v, "0") == 0);
 }

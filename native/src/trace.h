@@ -22,5 +22,7 @@ int env_cuda_device_routing(void);
 int env_cuda_graph(void);
 /* 0 when STRATA_CUDA_DECODE=unfused asks for the segment products in device-routed decode steps. */
 int env_cuda_fused_experts(void);
+/* 0 when STRATA_CUDA_STAGING=0 asks for expert copies straight from the mapped file. */
+int env_cuda_staging(void);
 
 #endif

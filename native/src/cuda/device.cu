@@ -151,6 +151,27 @@ strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to) {
     return STRATA_OK;
 }
 
+strata_status cuda_event_create(cuda_ctx *ctx, void **ev) {
+    cudaEvent_t x = NULL;
+    CU_TRY(ctx, cudaEventCreateWithFlags(&x, cudaEventDisableTiming), "creating an event");
+    *ev = (void *)x;
+    return STRATA_OK;
+}
+
+strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream) {
+    CU_TRY(ctx, cudaEventRecord((cudaEvent_t)ev, ctx->stream[stream & 1]), "recording an event");
+    return STRATA_OK;
+}
+
+strata_status cuda_event_wait(cuda_ctx *ctx, void *ev) {
+    CU_TRY(ctx, cudaEventSynchronize((cudaEvent_t)ev), "waiting for an event");
+    return STRATA_OK;
+}
+
+void cuda_event_free(void *ev) {
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
 strata_status cuda_capture_begin(cuda_ctx *ctx) {
     /* relaxed: nothing else in the process is enqueueing legacy-stream work meanwhile */
     CU_TRY(ctx, cudaStreamBeginCapture(CU_COMPUTE(ctx), cudaStreamCaptureModeRelaxed), "starting a graph capture");
