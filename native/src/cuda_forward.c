@@ -40,6 +40,7 @@
 #include "cuda_backend.h"
 #include "cuda_forward.h"
 #include "engine_internal.h"
+#include "group_dequant.h"
 
 typedef struct dev_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [D], [D], [hd], [hd] */
@@ -90,7 +91,7 @@ struct cuda_state {
     void *stage;             /* pinned host staging */
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
-    float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
+    float *host_tmp;         /* pinned [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
@@ -326,10 +327,11 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
     g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
-    g->host_tmp = malloc((size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float));
     g->exp_state = malloc((size_t)E);
-    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->host_tmp || !g->exp_state)
+    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
+    /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float), (void **)&g->host_tmp));
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
     DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
@@ -379,6 +381,7 @@ void cuda_forward_close(strata_engine *e) {
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
         cuda_host_free(g->ctx, g->stage);
         cuda_host_free(g->ctx, g->host_logits);
+        cuda_host_free(g->ctx, g->host_tmp);
         for (int i = 0; i < STAGE_RING; i++) {
             cuda_host_free(g->ctx, g->ring[i]);
             cuda_event_free(g->ring_done[i]);
@@ -390,7 +393,6 @@ void cuda_forward_close(strata_engine *e) {
     free(g->expert_in);
     free(g->last_use);
     free(g->ptr_host);
-    free(g->host_tmp);
     free(g->exp_state);
     free(g);
     e->gpu = NULL;
@@ -527,6 +529,69 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
     return STRATA_OK;
 }
 
+/* ---- decode misses on the host ------------------------------------------------------------------ */
+
+#define MIRROR_ROWS 32 /* rows per item of a parallel host matvec */
+
+/* Up to two matrices whose rows the pool splits: rows [0, n0) of m[0], then those of m[1]. */
+typedef struct mirror_job {
+    struct {
+        int32_t type;
+        const uint8_t *w; /* [rows, row_bytes] */
+        int64_t row_bytes, rows, cols;
+        const float *x; /* [cols] */
+        float *y;       /* [rows] */
+    } m[2];
+    int n_mat;
+} mirror_job;
+
+static void mirror_rows(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const mirror_job *j = ctx;
+    int64_t r0 = item * MIRROR_ROWS;
+    int i = 0;
+    const int64_t items0 = (j->m[0].rows + MIRROR_ROWS - 1) / MIRROR_ROWS;
+    if (j->n_mat > 1 && item >= items0) {
+        i = 1;
+        r0 = (item - items0) * MIRROR_ROWS;
+    }
+    const int64_t n = j->m[i].rows - r0 < MIRROR_ROWS ? j->m[i].rows - r0 : MIRROR_ROWS;
+    /* a row's bits do not depend on the rows computed with it: any split gives cuda_mirror_matvec's */
+    cuda_mirror_matvec(j->m[i].type, j->m[i].w + r0 * j->m[i].row_bytes, n, j->m[i].cols, j->m[i].x, j->m[i].y + r0);
+}
+
+/* cuda_mirror_expert for expert ex of layer W on the engine's threads: out[D] from x[D]; scratch [2F]. */
+static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
+                        float *scratch) {
+    const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
+    float *gv = scratch, *uv = scratch + F;
+    mirror_job j = {.n_mat = 2};
+    j.m[0].type = W->gate_exps.type;
+    j.m[0].w = W->gate_exps.data + ex * F * W->gate_exps.row_bytes;
+    j.m[0].row_bytes = W->gate_exps.row_bytes;
+    j.m[0].rows = F;
+    j.m[0].cols = D;
+    j.m[0].x = x;
+    j.m[0].y = gv;
+    j.m[1] = j.m[0];
+    j.m[1].type = W->up_exps.type;
+    j.m[1].w = W->up_exps.data + ex * F * W->up_exps.row_bytes;
+    j.m[1].row_bytes = W->up_exps.row_bytes;
+    j.m[1].y = uv;
+    const int64_t items = (F + MIRROR_ROWS - 1) / MIRROR_ROWS;
+    pool_run(e->pool, 2 * items, mirror_rows, &j);
+    for (int64_t i = 0; i < F; i++) gv[i] = gq_swiglu(gv[i], uv[i]); /* cuda_mirror_expert's order */
+    mirror_job d = {.n_mat = 1};
+    d.m[0].type = W->down_exps.type;
+    d.m[0].w = W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes;
+    d.m[0].row_bytes = W->down_exps.row_bytes;
+    d.m[0].rows = D;
+    d.m[0].cols = F;
+    d.m[0].x = gv;
+    d.m[0].y = out;
+    pool_run(e->pool, (D + MIRROR_ROWS - 1) / MIRROR_ROWS, mirror_rows, &d);
+}
+
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
 static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32_t T) {
     cuda_state *g = e->gpu;
@@ -615,10 +680,12 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
 
     int32_t *sel = (int32_t *)g->stage;
+    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST;
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
+    /* a miss run on the host needs the normed token: it comes back with the choices */
+    if (host_misses) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
     DEV(e, cuda_sync(g->ctx));
     count_lookups(e, l, sel, T);
-    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST;
     uint8_t *state = g->exp_state;
     memset(state, EXP_IDLE, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
@@ -661,18 +728,12 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
          * the last wave the host writes the staging again only after the next layer's sync */
         if (pending) DEV(e, cuda_sync(g->ctx));
     }
-    if (n_host > 0) { /* decode: the missed experts on the host, bit-exact with the device */
-        const int64_t F = hp->n_ff_exp;
+    if (n_host > 0) { /* decode: the missed experts on the host while the device runs the hits */
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
-        DEV(e, cuda_d2h(g->ctx, xh, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
-        DEV(e, cuda_sync(g->ctx));
         for (int32_t k = 0; k < K; k++) {
             const int32_t ex = sel[k];
             if (state[ex] != EXP_HOST) continue;
-            cuda_mirror_expert(W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
-                               W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
-                               W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F,
-                               xh, yh + (int64_t)k * D, scratch);
+            host_expert(e, W, ex, xh, yh + (int64_t)k * D, scratch);
             DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)k * D, yh + (int64_t)k * D, (size_t)D * 4, CUDA_STREAM_COMPUTE));
             e->stats.host_expert_runs++;
         }
