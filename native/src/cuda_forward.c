@@ -406,21 +406,10 @@ int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expe
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
 
-/* xn = rmsnorm(x[T, D]) * w, then y = W xn [T, rows]: for weights with 8-bit activations, the norm
- * writes the quantized rows in the same launch. */
-static strata_status norm_matvec(strata_engine *e, const float *x, const float *nw, int32_t type, const void *w,
-                                 int64_t rows, float *y, int32_t T) {
-    cuda_state *g = e->gpu;
-    const int32_t D = e->hp.n_embd;
-    if (cuda_act_type(type) != STRATA_TYPE_F32) {
-        DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
-        DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
-    } else {
-        DEV(e, cuda_rmsnorm(g->ctx, x, nw, g->xn, T, D, e->hp.rms_eps));
-        DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->xn, D, y, rows, T, 0));
-    }
-    return STRATA_OK;
-}
+/* A decode step (not a prompt chunk, whatever its size): the decode shortcuts below (fused norm and
+ * quantization, q/k/v quantized once, device routing, the graph) apply only here, so that prompt
+ * chunks keep one code path whatever their T. */
+static int decoding(const strata_engine *e) { return e->stats.state != 1; /* 1: reading a prompt */ }
 
 /* y (+)= W x for T rows of x (f32, stride xs floats), quantizing x first when W's type wants it. */
 static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
@@ -435,6 +424,21 @@ static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64
     return STRATA_OK;
 }
 
+/* xn = rmsnorm(x[T, D]) * w, then y = W xn [T, rows]: in decode, for weights with 8-bit activations,
+ * the norm writes the quantized rows in the same launch (the same bits as the two launches). */
+static strata_status norm_matvec(strata_engine *e, const float *x, const float *nw, int32_t type, const void *w,
+                                 int64_t rows, float *y, int32_t T) {
+    cuda_state *g = e->gpu;
+    const int32_t D = e->hp.n_embd;
+    if (decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
+        DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
+        DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
+        return STRATA_OK;
+    }
+    DEV(e, cuda_rmsnorm(g->ctx, x, nw, g->xn, T, D, e->hp.rms_eps));
+    return matvec(e, type, w, rows, D, g->xn, D, y, rows, T, 0);
+}
+
 static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
@@ -442,7 +446,7 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
     const dev_layer *dl = &g->layers[l];
     const int64_t D = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
     const int32_t at = cuda_act_type(W->wq.type);
-    if (at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at && cuda_act_type(W->wv.type) == at) {
+    if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at && cuda_act_type(W->wv.type) == at) {
         /* q, k and v read the same quantized activations: normed and quantized once */
         STRATA_TRY(norm_matvec(e, g->x, dl->attn_norm, W->wq.type, dl->wq, QD, g->q, T));
         DEV(e, cuda_matvec(g->ctx, W->wk.type, dl->wk, KD, D, g->act, g->act_row, g->k, KD, T, 0));
@@ -664,7 +668,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
     STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
-    if (T == 1 && g->ptr_dev) { /* every expert resident: route on the device, no round trip */
+    if (T == 1 && g->ptr_dev && decoding(e)) { /* every expert resident: route on the device, no round trip */
         const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
         DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
                                          (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
@@ -813,7 +817,7 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
-    if (T == 1 && want_logits && g->ptr_dev && g->graph_state >= 0) {
+    if (T == 1 && want_logits && g->ptr_dev && g->graph_state >= 0 && decoding(e)) {
         memcpy(xe + D, &pos0, sizeof pos0); /* the staging holds [D] floats and then the position */
         if (g->graph_state == 0) graph_capture(e);
         if (g->graph_state == 1) {
