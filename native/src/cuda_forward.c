@@ -74,7 +74,7 @@ struct cuda_state {
     const int32_t *pos_arg;  /* pos_dev while a step is captured, else NULL (kernels take pos0) */
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
     int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
-    int32_t fused_experts;   /* decode_experts for device-routed steps (STRATA_CUDA_DECODE=unfused: 0) */
+    int32_t fused;           /* decode's fused launches (STRATA_CUDA_DECODE=unfused: 0) */
     int32_t miss_policy;
     int32_t kv_type;
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
@@ -323,6 +323,7 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                        n_slots, hp->n_expert_used);
     g->n_slots = (int32_t)n_slots;
     g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST ? STRATA_MISS_HOST : STRATA_MISS_COPY;
+    g->fused = env_cuda_fused();
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
@@ -351,7 +352,6 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                           "the expert address table"));
         DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
         g->graph_state = env_cuda_graph() ? 0 : -1;
-        g->fused_experts = env_cuda_fused_experts();
     } else {
         g->graph_state = -1;
     }
@@ -430,7 +430,7 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
                                  int64_t rows, float *y, int32_t T) {
     cuda_state *g = e->gpu;
     const int32_t D = e->hp.n_embd;
-    if (decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
+    if (g->fused && decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
         DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
         return STRATA_OK;
@@ -446,7 +446,22 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
     const dev_layer *dl = &g->layers[l];
     const int64_t D = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
     const int32_t at = cuda_act_type(W->wq.type);
-    if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at && cuda_act_type(W->wv.type) == at) {
+    if (g->fused && decoding(e) && T == 1 && W->wk.type == W->wq.type && W->wv.type == W->wq.type) {
+        /* decode: xn (and its 8-bit row) in one launch, then q, k and v in one */
+        const void *xin = g->xn;
+        if (at != STRATA_TYPE_F32) {
+            DEV(e, cuda_rmsnorm_q8(g->ctx, g->x, dl->attn_norm, g->xn, g->act, g->act_row, T, (int32_t)D,
+                                   hp->rms_eps));
+            xin = g->act;
+        } else {
+            DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
+        }
+        const void *const w3[3] = {dl->wq, dl->wk, dl->wv};
+        const int64_t r3[3] = {QD, KD, KD};
+        float *const y3[3] = {g->q, g->k, g->v};
+        DEV(e, cuda_matvec3(g->ctx, W->wq.type, w3, r3, D, xin, y3));
+    } else if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at &&
+               cuda_act_type(W->wv.type) == at) {
         /* q, k and v read the same quantized activations: normed and quantized once */
         STRATA_TRY(norm_matvec(e, g->x, dl->attn_norm, W->wq.type, dl->wq, QD, g->q, T));
         DEV(e, cuda_matvec(g->ctx, W->wk.type, dl->wk, KD, D, g->act, g->act_row, g->k, KD, T, 0));
@@ -675,7 +690,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
                                          g->seg_tok, g->seg_out, half));
         e->stats.lookups += (uint64_t)T * K;
         e->stats.hits += (uint64_t)T * K;
-        if (g->fused_experts && W->gate_exps.type == W->up_exps.type && K <= 32)
+        if (g->fused && W->gate_exps.type == W->up_exps.type && K <= 32)
             return decode_experts(e, l);
         STRATA_TRY(expert_products(e, l, T * K, 1, T));
         DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));

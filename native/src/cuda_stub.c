@@ -87,6 +87,11 @@ strata_status cuda_rmsnorm_q8(cuda_ctx *c, const float *x, const float *w, float
     (void)c; (void)x; (void)w; (void)y; (void)q; (void)qs; (void)T; (void)D; (void)e;
     return STRATA_ERR_DEVICE;
 }
+strata_status cuda_matvec3(cuda_ctx *c, int32_t t, const void *const w[3], const int64_t r[3], int64_t cols,
+                           const void *x, float *const y[3]) {
+    (void)c; (void)t; (void)w; (void)r; (void)cols; (void)x; (void)y;
+    return STRATA_ERR_DEVICE;
+}
 strata_status cuda_expert_gate_up(cuda_ctx *c, int32_t t, const void *const *wg, const void *const *wu, int64_t F,
                                   int64_t D, const void *x, float *h, int32_t K) {
     (void)c; (void)t; (void)wg; (void)wu; (void)F; (void)D; (void)x; (void)h; (void)K;

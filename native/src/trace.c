@@ -10,10 +10,10 @@
  *
  *   STRATA_CUDA_DECODE  "host": on --device cuda with every expert resident, bring the router's choices
  *                  to the host every layer as with a partial cache, instead of routing on the device
- *                  (the replies are the same; for comparing the two paths). "unfused": route on
- *                  the device but run a step's experts with the segment products and a separate
- *                  weighted sum instead of the two fused decode kernels. Read when the device cache
- *                  is filled.
+ *                  (the replies are the same; for comparing the two paths). "unfused": decode
+ *                  without its fused launches (norm + quantization, q/k/v in one product, an
+ *                  expert's gate + up + SwiGLU, down + weighted sum): the separate kernels, the same
+ *                  replies. Read when the device cache is filled.
  *
  *   STRATA_CUDA_GRAPH   "0": on --device cuda, run the decode step launch by launch instead of capturing
  *                  it once as a CUDA Graph (same replies; for comparison and as a way around a driver
@@ -64,7 +64,7 @@ int env_cuda_graph(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
-int env_cuda_fused_experts(void) {
+int env_cuda_fused(void) {
     const char *v = getenv("STRATA_CUDA_DECODE");
     return !(v && strcmp(v, "unfused") == 0);
 }

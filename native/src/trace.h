@@ -20,8 +20,8 @@ void trace_emit(const trace_sink *t, const char *fmt, ...) __attribute__((format
 int env_cuda_device_routing(void);
 /* 0 when STRATA_CUDA_GRAPH=0 asks the CUDA backend not to capture the decode step as a graph. */
 int env_cuda_graph(void);
-/* 0 when STRATA_CUDA_DECODE=unfused asks for the segment products in device-routed decode steps. */
-int env_cuda_fused_experts(void);
+/* 0 when STRATA_CUDA_DECODE=unfused asks for decode without its fused launches. */
+int env_cuda_fused(void);
 /* 0 when STRATA_CUDA_STAGING=0 asks for expert copies straight from the mapped file. */
 int env_cuda_staging(void);
 

@@ -239,6 +239,25 @@ __device__ __forceinline__ float dot_row(const uint8_t *row, const void *x, int6
     return dot_row_f<TYPE>(row, (const float *)x, cols, lane);
 }
 
+/* Decode: up to three matrices of one type and width (q, k and v) against one token in one launch. Warp
+ * w of the grid takes row w of the rows of m0, then m1, then m2 stacked. */
+struct mv3 {
+    const uint8_t *w[3];
+    float *y[3];
+    int64_t rows[3];
+};
+template <int TYPE>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_matvec3(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
+    const int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    int i = 0;
+    while (i < 3 && r >= m.rows[i]) r -= m.rows[i++];
+    if (i == 3) return;
+    const float v = dot_row<TYPE>(m.w[i] + r * row_bytes, x, cols, lane);
+    if (lane == 0) m.y[i][r] = v;
+}
+
 /* grid (F / MV_WARPS, K): warp = row r of expert k: h[k, r] = swiglu(gate_k[r] . x, up_k[r] . x) */
 template <int TYPE>
 __global__ void __launch_bounds__(MV_WARPS * 32)
@@ -365,6 +384,40 @@ strata_status cuda_matvec(cuda_ctx *ctx, int32_t type, const void *w, int64_t ro
     if (T == 1) return launch<1>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, 1, T, accumulate);
     return launch<8>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, (T + 7) / 8, T,
                      accumulate);
+}
+
+strata_status cuda_matvec3(cuda_ctx *ctx, int32_t type, const void *const w[3], const int64_t rows[3], int64_t cols,
+                           const void *x, float *const y[3]) {
+    if (!shape_ok(type, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    mv3 m;
+    int64_t total = 0;
+    for (int i = 0; i < 3; i++) {
+        m.w[i] = (const uint8_t *)w[i];
+        m.y[i] = y[i];
+        m.rows[i] = w[i] ? rows[i] : 0;
+        total += m.rows[i];
+    }
+    if (total <= 0) return STRATA_OK;
+    const int64_t rb = gq_row_bytes(type, cols);
+    cudaStream_t s = CU_COMPUTE(ctx);
+#define M3_CASE(TY)                                                                          \
+    case TY:                                                                                 \
+        k_matvec3<TY><<<cu_blocks(total, MV_WARPS), MV_WARPS * 32, 0, s>>>(m, rb, cols, x); \
+        break;
+    switch (type) {
+        M3_CASE(STRATA_TYPE_F32)
+        M3_CASE(STRATA_TYPE_F16)
+        M3_CASE(STRATA_TYPE_BF16)
+        M3_CASE(STRATA_TYPE_Q8_0)
+        M3_CASE(STRATA_TYPE_Q4_0)
+        M3_CASE(STRATA_TYPE_Q4_K)
+        M3_CASE(STRATA_TYPE_Q6_K)
+    default:
+        return STRATA_ERR_UNSUPPORTED;
+    }
+#undef M3_CASE
+    CU_LAUNCHED(ctx, "matvec of three matrices");
+    return STRATA_OK;
 }
 
 strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const *wg, const void *const *wu,
