@@ -108,10 +108,10 @@ strata_status cuda_matvec_segments(cuda_ctx *ctx, int32_t type, const void *cons
                                    const int32_t *out_rows, float *y, int64_t y_stride, int32_t n_segments,
                                    int32_t seg_tokens);
 
-/* Decode: y[i] = W_i x for up to three matrices of one type and width cols (w[i] NULL: none), rows[i]
+/* Decode: y[i] (+)= W_i x for up to three matrices of one type and width cols (w[i] NULL: none), rows[i]
  * rows each, one token x of cuda_act_type(type); one launch, the same bits as cuda_matvec with T = 1. */
 strata_status cuda_matvec3(cuda_ctx *ctx, int32_t type, const void *const w[3], const int64_t rows[3], int64_t cols,
-                           const void *x, float *const y[3]);
+                           const void *x, float *const y[3], int32_t accumulate);
 /* Decode, one token and its K experts (weights wg[k], wu[k] of one type, [F, D] each):
  * h[k, :] = swiglu(Wg_k x, Wu_k x), h: [K, F]; x: one row of cuda_act_type(type). The same bits as two
  * cuda_matvec_segments calls (one token per segment) followed by cuda_swiglu. */

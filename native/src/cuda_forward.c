@@ -411,10 +411,28 @@ int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expe
  * chunks keep one code path whatever their T. */
 static int decoding(const strata_engine *e) { return e->stats.state != 1; /* 1: reading a prompt */ }
 
+/* Decode, one token: y (+)= W x with the one-token kernel (x in W's activation type already). */
+static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const void *x,
+                             float *y, int32_t acc) {
+    const void *const w3[3] = {w, NULL, NULL};
+    const int64_t r3[3] = {rows, 0, 0};
+    float *const y3[3] = {y, NULL, NULL};
+    DEV(e, cuda_matvec3(e->gpu->ctx, type, w3, r3, cols, x, y3, acc));
+    return STRATA_OK;
+}
+
 /* y (+)= W x for T rows of x (f32, stride xs floats), quantizing x first when W's type wants it. */
 static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                             int64_t xs, float *y, int64_t ys, int32_t T, int32_t acc) {
     cuda_state *g = e->gpu;
+    if (g->fused && T == 1 && decoding(e)) {
+        const void *xin = x;
+        if (cuda_act_type(type) != STRATA_TYPE_F32) {
+            DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, 1));
+            xin = g->act;
+        }
+        return matvec1(e, type, w, rows, cols, xin, y, acc);
+    }
     if (cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, T));
         DEV(e, cuda_matvec(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
@@ -432,6 +450,7 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
     const int32_t D = e->hp.n_embd;
     if (g->fused && decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
+        if (T == 1) return matvec1(e, type, w, rows, D, g->act, y, 0);
         DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
         return STRATA_OK;
     }
@@ -459,7 +478,7 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
         const void *const w3[3] = {dl->wq, dl->wk, dl->wv};
         const int64_t r3[3] = {QD, KD, KD};
         float *const y3[3] = {g->q, g->k, g->v};
-        DEV(e, cuda_matvec3(g->ctx, W->wq.type, w3, r3, D, xin, y3));
+        DEV(e, cuda_matvec3(g->ctx, W->wq.type, w3, r3, D, xin, y3, 0));
     } else if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at &&
                cuda_act_type(W->wv.type) == at) {
         /* q, k and v read the same quantized activations: normed and quantized once */

@@ -88,8 +88,8 @@ strata_status cuda_rmsnorm_q8(cuda_ctx *c, const float *x, const float *w, float
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_matvec3(cuda_ctx *c, int32_t t, const void *const w[3], const int64_t r[3], int64_t cols,
-                           const void *x, float *const y[3]) {
-    (void)c; (void)t; (void)w; (void)r; (void)cols; (void)x; (void)y;
+                           const void *x, float *const y[3], int32_t a) {
+    (void)c; (void)t; (void)w; (void)r; (void)cols; (void)x; (void)y; (void)a;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_expert_gate_up(cuda_ctx *c, int32_t t, const void *const *wg, const void *const *wu, int64_t F,

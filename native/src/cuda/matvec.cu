@@ -177,6 +177,8 @@ __device__ __forceinline__ float dot_row_f(const uint8_t *__restrict__ row, cons
     float acc = 0.0f;
     const int64_t G = cols >> 5;
     const int sl = lane & 3;
+    /* unrolled so that several groups' loads are in flight together (the sum's order is unchanged) */
+#pragma unroll 4
     for (int64_t g = lane >> 2; g < G; g += 8) {
         float w[8];
         gq_dequant8(TYPE, row, g, sl, w);
@@ -204,6 +206,7 @@ __device__ __forceinline__ float dot_row_q8(const uint8_t *__restrict__ row, con
     float acc = 0.0f;
     const int64_t G = cols >> 5;
     const int sl = lane & 3;
+#pragma unroll 4
     for (int64_t g = lane >> 2; g < G; g += 8) {
         int w0, w1;
         float dw;
@@ -245,17 +248,29 @@ struct mv3 {
     const uint8_t *w[3];
     float *y[3];
     int64_t rows[3];
+    int accumulate; /* y += instead of y = */
 };
 template <int TYPE>
 __global__ void __launch_bounds__(MV_WARPS * 32)
 k_matvec3(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
     const int lane = threadIdx.x & 31;
     int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    int i = 0;
-    while (i < 3 && r >= m.rows[i]) r -= m.rows[i++];
-    if (i == 3) return;
-    const float v = dot_row<TYPE>(m.w[i] + r * row_bytes, x, cols, lane);
-    if (lane == 0) m.y[i][r] = v;
+    /* selects, not an indexed parameter array (which would go through local memory) */
+    const uint8_t *w = m.w[0];
+    float *y = m.y[0];
+    if (r >= m.rows[0]) {
+        r -= m.rows[0];
+        w = m.w[1];
+        y = m.y[1];
+        if (r >= m.rows[1]) {
+            r -= m.rows[1];
+            w = m.w[2];
+            y = m.y[2];
+            if (r >= m.rows[2]) return;
+        }
+    }
+    const float v = dot_row<TYPE>(w + r * row_bytes, x, cols, lane);
+    if (lane == 0) y[r] = m.accumulate ? __fadd_rn(y[r], v) : v; /* k_matvec's expression */
 }
 
 /* grid (F / MV_WARPS, K): warp = row r of expert k: h[k, r] = swiglu(gate_k[r] . x, up_k[r] . x) */
@@ -387,9 +402,10 @@ strata_status cuda_matvec(cuda_ctx *ctx, int32_t type, const void *w, int64_t ro
 }
 
 strata_status cuda_matvec3(cuda_ctx *ctx, int32_t type, const void *const w[3], const int64_t rows[3], int64_t cols,
-                           const void *x, float *const y[3]) {
+                           const void *x, float *const y[3], int32_t accumulate) {
     if (!shape_ok(type, cols)) return STRATA_ERR_INVALID_ARGUMENT;
     mv3 m;
+    m.accumulate = accumulate;
     int64_t total = 0;
     for (int i = 0; i < 3; i++) {
         m.w[i] = (const uint8_t *)w[i];
