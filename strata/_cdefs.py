@@ -209,6 +209,8 @@ class StrataStats(Structure):
         ("state", c_int32),
         ("prompt_done", c_int32),
         ("prompt_total", c_int32),
+        ("device_bytes", c_int64),
+        ("device_peak_bytes", c_int64),
     ]
 
 

@@ -151,6 +151,8 @@ class Stats:
     state: int
     prompt_done: int
     prompt_total: int
+    device_bytes: int
+    device_peak_bytes: int
 
 
 @dataclass

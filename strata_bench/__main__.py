@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+from .cli import exit_process, main
 
-sys.exit(main())
+sys.exit(exit_process(main()))

@@ -120,6 +120,9 @@ def _metrics(
     return out
 
 
+_baseline: int | None = None  # device memory in use before this process opened its first engine
+
+
 def _error(phase: str, exc: BaseException, flags: str) -> dict[str, Any]:
     return {
         "phase": phase,
@@ -179,8 +182,14 @@ def run_strata(
                 "knobs": cfg.to_dict(),  # as given; what the engine made of them is in "plan"
             }
 
-        # one sampler per engine: its baseline is the device before this engine opened
+        # one sampler per engine; its baseline is the device before the first engine of this process
+        # opened, so that what an earlier engine leaves behind (the CUDA context) counts as strata's
         with GpuSampler(pids=[os.getpid()]) as gpu:
+            global _baseline
+            if _baseline is None:
+                _baseline = gpu.baseline
+            elif gpu.baseline is not None:
+                gpu.baseline = min(gpu.baseline, _baseline)
             try:
                 eng = Engine(model_path, run_cfg)
             except LibraryNotFoundError:

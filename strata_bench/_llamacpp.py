@@ -54,6 +54,7 @@ _PEER_FIELDS = (
     "n_cpu_moe",
     "flash_attn",
     "use_mmap",
+    "load_mode",
     "test_time",
     "avg_ts",
     "stddev_ts",
@@ -150,8 +151,10 @@ def llama_bench_args(
     repetitions: int,
     cfg: EngineConfig,
     n_cpu_moe: int | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """llama-bench's flags for the same tests strata runs under ``cfg``; ``n_cpu_moe`` only on the GPU."""
+    """llama-bench's flags for the same tests strata runs under ``cfg``; ``n_cpu_moe`` only on the GPU;
+    ``extra`` flags (``--llama-args``) last, so that they win."""
     gpu = on_gpu(cfg.device)
     args = [
         "-m",
@@ -171,7 +174,11 @@ def llama_bench_args(
         "jsonl",
     ]
     if gpu and n_cpu_moe:
-        args += ["-ncmoe", str(n_cpu_moe)]
+        # Experts on the host cross PCIe for every prompt batch; from a memory-mapped file they move at
+        # ~7 GB/s, from llama.cpp's own (pinned) buffers at ~43 GB/s on the H200 host (shared/GPU.md), so
+        # llama.cpp is given the load mode it is fastest with.
+        args += ["-ncmoe", str(n_cpu_moe), "-lm", "none"]
+    args += list(extra)
     if any(d > 0 for d in n_depth):
         args += ["-d", ",".join(map(str, n_depth))]
     if cfg.kv == "int8":
@@ -241,13 +248,14 @@ def run_llama_bench(
     weights: dict[str, Any] | None = None,
     n_cpu_moe: int | None = None,
     knobs: dict[str, Any] | None = None,
+    extra: Sequence[str] = (),
 ) -> int:
     """Run llama-bench once for ``cfg``; each JSONL row becomes a record passed to ``on_record``. Returns the row count.
 
     GPU memory and utilization are sampled while it runs; each row gets the samples taken since the
     previous row (the first one's window includes loading the model).
     """
-    args = llama_bench_args(model_path, n_prompt, n_gen, n_depth, repetitions, cfg, n_cpu_moe)
+    args = llama_bench_args(model_path, n_prompt, n_gen, n_depth, repetitions, cfg, n_cpu_moe, extra)
     n = 0
     with (
         tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ._grid import swept_knobs
+from ._records import failed
 
 __all__ = ["plot_records"]
 
@@ -45,7 +46,7 @@ def plot_records(records: Sequence[dict[str, Any]], out_dir: str | Path) -> list
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    speed = [r for r in records if r.get("unit") == "t/s"]
+    speed = [r for r in records if r.get("unit") == "t/s" and not failed(r)]  # a failed test has no figure
     knobs = swept_knobs([r.get("knobs") or {} for r in speed if r.get("target") == "strata"])
     models = sorted({str(r.get("model")) for r in speed})
     many = len(models) > 1

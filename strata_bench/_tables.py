@@ -30,6 +30,7 @@ __all__ = [
     "engine_table",
     "failed_table",
     "fmt_bytes",
+    "knob_str",
     "peer_key",
     "render_markdown",
     "server_table",
@@ -86,7 +87,8 @@ def _fmt_gbps(x: float | None) -> str:
 _SIZE_KNOBS = ("vram_budget", "host_ram_budget")
 
 
-def _knob_str(v: Any, name: str = "") -> str:
+def knob_str(v: Any, name: str = "") -> str:
+    """A knob's value as a table cell: sizes in the flag's own spelling, no budget as ``auto``."""
     if v is None:
         return "auto" if name in _SIZE_KNOBS else "-"
     if name in _SIZE_KNOBS and isinstance(v, int):
@@ -171,7 +173,7 @@ def speed_table(records: Sequence[dict[str, Any]]) -> Table | None:
             + ([first.get("model", "?")] if multi_model else [])
             + [first.get("quant") or "-"]
             # a llama.cpp GPU row shows the budget it stands for
-            + [_knob_str(k.get(n), n) if strata or (n == "vram_budget" and n in k) else "-" for n in knobs]
+            + [knob_str(k.get(n), n) if strata or (n == "vram_budget" and n in k) else "-" for n in knobs]
             + ([("-" if strata else _llama_flags(k))] if peer_cols else [])
             + ([fmt_bytes(max(vram)) if vram else "-"] if vram_col else [])
             + [_fmt_ts(g["tests"][t]) if t in g["tests"] else "-" for t in tests]
@@ -235,7 +237,7 @@ def engine_table(records: Sequence[dict[str, Any]]) -> Table | None:
         hr = m.get("hit_rate")
         rows.append(
             ([r.get("target", "?")] if targets else [])
-            + [_knob_str(k.get(n), n) if r.get("target") == "strata" else "-" for n in knobs]
+            + [knob_str(k.get(n), n) if r.get("target") == "strata" else "-" for n in knobs]
             + [
                 r["test"],
                 f"{r['mean']:.2f}" if r.get("mean") is not None else "-",

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "exit_process", "main"]
 
 
 def _add_output_args(p: argparse.ArgumentParser, default_output: bool = True) -> None:
@@ -108,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="seed of the random tokens and of sampling (default 0)"
     )
     t.add_argument("--llama-bench", metavar="PATH", help="llama.cpp's llama-bench (default: the one on PATH)")
+    t.add_argument(
+        "--llama-args",
+        default="",
+        metavar="'FLAGS'",
+        help="more llama-bench flags for every llama.cpp run, e.g. '-ub 4096 -b 4096' (recorded in each row)",
+    )
     t.add_argument(
         "--llama-n-cpu-moe",
         type=_n_cpu_moe_list,
@@ -349,7 +356,7 @@ def _peer_runs(
                 if knobs not in seen:
                     seen.append(knobs)
                     runs.append(_PeerRun(cfg, int(v), knobs, i))
-                extra = []
+            extra = []  # after the first all-resident configuration only
     return runs
 
 
@@ -368,6 +375,10 @@ def _row_line(rec: dict[str, Any]) -> str:
             flags = ""
     else:
         flags = " ".join(f"{n}={v}" for n, v in k.items() if n in ("threads", "n_gpu_layers", "n_cpu_moe"))
+        if "vram_budget" in k:
+            from ._tables import knob_str
+
+            flags += f" (against --vram-budget {knob_str(k['vram_budget'], 'vram_budget')})"
     head = f"{rec.get('target')} {flags}".strip() + f" {rec.get('test')}:"
     if failed(rec):
         msg = (rec.get("error") or {}).get("message", "")
@@ -396,9 +407,8 @@ def _failure_summary(records: Sequence[dict[str, Any]]) -> list[str]:
     out = []
     for (target, flags, msg), tests in groups.items():
         lines = msg.strip().splitlines() or ["(no message)"]
-        text = lines[0] + "".join(
-            f"\n    {x}" for x in lines[1:][-12:]
-        )  # a tool's stderr tail: its last lines
+        tail = lines[1:][-12:]  # of a tool's stderr, its last lines say why
+        text = "\n    ".join([lines[0], *tail])
         out.append(f"{target} {flags}".rstrip() + f" [{', '.join(tests)}]: {text}")
     return out
 
@@ -491,7 +501,7 @@ def _run_engine_targets(
             run_llama_bench(
                 exe, model_path, model, args.n_prompt, args.n_gen, args.n_depth, args.repetitions, pr.cfg,
                 keep, on_test=functools.partial(prog.advance, task_l, 1), weights=weights,
-                n_cpu_moe=pr.n_cpu_moe, knobs=pr.knobs,
+                n_cpu_moe=pr.n_cpu_moe, knobs=pr.knobs, extra=shlex.split(args.llama_args),
             )  # fmt: skip
         except LlamaBenchError as e:
             # the tests it did not finish get failed rows; the next configuration still runs
@@ -601,6 +611,25 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def exit_process(rc: int) -> int:
+    """The exit status of the command; after Ctrl-C, end the process here.
+
+    An interrupted run has written and synced its rows and said so. Left to the interpreter's own
+    shutdown, such a process was sometimes reported as killed by SIGINT rather than exiting with 130
+    (about one run in thirty here), which a caller cannot tell from a crash; so it exits at once.
+    """
+    if rc == 130:
+        import os
+
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(130)
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
@@ -635,4 +664,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_process(main()))

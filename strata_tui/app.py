@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +17,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from ._gc import QUIET_S, QuietCollector
 from .client import ChatClient
 from .screens import ChatScreen
 from .server_process import ServerProcess
@@ -52,6 +54,7 @@ class StrataChat(App[None]):
         self.client: ChatClient | None = ChatClient(server_url, api_key) if server_url else None
         self.store = Store(db_path)
         self._db_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-chat-db")
+        self.collector = QuietCollector()
 
     def set_server_url(self, url: str) -> None:
         self.client = ChatClient(url, self.api_key)
@@ -62,8 +65,17 @@ class StrataChat(App[None]):
 
     def on_mount(self) -> None:
         self.push_screen(ChatScreen())
+        self.call_after_refresh(self.collector.start)
+        self.set_interval(QUIET_S / 2, self._collect_when_quiet)
+
+    def _collect_when_quiet(self) -> None:
+        chat = self.chat
+        if chat is not None and (chat.reply is not None or time.monotonic() - chat.input.last_key_at < QUIET_S):
+            return
+        self.collector.collect_if_due()
 
     async def on_unmount(self) -> None:
+        self.collector.stop()
         if self.client is not None:
             await self.client.aclose()
         self._db_thread.submit(self.store.close).result()

@@ -44,6 +44,7 @@ class ServerProcess:
         self.host = host
         self.port = port  # 0: a free port, chosen by the server
         self.url: str | None = None
+        self.made_default = False  # True when no model was given and the built-in tiny one was made
         self.log: collections.deque[str] = collections.deque(maxlen=200)
         self._proc: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
@@ -79,6 +80,7 @@ class ServerProcess:
 
             model = Path(ensure_model("tiny"))
             self.model = model
+            self.made_default = True
         if not Path(model).exists():
             raise ServerStartError(f"model file not found: {model} (pass --model FILE, or leave it out for the default)")
         env = dict(os.environ, PYTHONUNBUFFERED="1")

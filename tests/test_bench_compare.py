@@ -110,3 +110,12 @@ def test_a_knob_only_one_side_has_leaves_the_key() -> None:
     res = compare(OLD, new, gates=[parse_gate("tg128:-5%")])
     assert res.ok and res.matched == 4
     assert res.ignored_fields == ["knobs.prefetch"]
+
+
+def test_a_configuration_that_failed_in_new_fails_its_gate() -> None:
+    new = copy.deepcopy(OLD)
+    new[3].update(mean=None, stddev=None, status="failed", error={"phase": "open", "message": "no device"})
+    res = compare(OLD, new, gates=[parse_gate("tg128:-5%")])
+    assert res.matched == 4
+    assert len(res.failures) == 1 and "expert_cache=128" in res.failures[0] and "no mean" in res.failures[0]
+    assert [row[-1] for row in res.rows if row[-1].startswith("FAIL")] == ["FAIL (no value)"]

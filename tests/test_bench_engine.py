@@ -183,6 +183,10 @@ def test_a_failing_configuration_is_a_row_and_the_grid_goes_on(tiny, tmp_path, c
         assert r["knobs"]["threads"] is None and r["knobs"]["expert_cache"] == "auto" and r["samples"] == []
         assert r["mean"] is None  # no figure for what was not measured
     assert all(len(r["samples"]) == 5 for r in rows if r["status"] == "ok")
+    # each list element reached the engine: its plan is made for that budget
+    assert [r["plan"]["budget_bytes"] for r in rows if r["status"] == "ok"] == [256 << 20] * 2 + [
+        128 << 20
+    ] * 2
     md = cap.out
     speed = md.split("**engine")[0]
     assert [line.split("|")[3].strip() for line in speed.splitlines() if line.startswith("| strata ")] == [

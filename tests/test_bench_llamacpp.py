@@ -165,10 +165,11 @@ def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, model_file, tmp_path, m
     which is a failed row too."""
     monkeypatch.setenv("FAKE_LLAMA_BENCH_FAIL_NCMOE", "7")
     out = tmp_path / "r.jsonl"
-    rc = bench(
+    cmd = (
         f"run --device cuda --target strata --target llama.cpp --model {model_file} -p 32 -n 8 -r 5 "
         f"--threads 1 --vram-budget auto,64MiB,32MiB --llama-n-cpu-moe 0,7,3 --output {out} --format md"
     )
+    rc = main([*cmd.split(), "--llama-args", "-ub 256 -b 256"])
     assert rc == 1  # one llama.cpp setting failed (and strata's, where there is no GPU)
     rows = _rows(out)
     budgets = [None, 64 << 20, 32 << 20]
@@ -188,7 +189,9 @@ def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, model_file, tmp_path, m
         args = r["peer"]["args"]
         assert args[args.index("-ngl") + 1] == "99"
         assert ("-ncmoe" in args) == (n > 0) and (n == 0 or args[args.index("-ncmoe") + 1] == str(n))
-        assert r["peer"]["n_cpu_moe"] == n  # llama-bench's own record of the setting
+        # host experts from llama.cpp's own buffers, not the mapping; --llama-args reach every run
+        assert r["peer"]["load_mode"] == ("none" if n else "auto")
+        assert r["peer"]["n_cpu_moe"] == n and r["peer"]["n_ubatch"] == 256  # llama-bench's own record
         # the stand-in's speed is divided by 1 + n: the rows are those of the setting asked for
         assert r["mean"] == pytest.approx((900.0 if r["n_prompt"] else 40.0) / (1 + n), rel=0.02)
     md = capsys.readouterr().out
@@ -259,3 +262,14 @@ def test_n_cpu_moe_needs_a_gpu_run_and_one_value_per_budget(fake_bin, model_file
     assert bench(cmd) == 1
     assert "give one per budget" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_n_cpu_moe_values_without_budgets_all_run(fake_bin, model_file, tmp_path) -> None:
+    """No --vram-budget list: every --llama-n-cpu-moe value runs; only 0 stands against strata's rows."""
+    out = tmp_path / "r.jsonl"
+    cmd = f"run --device cuda --target llama.cpp --model {model_file} -p 32 -n 0 -r 5 --llama-n-cpu-moe 0,2,4 --output {out}"
+    assert bench(cmd) == 0
+    rows = _rows(out)
+    assert [r["knobs"]["n_cpu_moe"] for r in rows] == [0, 2, 4]
+    assert ["vram_budget" in r["knobs"] for r in rows] == [True, False, False]
+    assert [r["mean"] for r in rows] == pytest.approx([900.0, 300.0, 180.0], rel=0.02)

@@ -72,10 +72,10 @@ def test_sampler_windows_cover_every_sample_once() -> None:
     total = s.summary()
     given = script.given
     baseline = given[0].memory_used
-    # each window is the samples read since the previous take; together, every sample but the last
-    # (read at the end, after the last take) exactly once, in order
+    # each window is the samples read since the previous take, in order, none twice; what was read after
+    # the last take (at least the sample at the end) is in the whole-run summary only
     sizes = [w["samples"] for w in windows]
-    assert all(n >= 1 for n in sizes) and sum(sizes) == len(given) - 1
+    assert all(n >= 1 for n in sizes) and sum(sizes) < len(given)
     start = 0
     for w, n in zip(windows, sizes, strict=True):
         assert w == _expect(given[start : start + n], baseline)
@@ -86,9 +86,13 @@ def test_sampler_windows_cover_every_sample_once() -> None:
 def test_a_reader_that_fails_keeps_what_was_sampled() -> None:
     script = Script(fail_after=3)
     with GpuSampler(interval=0.005, reader=script) as s:
-        time.sleep(0.05)
-    assert s.summary() == _expect(script.given, script.given[0].memory_used)
+        deadline = time.monotonic() + 30
+        while len(script.given) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # the fourth read fails; nothing after it is read
+        assert s.take() == _expect(script.given, script.given[0].memory_used)
     assert len(script.given) == 3
+    assert s.summary() == _expect(script.given, script.given[0].memory_used)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +114,7 @@ def test_rows_carry_gpu_memory_and_utilization(tiny, tmp_path, monkeypatch, caps
     assert [r["test"] for r in rows] == ["pp16", "tg4"]
     for r in rows:
         nv = r["nvml"]
-        assert nv["samples"] >= 1 and nv["memory_used_max"] >= nv["memory_baseline"] > 0
+        assert nv["samples"] >= 1 and nv["memory_used_max"] >= nv["memory_baseline"] >= 0
         assert 0 <= nv["utilization_mean"] <= nv["utilization_max"] <= 100
     if not HAVE_GPU:
         # the sampler opened before the engine: its first sample is the baseline of both rows
@@ -129,4 +133,5 @@ def test_real_nvml_on_a_gpu() -> None:
         time.sleep(0.2)
         w = s.take()
     assert w is not None and w["samples"] >= 2
-    assert 0 < w["memory_used_max"] <= info["memory_total"] and 0 <= w["utilization_mean"] <= 100
+    assert 0 <= w["memory_baseline"] <= w["memory_used_max"] <= info["memory_total"]
+    assert 0 <= w["utilization_mean"] <= w["utilization_max"] <= 100

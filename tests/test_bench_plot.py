@@ -52,3 +52,14 @@ def test_only_what_the_records_support(tmp_path, capsys) -> None:
     w.append(_rec("llama.cpp", "tg32", 20.0))
     assert main(["plot", str(f), "--out", str(tmp_path / "none")]) == 1
     assert "nothing to plot" in capsys.readouterr().err
+
+
+def test_failed_rows_are_left_out(tmp_path) -> None:
+    ok = [_rec("strata", f"pp{p}", 100.0 + p, "8") for p in (64, 256)]
+    lost = [
+        {**_rec("strata", f"pp{p}", 0.0, "16"), "mean": None, "stddev": None, "status": "failed"}
+        for p in (64, 256)
+    ]
+    written = plot_records(ok + lost, tmp_path)
+    assert [p.name for p in written] == ["tokens_per_s_vs_prompt.png"]
+    assert plot_records(lost, tmp_path / "none") == []  # nothing measured, nothing drawn

@@ -299,3 +299,14 @@ def test_fixed_prefill_is_halved_at_open_until_it_fits(tiny: Path) -> None:
         assert p.auto_chunk == steps[-1][1] and eng.layout(p.auto_chunk).slots_needed <= p.max_lend_slots
         eng.prefill(prompt(500))  # served in chunks of the halved size
         assert eng.stats().last_chunk == p.auto_chunk
+
+
+def test_device_bytes_held_stay_within_the_budget(tiny: Path) -> None:
+    with Engine(tiny, EngineConfig(threads=1, expert_cache="40", max_context=1024)) as eng:
+        p = eng.plan
+        before = eng.stats()
+        assert 0 < before.device_bytes == before.device_peak_bytes <= p.budget_bytes
+        eng.prefill(np.random.default_rng(0).integers(3, 2000, 700).tolist())
+        after = eng.stats()
+        assert after.device_peak_bytes <= p.budget_bytes
+        assert after.device_bytes >= before.device_bytes

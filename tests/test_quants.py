@@ -181,7 +181,7 @@ def test_products_levels_threads_batch(name: str, wide: bool) -> None:
     bs, _ = _geom(name)
     # wide rows span several chunks of blocks in the many-token kernels
     blocks = (19 if wide else 3) if bs == 256 else (75 if wide else 26)
-    rows, cols, n_tok = 37, blocks * bs, 6 if wide else 5
+    rows, cols, n_tok = 37, blocks * bs, 70 if wide else 5  # 70 tokens: more than a token tile (64)
     q, wd = _weights(name, rows, cols, 7)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)

@@ -7,6 +7,7 @@ conversation database.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from textual import events
 from textual.pilot import Pilot
 
 from strata_tui.app import StrataChat
@@ -220,6 +222,40 @@ def test_cancel_while_the_reply_is_written(small_server: ServerProcess, tmp_path
     assert not msgs[3].meta.get("cancelled")
 
 
+def test_typing_while_a_reply_streams(small_server: ServerProcess, tmp_path: Path) -> None:
+    url = small_server.url
+    assert url is not None
+    typed = "what about the second part of it"
+
+    async def run() -> None:
+        app = StrataChat(server_url=url, db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 4000)
+            await type_and_send(pilot, app, "Tell me a long story.")
+            await wait_for(pilot, lambda: app.chat.reply is not None and app.chat.reply.view.content, "the first words",
+                           settle=False)
+            # keys come as a terminal sends them, one every 60 ms, while the reply streams
+            lengths = []
+            for ch in typed:
+                app.post_message(events.Key(ch, ch))
+                await asyncio.sleep(0.06)
+                lengths.append(len(app.chat.reply.view.content))
+            await wait_for(pilot, lambda: app.chat.input.text == typed, "every key in the box", settle=False)
+            # the reply went on growing on the screen while the keys came (drawn between them), not only after
+            assert app.chat.reply is not None
+            assert lengths[-1] > lengths[5]
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
+            assert app.chat.input.text == typed  # the cancel leaves the text being written alone
+            # full collections were held back while the reply streamed and the keys came
+            assert app.collector.active
+
+    gc_settings = gc.get_threshold()
+    asyncio.run(run())
+    assert gc.get_threshold() == gc_settings and gc.get_freeze_count() == 0  # given back on exit
+
+
 def test_regenerate_replaces_the_reply(server: ServerProcess, tmp_path: Path) -> None:
     async def run() -> None:
         db = tmp_path / "c.sqlite3"
@@ -362,6 +398,9 @@ def test_chat_starts_and_stops_its_own_server(tmp_path: Path) -> None:
         async with app.run_test(size=SIZE) as pilot:
             await wait_for(pilot, lambda: app.chat is not None and app.chat.connected, "own server", timeout=240)
             assert proc.url and proc.url.startswith("http://127.0.0.1:")
+            # the built-in model writes noise: the chat says so at once
+            await wait_for(pilot, lambda: any("built-in test model" in v.content for v in views(app, "note")),
+                           "the note about the built-in model")
             await setup_greedy(pilot, app, 4)
             reply = await send_and_wait(pilot, app, "hi")
             assert reply.content or reply.reasoning

@@ -167,6 +167,8 @@ def test_help_lists_every_key_and_command(tmp_path: Path) -> None:
             text = console.export_text()
             for c in SLASH_COMMANDS:
                 assert c.name in text
+            # how to close it is said where it is seen without scrolling, on the frame of the box
+            assert "Esc closes" in str(app.screen.query_one("#help-body").border_subtitle)
             await pilot.press("escape")
             assert isinstance(app.screen, ChatScreen)
 

@@ -257,6 +257,9 @@ typedef struct strata_stats {
     int32_t state;             /* 0 idle, 1 reading the prompt, 2 generating */
     int32_t prompt_done;       /* while reading: tokens done of prompt_total */
     int32_t prompt_total;      /* while reading: tokens in the prompt */
+    int64_t device_bytes;      /* device memory the engine holds now: its CUDA allocations, or on the CPU
+                                  the bytes handed out of the emulated budget */
+    int64_t device_peak_bytes; /* the most device_bytes has been since open */
 } strata_stats;
 
 typedef struct strata_sampling {

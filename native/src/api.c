@@ -201,6 +201,11 @@ strata_status strata_stats_get(const strata_engine *e, strata_stats *out) {
     if (!e || !out) return STRATA_ERR_INVALID_ARGUMENT;
     *out = e->stats;
     out->n_past = e->n_past;
+    if (e->gpu) {
+        cuda_forward_mem_held(e, &out->device_bytes, &out->device_peak_bytes);
+    } else { /* the emulated budget is one block handed out from the front and never given back */
+        out->device_bytes = out->device_peak_bytes = e->dev.used;
+    }
     return STRATA_OK;
 }
 

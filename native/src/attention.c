@@ -21,12 +21,17 @@
 
 /* ---- RoPE -------------------------------------------------------------------------------------- */
 
-/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * theta^(-2i/hd), computed
- * in double so that long positions keep their precision. */
-static void rope_angles(float *cs, int32_t hd, int32_t pos, float theta) {
+/* The rotation frequencies theta^(-2i/hd), i < hd/2, in double (the same for every position). */
+static void rope_freqs(double *f, int32_t hd, float theta) {
+    for (int32_t i = 0; i < hd / 2; i++) f[i] = pow((double)theta, -2.0 * (double)i / (double)hd);
+}
+
+/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * f[i], computed in double
+ * so that long positions keep their precision. */
+static void rope_angles(float *cs, int32_t hd, int32_t pos, const double *f) {
     int32_t half = hd / 2;
     for (int32_t i = 0; i < half; i++) {
-        double ang = (double)pos * pow((double)theta, -2.0 * (double)i / (double)hd);
+        double ang = (double)pos * f[i];
         cs[i] = (float)cos(ang);
         cs[half + i] = (float)sin(ang);
     }
@@ -102,6 +107,80 @@ static int att_use_tiled(const strata_engine *e) {
            quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512);
 }
 
+/* ---- per-token steps, split over the pool by blocks of tokens ----------------------------------- */
+
+/* What each token's step does; every token is independent, so the split changes no result. */
+enum { TOK_NORM_QUANT, TOK_ROPE_STORE, TOK_QUANT_ATT, TOK_RESIDUAL };
+#define TOK_BLOCK 16
+#define ROPE_MAX_HD 512
+
+typedef struct tok_job {
+    strata_engine *e;
+    int32_t l, T, pos0, step;
+    int32_t wtype; /* the weight type the activations are quantized for */
+    int tiled;     /* att_use_tiled: the cache rows are stored by the AVX-512 converter */
+} tok_job;
+
+static void tok_item(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const tok_job *j = ctx;
+    strata_engine *e = j->e;
+    const hparams *hp = &e->hp;
+    const layer_weights *L = &e->w.layers[j->l];
+    chunk_buffers *cb = &e->cb;
+    const int32_t D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
+    const int64_t QD = (int64_t)H * hd, KD = (int64_t)HKV * hd;
+    const int32_t t0 = (int32_t)item * TOK_BLOCK, t1 = t0 + TOK_BLOCK < j->T ? t0 + TOK_BLOCK : j->T, n = t1 - t0;
+    switch (j->step) {
+    case TOK_NORM_QUANT:
+        rmsnorm_rows(cb->xn + (int64_t)t0 * D, cb->x + (int64_t)t0 * D, L->attn_norm, n, D, hp->rms_eps);
+        mm_quantize(e->qt, j->wtype, cb->xn + (int64_t)t0 * D, D, n, D, cb->act + (size_t)t0 * cb->act_stride,
+                    cb->act_stride);
+        break;
+    case TOK_ROPE_STORE: {
+        /* per-head norms and RoPE, then append to the cache */
+        float cs[ROPE_MAX_HD];         /* [hd] this token's rotation */
+        double freq[ROPE_MAX_HD / 2];  /* [hd / 2] */
+        rope_freqs(freq, hd, hp->rope_theta);
+        for (int32_t t = t0; t < t1; t++) {
+            int32_t pos = j->pos0 + t;
+            rope_angles(cs, hd, pos, freq);
+            for (int32_t h = 0; h < H; h++) {
+                float *qh = cb->q + t * QD + (int64_t)h * hd;
+                rmsnorm_rows(qh, qh, L->q_norm, 1, hd, hp->rms_eps);
+                rope_neox(qh, hd, cs);
+            }
+            for (int32_t h = 0; h < HKV; h++) {
+                float *kh = cb->k + t * KD + (int64_t)h * hd;
+                rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
+                rope_neox(kh, hd, cs);
+            }
+            if (j->tiled) { /* the same row layout as kv_store, converted 16 values at a time */
+                const size_t off = ((size_t)j->l * (size_t)e->kv.n_ctx + (size_t)pos) * e->kv.row_bytes;
+                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.k + off), cb->k + t * KD, (int32_t)KD);
+                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.v + off), cb->v + t * KD, (int32_t)KD);
+            } else {
+                kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
+            }
+        }
+        break;
+    }
+    case TOK_QUANT_ATT:
+        mm_quantize(e->qt, j->wtype, cb->att + (int64_t)t0 * QD, QD, n, QD, cb->act + (size_t)t0 * cb->act_stride,
+                    cb->act_stride);
+        break;
+    case TOK_RESIDUAL:
+        for (int64_t i = (int64_t)t0 * D; i < (int64_t)t1 * D; i++) cb->x[i] += cb->o[i];
+        break;
+    }
+}
+
+
+static void tok_run(strata_engine *e, int32_t l, int32_t T, int32_t pos0, int32_t step, int32_t wtype) {
+    tok_job j = {e, l, T, pos0, step, wtype, att_use_tiled(e)};
+    pool_run(e->pool, (T + TOK_BLOCK - 1) / TOK_BLOCK, tok_item, &j);
+}
+
 /* ---- the block --------------------------------------------------------------------------------- */
 
 strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
@@ -112,7 +191,7 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
     const int64_t QD = (int64_t)H * hd, KD = (int64_t)HKV * hd;
     STRATA_ASSERT(&e->err, T <= cb->cap && pos0 + T <= e->n_ctx);
 
-    rmsnorm_rows(cb->xn, cb->x, L->attn_norm, T, D, hp->rms_eps);
+    STRATA_ASSERT(&e->err, hd <= ROPE_MAX_HD);
 
     /* q, k, v: one job when they share an activation type (the usual case), else one each. */
     const wview *W[3] = {&L->wq, &L->wk, &L->wv};
@@ -121,29 +200,15 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
     int same = quant_lookup(e->qt, L->wq.type)->act_type == quant_lookup(e->qt, L->wk.type)->act_type &&
                quant_lookup(e->qt, L->wq.type)->act_type == quant_lookup(e->qt, L->wv.type)->act_type;
     mm_seg segs[3];
+    tok_run(e, l, T, pos0, TOK_NORM_QUANT, W[0]->type); /* xn = rmsnorm(x), quantized for wq */
     for (int i = 0; i < 3; i++) {
-        if (i == 0 || !same) mm_quantize(e->qt, W[i]->type, cb->xn, D, T, D, cb->act, cb->act_stride);
+        if (i > 0 && !same) mm_quantize(e->qt, W[i]->type, cb->xn, D, T, D, cb->act, cb->act_stride);
         segs[i] = (mm_seg){quant_lookup(e->qt, W[i]->type), *W[i], cb->act, cb->act_stride, NULL, T, Y[i], LD[i], NULL};
         if (!same) mm_run(e->pool, &segs[i], 1);
     }
     if (same) mm_run(e->pool, segs, 3);
 
-    /* per-head norms and RoPE, then append to the cache */
-    for (int32_t t = 0; t < T; t++) {
-        int32_t pos = pos0 + t;
-        rope_angles(cb->rope, hd, pos, hp->rope_theta);
-        for (int32_t h = 0; h < H; h++) {
-            float *qh = cb->q + t * QD + (int64_t)h * hd;
-            rmsnorm_rows(qh, qh, L->q_norm, 1, hd, hp->rms_eps);
-            rope_neox(qh, hd, cb->rope);
-        }
-        for (int32_t h = 0; h < HKV; h++) {
-            float *kh = cb->k + t * KD + (int64_t)h * hd;
-            rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
-            rope_neox(kh, hd, cb->rope);
-        }
-        kv_store(&e->kv, l, pos, cb->k + t * KD, cb->v + t * KD);
-    }
+    tok_run(e, l, T, pos0, TOK_ROPE_STORE, 0);
 
     if (att_use_tiled(e)) {
         const int32_t G = H / HKV;
@@ -165,9 +230,9 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
     }
 
     /* output projection, added to the residual stream */
-    mm_quantize(e->qt, L->wo.type, cb->att, QD, T, QD, cb->act, cb->act_stride);
+    tok_run(e, l, T, pos0, TOK_QUANT_ATT, L->wo.type);
     mm_seg so = {quant_lookup(e->qt, L->wo.type), L->wo, cb->act, cb->act_stride, NULL, T, cb->o, D, NULL};
     mm_run(e->pool, &so, 1);
-    for (int64_t i = 0; i < (int64_t)T * D; i++) cb->x[i] += cb->o[i];
+    tok_run(e, l, T, pos0, TOK_RESIDUAL, 0);
     return STRATA_OK;
 }

@@ -43,6 +43,8 @@ strata_status cuda_mem_info(cuda_ctx *ctx, int64_t *free_bytes, int64_t *total_b
 
 strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *what);
 void cuda_free(cuda_ctx *ctx, void *dptr);
+/* Device memory held through cuda_alloc now, and the most held since the context was created. */
+void cuda_mem_held(const cuda_ctx *ctx, int64_t *now, int64_t *peak);
 /* Page-lock host memory (e.g. the mapped model file) so that copies from it run at full PCIe speed. */
 strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes);
 void cuda_host_unregister(cuda_ctx *ctx, void *ptr);

@@ -398,6 +398,10 @@ void cuda_forward_close(strata_engine *e) {
     e->gpu = NULL;
 }
 
+void cuda_forward_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) {
+    cuda_mem_held(e->gpu ? e->gpu->ctx : NULL, now, peak);
+}
+
 int32_t cuda_forward_n_slots(const strata_engine *e) { return e->gpu ? e->gpu->n_slots : 0; }
 
 int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expert) {

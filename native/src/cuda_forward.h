@@ -24,5 +24,7 @@ strata_status cuda_forward(struct strata_engine *e, const int32_t *tokens, int32
 int32_t cuda_forward_slot_of(const struct strata_engine *e, int32_t layer, int32_t expert);
 /* Slots in the device cache. */
 int32_t cuda_forward_n_slots(const struct strata_engine *e);
+/* Device memory the backend holds now and at most since open (0, 0 without a device). */
+void cuda_forward_mem_held(const struct strata_engine *e, int64_t *now, int64_t *peak);
 
 #endif

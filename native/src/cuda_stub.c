@@ -21,6 +21,10 @@ const char *cuda_ctx_device_name(const cuda_ctx *ctx) { (void)ctx; return ""; }
 strata_status cuda_mem_info(cuda_ctx *c, int64_t *f, int64_t *t) { (void)c; *f = *t = 0; return STRATA_ERR_DEVICE; }
 strata_status cuda_alloc(cuda_ctx *c, size_t n, void **p, const char *w) { (void)c; (void)n; (void)w; *p = NULL; return STRATA_ERR_DEVICE; }
 void cuda_free(cuda_ctx *c, void *p) { (void)c; (void)p; }
+void cuda_mem_held(const cuda_ctx *c, int64_t *now, int64_t *peak) {
+    (void)c;
+    *now = *peak = 0;
+}
 strata_status cuda_host_register(cuda_ctx *c, void *p, size_t n) { (void)c; (void)p; (void)n; return STRATA_ERR_DEVICE; }
 void cuda_host_unregister(cuda_ctx *c, void *p) { (void)c; (void)p; }
 strata_status cuda_host_alloc(cuda_ctx *c, size_t n, void **p) { (void)c; (void)n; *p = NULL; return STRATA_ERR_DEVICE; }

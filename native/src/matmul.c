@@ -12,7 +12,7 @@
 #include "strata.h"
 
 #define MM_MAX_SEGS 4096
-#define MM_TOKEN_TILE 32
+#define MM_TOKEN_TILE 64
 
 typedef struct mm_job {
     const mm_seg *segs;
@@ -42,12 +42,28 @@ static void mm_item(void *ctx, int64_t item, int thread) {
         /* a weight row decoded once for the whole tile where the type has a kernel for it (out[k] is
          * bit-identical to vec_dot) */
         quant_dot_xn_fn xn = t1 - t0 > 1 ? quant_get_xn(s->qt) : NULL;
-        if (xn) {
+        quant_dot_4xn_fn x4n = t1 - t0 > 1 ? quant_get_4xn(s->qt) : NULL;
+        if (xn || x4n) {
             const void *acts[MM_TOKEN_TILE];
-            float out[MM_TOKEN_TILE];
+            float out[4 * MM_TOKEN_TILE];
+            const int32_t nt = t1 - t0;
             for (int32_t t = t0; t < t1; t++)
                 acts[t - t0] = s->act + (size_t)(s->act_idx ? s->act_idx[t] : t) * s->act_stride;
+            /* four rows x the tile in registers where the type has a kernel for it */
+            for (; x4n && r + 4 <= r1; r += 4) {
+                x4n(s->w.cols, s->w.data + (size_t)r * rb, rb, acts, nt, out);
+                for (int32_t t = t0; t < t1; t++) {
+                    float *y = s->y + (int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld + r;
+                    for (int i = 0; i < 4; i++) y[i] = out[i * nt + t - t0];
+                }
+            }
             for (; r < r1; r++) {
+                if (!xn) {
+                    for (int32_t t = t0; t < t1; t++)
+                        s->y[(int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld + r] =
+                            s->qt->vec_dot(s->w.cols, s->w.data + (size_t)r * rb, acts[t - t0]);
+                    continue;
+                }
                 xn(s->w.cols, s->w.data + (size_t)r * rb, acts, t1 - t0, out);
                 for (int32_t t = t0; t < t1; t++) s->y[(int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld + r] = out[t - t0];
             }
@@ -89,6 +105,7 @@ void mm_run(pool *p, const mm_seg *segs, int32_t n_segs) {
     int nt = pool_size(p);
     int64_t rpi = total_rows / (8 * (int64_t)nt);
     if (rpi < 4) rpi = 4;
+    rpi = (rpi + 3) / 4 * 4; /* whole groups of four rows for the four-row kernels */
     if (work < 65536) rpi = total_rows; /* tiny jobs: one item per segment, no hand-off cost */
     if (rpi < 1) rpi = 1;
     mm_job j = {segs, n_segs, rpi, first};

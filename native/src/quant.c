@@ -113,6 +113,7 @@ float quant_f16_lut[1 << 16];
 static quant_traits g_tables[4][QUANT_N_TYPES];
 static quant_dot_x4_fn g_x4[4][QUANT_N_TYPES];
 static quant_dot_xn_fn g_xn[4][QUANT_N_TYPES];
+static quant_dot_4xn_fn g_4xn[4][QUANT_N_TYPES];
 
 /* The level of a table (or of a traits record inside one), or -1. */
 static int level_of(const quant_traits *p) {
@@ -139,6 +140,16 @@ void quant_set_xn(const quant_traits table[], int32_t type, quant_dot_xn_fn fn) 
 quant_dot_xn_fn quant_get_xn(const quant_traits *traits) {
     int l = traits ? level_of(traits) : -1;
     return l >= 0 ? g_xn[l][traits - g_tables[l]] : NULL;
+}
+
+void quant_set_4xn(const quant_traits table[], int32_t type, quant_dot_4xn_fn fn) {
+    int l = level_of(table);
+    if (l >= 0 && type >= 0 && type < QUANT_N_TYPES) g_4xn[l][type] = fn;
+}
+
+quant_dot_4xn_fn quant_get_4xn(const quant_traits *traits) {
+    int l = traits ? level_of(traits) : -1;
+    return l >= 0 ? g_4xn[l][traits - g_tables[l]] : NULL;
 }
 
 static void tables_build(void) {

@@ -50,6 +50,20 @@ quant_dot_xn_fn quant_get_xn(const quant_traits *traits);
 /* Activation rows a many-token kernel keeps in flight at once (any n_act works). */
 #define QUANT_DOT_N_MAX 32
 
+/*
+ * Optional register-blocked kernels: four weight rows (w_stride bytes apart) against n_act activation
+ * rows, each weight and activation block loaded once for the whole 4 x n_act tile (the prompt path).
+ * out[r * n_act + k] must be bit-identical to vec_dot(n, w + r * w_stride, act[k]). Set with
+ * quant_set_4xn; matmul prefers it to the many-token kernel for groups of four rows.
+ */
+typedef void (*quant_dot_4xn_fn)(int64_t n, const void *w, size_t w_stride, const void *const *act, int32_t n_act,
+                                 float *out);
+void quant_set_4xn(const quant_traits table[], int32_t type, quant_dot_4xn_fn fn);
+/* Activation rows a four-row kernel keeps in flight at once (any n_act works). */
+#define QUANT_DOT_4XN_MAX 64
+/* The register-blocked kernel of a type's traits, or NULL. */
+quant_dot_4xn_fn quant_get_4xn(const quant_traits *traits);
+
 /* Type ids are GGUF's; tables are indexed by them. */
 #define QUANT_N_TYPES 40
 

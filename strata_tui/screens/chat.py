@@ -53,13 +53,22 @@ __all__ = ["ChatScreen"]
 _NEW_TITLE = "New conversation"
 _BUSY_STATES = ("loading", "reading", "generating", "restarting")
 # Streamed text is drawn at most this often: every draw of a growing reply lays out and repaints the
-# conversation, and at one draw per token a fast model would keep the event loop busy enough to delay
-# the keys the user types. Batches of ~80 ms still read as a smooth stream. While the user types, a
-# draw waits until no key has come for _QUIET_S (so that a key never queues behind a draw it could
-# have missed), but never leaves text undrawn for longer than _MAX_WAIT_S.
+# conversation (tens of milliseconds on a busy machine), and at one draw per token a fast model would
+# keep the event loop busy enough to delay the keys the user types. Batches of ~80 ms still read as a
+# smooth stream. While the user types (a key in the last _QUIET_S), draws are not timed by the clock,
+# where they would land on a key at random, but follow the keys: each key is shown first, and right
+# after its frame (every _TYPING_DRAW_INTERVAL_S at most) the text that arrived is drawn, at most
+# _TYPING_DRAW_CHARS of it, so that the draw is over before the next key comes. The engine panel's
+# updates wait for the same moment.
 _DRAW_INTERVAL_S = 0.08
 _QUIET_S = 0.15
-_MAX_WAIT_S = 1.0
+_TYPING_DRAW_INTERVAL_S = 0.5
+_TYPING_DRAW_CHARS = 2000
+_BUILTIN_MODEL_NOTE = (
+    "This is strata's built-in test model (tiny, random weights): it answers with nonsense, very fast. "
+    "It is here to try the chat and the engine panel. For real answers: strata chat --model FILE.gguf "
+    "(a qwen3moe GGUF), or strata chat --server URL for a server that is already running."
+)
 _POST_INTERVAL_S = 0.03  # how often the reply worker hands what arrived to the screen
 
 
@@ -121,6 +130,8 @@ class ChatScreen(Screen[None]):
         self._status_state = ""
         # set when a request starts, so the engine panel polls at once instead of after its idle pause
         self._status_wake = asyncio.Event()
+        self._held_status: dict[str, Any] | None = None
+        self._told_builtin = False
 
     @property
     def chat_app(self) -> StrataChat:
@@ -246,6 +257,11 @@ class ChatScreen(Screen[None]):
         self.engine.display = self.is_strata
         if self.is_strata:
             self._poll_status()
+        proc = self.chat_app.server_process
+        if proc is not None and proc.made_default and not self._told_builtin:
+            # its replies are noise: say so before someone wonders what is broken
+            self._told_builtin = True
+            self.run_worker(self._note("note", _BUILTIN_MODEL_NOTE), group="ui")
 
     def on_server_down(self, msg: ServerDown) -> None:
         self.connected = False
@@ -259,10 +275,17 @@ class ChatScreen(Screen[None]):
             self._connect()
 
     def on_engine_status(self, msg: EngineStatus) -> None:
-        self._status_state = str(msg.status.get("state") or "")
-        self.engine.set_status(msg.status)
+        if self._typing() is not None and self.reply is not None:
+            self._held_status = msg.status  # shown after the next key's frame (see after_key)
+            return
+        self._held_status = None
+        self._show_status(msg.status)
+
+    def _show_status(self, status: dict[str, Any]) -> None:
+        self._status_state = str(status.get("state") or "")
+        self.engine.set_status(status)
         if self.reply is not None and not self.reply.view.content and not self.reply.view.reasoning:
-            p = msg.status.get("prompt") or {}
+            p = status.get("prompt") or {}
             if self._status_state == "reading" and p.get("total"):
                 self.reply.view.set_footer(f"reading the prompt: {p.get('done', 0):,} / {p['total']:,} tokens")
                 self.log_view.follow()
@@ -500,25 +523,42 @@ class ChatScreen(Screen[None]):
         if r.n_pieces == msg.n_pieces:
             await self._flush(r)  # the first words show at once
         elif r.flush_timer is None:
-            r.flush_timer = self.set_timer(_DRAW_INTERVAL_S, lambda: self._flush(r, typing_ok=False))
+            r.flush_timer = self.set_timer(_DRAW_INTERVAL_S, lambda: self._flush(r, timed=True))
 
-    async def _flush(self, r: _Reply, *, typing_ok: bool = True) -> None:
-        """Draw what arrived since the last draw (later, while the user is typing)."""
-        r.flush_timer = None
+    def _typing(self) -> float | None:
+        """Seconds since the last key when the user is typing now, else None."""
+        since_key = time.monotonic() - self.input.last_key_at
+        return since_key if since_key < _QUIET_S else None
+
+    async def _flush(self, r: _Reply, *, timed: bool = False, limit: int | None = None) -> None:
+        """Draw what arrived since the last draw (``limit``: at most that many characters of it)."""
+        if timed:
+            r.flush_timer = None
+            since_key = self._typing()
+            if since_key is not None:
+                # the keys draw the text now (after_key); take over again once they stop
+                r.flush_timer = self.set_timer(_QUIET_S - since_key, lambda: self._flush(r, timed=True))
+                return
         if self.reply is not r or not (r.pending.content or r.pending.reasoning):
             return
-        now = time.monotonic()
-        since_key = now - self.input.last_key_at
-        if not typing_ok and since_key < _QUIET_S and now - r.last_draw < _MAX_WAIT_S:
-            r.flush_timer = self.set_timer(_QUIET_S - since_key, lambda: self._flush(r, typing_ok=False))
-            return
-        r.last_draw = now
-        piece, r.pending = r.pending, Delta()
+        r.last_draw = time.monotonic()
+        piece, r.pending = _take(r.pending, limit)
         await r.view.append(piece)
         now = time.perf_counter()
         if r.n_pieces > 1 and r.t_first is not None and now > r.t_first:
             self.engine.set_live(tps=(r.n_pieces - 1) / (now - r.t_first))
         self.log_view.follow()
+
+    async def after_key(self) -> None:
+        """Called once the frame that shows a key typed into the message box has been drawn."""
+        r = self.reply
+        if r is None or time.monotonic() - r.last_draw < _TYPING_DRAW_INTERVAL_S:
+            return
+        r.last_draw = time.monotonic()
+        if self._held_status is not None:
+            status, self._held_status = self._held_status, None
+            self._show_status(status)
+        await self._flush(r, limit=_TYPING_DRAW_CHARS)
 
     async def on_reply_ended(self, msg: ReplyEnded) -> None:
         r = self.reply
@@ -960,3 +1000,13 @@ def _context_used(history: list[StoredMessage]) -> int | None:
         if u.get("total_tokens"):
             return int(u["total_tokens"])
     return None
+
+
+def _take(d: Delta, limit: int | None) -> tuple[Delta, Delta]:
+    """Split ``d`` into its first ``limit`` characters (reasoning first, as it arrived) and the rest."""
+    if limit is None or len(d.reasoning) + len(d.content) <= limit:
+        return d, Delta()
+    nr = min(len(d.reasoning), limit)
+    nc = limit - nr
+    head = Delta(content=d.content[:nc], reasoning=d.reasoning[:nr])
+    return head, Delta(content=d.content[nc:], reasoning=d.reasoning[nr:])

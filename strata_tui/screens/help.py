@@ -28,7 +28,10 @@ class HelpScreen(ModalScreen[None]):
         cmds.add_column()
         for c in SLASH_COMMANDS:
             cmds.add_row(f"{c.name} {c.args}".strip(), c.help)
-        with VerticalScroll(id="help-body"):
+        with VerticalScroll(id="help-body") as body:
+            # said at the top: the last line is below the fold on most terminals
+            body.border_title = "Help"
+            body.border_subtitle = "Esc closes · scroll for the slash commands"
             yield Static("Keys", classes="help-title")
             yield Static(keys)
             yield Static("Commands (type them in the message box)", classes="help-title")

@@ -60,3 +60,11 @@ class ChatInput(TextArea):
             self.move_cursor(self.document.end)
             return
         await super()._on_key(event)
+        if event.is_printable or event.key in ("backspace", "delete"):
+            # once this key is on the screen, the screen may draw what it held back for it
+            self.call_after_refresh(self._key_drawn)
+
+    def _key_drawn(self) -> None:
+        hook = getattr(self.screen, "after_key", None)
+        if hook is not None:
+            self.screen.call_next(hook)  # in the screen's turn, not inside its refresh

@@ -1,6 +1,6 @@
 """A stand-in for llama.cpp's ``llama-bench`` that prints rows in its real ``-o jsonl`` format.
 
-It takes the flags strata-bench passes (-m -p -n -d -r -t -ngl -ncmoe -o -ctk -ctv), runs the tests in
+It takes the flags strata-bench passes (-m -p -n -d -r -t -ngl -ncmoe -lm -b -ub -o -ctk -ctv), runs the tests in
 llama-bench's order (for each depth, prompt tests then generation tests) and prints one JSON
 object per test with llama-bench's field names. The speeds are made up but deterministic: they
 depend only on the test, so a test can check that each row is the right row. Environment:
@@ -41,6 +41,9 @@ def main() -> int:
     p.add_argument("-t", "--threads", type=ints, default=[4])
     p.add_argument("-ngl", "--n-gpu-layers", type=ints, default=[99])
     p.add_argument("-ncmoe", "--n-cpu-moe", type=ints, default=[0])
+    p.add_argument("-lm", "--load-mode", default="auto", choices=["auto", "none", "mmap", "mlock"])
+    p.add_argument("-b", "--batch-size", type=ints, default=[2048])
+    p.add_argument("-ub", "--ubatch-size", type=ints, default=[512])
     p.add_argument("-ctk", "--cache-type-k", default="f16")
     p.add_argument("-ctv", "--cache-type-v", default="f16")
     p.add_argument("-o", "--output", default="md")
@@ -84,8 +87,8 @@ def main() -> int:
             "model_type": "qwen3moe ?B Q8_0",
             "model_size": os.path.getsize(a.model),
             "model_n_params": 1000000,
-            "n_batch": 2048,
-            "n_ubatch": 512,
+            "n_batch": a.batch_size[0],
+            "n_ubatch": a.ubatch_size[0],
             "n_threads": a.threads[0],
             "cpu_mask": "0x0",
             "cpu_strict": False,
@@ -99,7 +102,7 @@ def main() -> int:
             "no_kv_offload": False,
             "flash_attn": False,
             "tensor_split": "0.00",
-            "use_mmap": True,
+            "load_mode": a.load_mode,
             "embeddings": False,
             "n_prompt": n_prompt,
             "n_gen": n_gen,

@@ -31,6 +31,9 @@ typedef struct attn_tile_job {
 int attn_f16_tiled_supported(int32_t hd);
 /* Every query of tokens t0 .. t1 - 1 of KV head kvh; needs the AVX-512 level. */
 void attn_f16_tiled_avx512(const attn_tile_job *j, int32_t kvh, int32_t t0, int32_t t1);
+/* dst[n] = src[n] as f16, rounded to nearest even (vcvtps2ph): the bits of strata_f32_to_f16 for
+ * every value but NaN payloads. The tiled path stores its cache rows with it. */
+void attn_store_f16_avx512(uint16_t *dst, const float *src, int32_t n);
 /* Queries (heads x tokens) a work item should hold: the tile's conversion is shared by them. */
 #define ATTN_ITEM_QUERIES 32
 

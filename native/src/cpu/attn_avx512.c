@@ -122,15 +122,19 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
             const float mn = mt > m[i] ? mt : m[i];
             const __m512 mnv = _mm512_set1_ps(mn);
             const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, mnv)));
-            const float a = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mn))); /* first tile: exp(-inf) = 0 */
-            l[i] = l[i] * a + _mm512_reduce_add_ps(e);
+            float *ac = acc + (size_t)i * HD;
+            __m512 o[8];
+            for (int c = 0; c < NV; c++) o[c] = _mm512_load_ps(ac + 16 * c);
+            if (mt > m[i]) { /* a new max: rescale by exp(m - m'); otherwise that factor is exp16(0) = 1 exactly */
+                const float a = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mn))); /* first tile: exp(-inf) = 0 */
+                const __m512 av = _mm512_set1_ps(a);
+                for (int c = 0; c < NV; c++) o[c] = _mm512_mul_ps(o[c], av);
+                l[i] *= a;
+            }
+            l[i] += _mm512_reduce_add_ps(e);
             m[i] = mn;
             float ew[16] __attribute__((aligned(64)));
             _mm512_store_ps(ew, e);
-            float *ac = acc + (size_t)i * HD;
-            __m512 o[8];
-            const __m512 av = _mm512_set1_ps(a);
-            for (int c = 0; c < NV; c++) o[c] = _mm512_mul_ps(_mm512_load_ps(ac + 16 * c), av);
             for (int32_t p = 0; p < np; p++) {
                 const __m512 w = _mm512_set1_ps(ew[p]);
                 for (int c = 0; c < NV; c++) o[c] = _mm512_fmadd_ps(w, _mm512_load_ps(vt + p * HD + 16 * c), o[c]);
@@ -143,6 +147,16 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
         float *out = j->out + (int64_t)t * j->n_head * HD + (int64_t)h * HD;
         const __m512 inv = _mm512_set1_ps(1.0f / l[i]);
         for (int c = 0; c < NV; c++) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + (size_t)i * HD + 16 * c), inv));
+    }
+}
+
+void attn_store_f16_avx512(uint16_t *dst, const float *src, int32_t n) {
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
     }
 }
 

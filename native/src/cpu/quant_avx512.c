@@ -87,13 +87,27 @@ static inline float q8_scale(const uint8_t *a, const uint8_t *b) {
     return quant_f16_lut[da] * quant_f16_lut[db];
 }
 
+/* [d(p0) x 8 | d(p1) x 8]: the f16 scales at p0 and p1 as floats (vcvtph2ps is exact, like the table). */
+static inline __m512 q8_pair_scale(const uint8_t *p0, const uint8_t *p1) {
+    uint16_t h0, h1;
+    memcpy(&h0, p0, 2);
+    memcpy(&h1, p1, 2);
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1));
+}
+
 /* R weight rows against one activation row, each with its own accumulators and the same operations:
  * two blocks per step in one 512-bit register (block 2i in the low half, 2i + 1 in the high half), an
- * odd last block in a 256-bit accumulator, the halves added at the end. Instantiated for R = 1
- * (vec_dot) and R = 4 (vec_dot_x4), so both give bit-identical results per row. */
+ * odd last block in a 256-bit accumulator, the halves added at the end. The integer lanes are exact
+ * sums of four products, made with one dpbusd per row: the weights go in unsigned (a + 128) and the
+ * accumulator starts at -128 x (the activation's four-value sums, once per step for all rows), so
+ * dpbusd(-128 sum b, a + 128, b) = sum a b. Each lane then gets the scale product da * db, a
+ * conversion and a fused multiply-add. Instantiated for R = 1 (vec_dot) and R = 4 (vec_dot_x4), so
+ * both give bit-identical results per row (and the prompt kernels in quant_legacy_avx512.c make the
+ * same lanes). */
 static inline __attribute__((always_inline)) void q8_0_rows_avx512(int64_t n, const uint8_t *w, size_t ws,
                                                                   const uint8_t *b, float *out, const int R) {
     const int64_t nb = n / 32;
+    const __m512i x80 = _mm512_set1_epi8((char)0x80);
     __m512 acc2[4];
     for (int r = 0; r < R; r++) acc2[r] = _mm512_setzero_ps();
     int64_t i = 0;
@@ -101,17 +115,21 @@ static inline __attribute__((always_inline)) void q8_0_rows_avx512(int64_t n, co
         const uint8_t *bb = b + i * 34;
         __m512i qb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bb + 2))),
                                         _mm256_loadu_si256((const __m256i *)(bb + 36)), 1);
+        const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, qb));
+        const __m512 db = q8_pair_scale(bb, bb + 34);
         for (int r = 0; r < R; r++) {
             const uint8_t *a = w + (size_t)r * ws + i * 34;
+            /* the rows four calls ahead (decode streams whole matrices; measured best of 8, 16, 32 rows
+             * ahead: decode is bound by memory latency, not instructions): a prefetch past the end of
+             * the matrix is a hint that never faults */
+            if (R > 1) { /* steps are 68 bytes: two lines each so that no line of the row is skipped */
+                _mm_prefetch((const char *)(a + 16 * ws), _MM_HINT_T0);
+                _mm_prefetch((const char *)(a + 16 * ws + 64), _MM_HINT_T0);
+            }
             __m512i qa = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(a + 2))),
                                             _mm256_loadu_si256((const __m256i *)(a + 36)), 1);
-            /* |qa| . (qb with qa's sign moved onto it): exact integer sums */
-            __m512i ua = _mm512_abs_epi8(qa);
-            __mmask64 neg = _mm512_movepi8_mask(qa);
-            __m512i sb = _mm512_mask_sub_epi8(qb, neg, _mm512_setzero_si512(), qb);
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ua, sb);
-            __m512 d = _mm512_insertf32x8(_mm512_set1_ps(q8_scale(a, bb)), _mm256_set1_ps(q8_scale(a + 34, bb + 34)), 1);
-            acc2[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc2[r]);
+            const __m512i p = _mm512_dpbusd_epi32(corr, _mm512_xor_si512(qa, x80), qb);
+            acc2[r] = _mm512_fmadd_ps(_mm512_mul_ps(q8_pair_scale(a, a + 34), db), _mm512_cvtepi32_ps(p), acc2[r]);
         }
     }
     for (int r = 0; r < R; r++) {

@@ -17,6 +17,7 @@
 #include "common.h"
 #include "iq_tables.h"
 #include "quant_blocks.h"
+#include "quant_reduce16.h"
 #include "strata.h"
 
 /* The 8 sub-block factors ls_j - 32 of an IQ4_XS block in int32 lanes, built with vector shifts
@@ -146,6 +147,7 @@ static void iq4xs_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, c
         float dd[4];
         for (int r = 0; r < 4; r++) {
             const block_iq4_xs *b = (const block_iq4_xs *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             iq4xs_unpacked u;
             iq4xs_unpack(b, lut, &u);
             acc[r] = _mm512_setzero_si512();
@@ -193,7 +195,83 @@ static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *
     }
 }
 
+/* Blocks per row that the four-row kernel unpacks at once (4 rows x 8 blocks x 512 bytes: in L1). */
+#define X4N_CHUNK 8
+
+/* IQ4_XS, four weight rows x many activation rows (the prompt path). A chunk of blocks of the four
+ * rows is unpacked once for all the tokens into int16 values already times their sub-block factor
+ * (|ls - 32| <= 32, |v| <= 127: at most 4064), so one dpwssd against the activations widened to
+ * int16 multiplies, scales and sums 32 values: 8 per block and (row, token) pair, 16 pairs in
+ * registers. The int32 lanes add products of at most 2 x 4064 x 127: the block's A is exact and
+ * equals the scalar kernel's. Per pair the float step is vec_dot's, (d * y.d) * A added to the
+ * pair's sum in block order, done for 16 pairs in one vector: out[r * n_act + k] is bit for bit
+ * vec_dot(n, row r, act[k]). */
+static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
+                                     float *out) {
+    const int64_t nb = n / QK_K;
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)iq4nl_values));
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), ib = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    __m512i w16[4][X4N_CHUNK][8]; /* [row][block][sub-block]: factor x value, int16 */
+    float dr[X4N_CHUNK][4];
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
+            const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
+            for (int r = 0; r < 4; r++)
+                for (int64_t c = 0; c < cn; c++) {
+                    const block_iq4_xs *b = (const block_iq4_xs *)((const uint8_t *)w + (size_t)r * ws) + c0 + c;
+                    for (int p = 0; p < 2; p++) {
+                        const __m512i bits = _mm512_loadu_si512((const void *)(b->qs + 64 * p));
+                        const __m512i lo = _mm512_and_si512(bits, m4), hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+                        /* values 128p .. 128p + 63 and 128p + 64 .. 128p + 127 in order */
+                        const __m512i va = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ia, hi));
+                        const __m512i vb = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ib, hi));
+                        const __m256i half[4] = {_mm512_castsi512_si256(va), _mm512_extracti64x4_epi64(va, 1),
+                                                 _mm512_castsi512_si256(vb), _mm512_extracti64x4_epi64(vb, 1)};
+                        for (int h = 0; h < 4; h++) {
+                            const int j = 4 * p + h;
+                            const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b->scales_h >> (2 * j)) & 3) << 4);
+                            w16[r][c][j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(half[h]), _mm512_set1_epi16((short)(ls - 32)));
+                        }
+                    }
+                    dr[c][r] = quant_f16_lut[b->d];
+                }
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m512 sum = sums[k0 / 4];
+                for (int64_t c = 0; c < cn; c++) {
+                    __m512i acc[16];
+                    for (int q = 0; q < 16; q++) acc[q] = _mm512_setzero_si512();
+                    for (int j = 0; j < 8; j++) {
+                        __m512i a16[4];
+                        for (int k = 0; k < 4; k++) a16[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(y[k][c].qs + 32 * j)));
+                        for (int r = 0; r < 4; r++)
+                            for (int k = 0; k < 4; k++) acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], w16[r][c][j], a16[k]);
+                    }
+                    const __m512 A = _mm512_cvtepi32_ps(reduce16(acc));
+                    const __m512 dv = pairs_by_row(dr[c]);
+                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(dv, yv), A));
+                }
+                sums[k0 / 4] = sum;
+            }
+        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+            float v[16];
+            _mm512_storeu_ps(v, sums[k0 / 4]);
+            for (int r = 0; r < 4; r++)
+                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
+        }
+    }
+}
+
 void quant_iq_avx512(quant_traits t[]) {
+    quant_set_4xn(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_4xn_avx512);
     t[STRATA_TYPE_IQ4_XS].vec_dot = iq4xs_vec_dot_avx512;
     quant_set_xn(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_n_avx512);
     quant_set_x4(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_x4_avx512);

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "quant_blocks.h"
 #include "quant_k_simd.h"
+#include "quant_reduce16.h"
 #include "strata.h"
 
 static inline __m256i load256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
@@ -145,6 +146,7 @@ static void q4k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
         float dd[4], dm[4];
         for (int r = 0; r < 4; r++) {
             const block_q4_K *b = (const block_q4_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             uint8_t sc[8];
             const uint64_t m = k_scale_words(b->scales, sc);
             acc[r] = _mm512_setzero_si512();
@@ -203,6 +205,70 @@ static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
             }
         }
         for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
+    }
+}
+
+/* Blocks per row that the four-row kernels unpack at once (4 rows x 8 blocks x ~550 bytes: in L1). */
+#define X4N_CHUNK 8
+
+/* Q4_K, four weight rows x many activation rows (the prompt path): a chunk of blocks of the four rows
+ * is unpacked once for all the tokens (q4k_unpack), then four tokens at a time the 16 (row, token)
+ * pairs accumulate in registers with vec_dot's exact integer steps. A and B of the 16 pairs are
+ * reduced together (B from its first level: lanes 0-7 pair p, 8-15 pair p + 8 = row r + 2, same
+ * token), and the float step of vec_dot, (d y.d) A - (dmin y.d) B added in block order, runs for the
+ * 16 pairs in one vector: out[r * n_act + k] is bit for bit vec_dot(n, row r, act[k]). */
+static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
+                                   float *out) {
+    const int64_t nb = n / QK_K;
+    q4k_unpacked u[4][X4N_CHUNK];
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
+            const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
+            for (int r = 0; r < 4; r++)
+                for (int64_t c = 0; c < cn; c++)
+                    q4k_unpack((const block_q4_K *)((const uint8_t *)w + (size_t)r * ws) + c0 + c, &u[r][c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m512 sum = sums[k0 / 4];
+                for (int64_t c = 0; c < cn; c++) {
+                    __m512i acc[16];
+                    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
+                    for (int q = 0; q < 4; q++) {
+                        __m512i a[4];
+                        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
+                        for (int r = 0; r < 4; r++)
+                            for (int k = 0; k < 4; k++)
+                                acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].w[q], a[k]), u[r][c].s[q]);
+                    }
+                    __m512i bl[8];
+                    for (int r = 0; r < 2; r++) {
+                        const __m512i mp = _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].mpair), u[r + 2][c].mpair, 1);
+                        for (int k = 0; k < 4; k++)
+                            bl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[k][c].bsums)), mp);
+                    }
+                    const __m512 A = _mm512_cvtepi32_ps(reduce16(acc));
+                    const __m512 B = _mm512_cvtepi32_ps(reduce16_from8(bl));
+                    const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
+                    const float dm[4] = {u[0][c].dmin, u[1][c].dmin, u[2][c].dmin, u[3][c].dmin};
+                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    const __m512 ta = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), A);
+                    const __m512 tb = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dm), yv), B);
+                    sum = _mm512_add_ps(sum, _mm512_sub_ps(ta, tb));
+                }
+                sums[k0 / 4] = sum;
+            }
+        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+            float v[16];
+            _mm512_storeu_ps(v, sums[k0 / 4]);
+            for (int r = 0; r < 4; r++)
+                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
+        }
     }
 }
 
@@ -329,6 +395,7 @@ static void q6k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
         float dd[4];
         for (int r = 0; r < 4; r++) {
             const block_q6_K *b = (const block_q6_K *)((const uint8_t *)w + (size_t)r * w_stride) + i;
+            prefetch_block((const uint8_t *)b + QUANT_PREFETCH_ROWS * w_stride, (int)sizeof *b);
             q6k_unpacked u;
             q6k_unpack(b, &u);
             acc[r] = _mm512_setzero_si512();
@@ -376,6 +443,59 @@ static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
             }
         }
         for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
+    }
+}
+
+/* Q6_K, four weight rows x many activation rows: as q4k_vec_dot_4xn_avx512, with A = acc - 32 C,
+ * C = sum_j sc_j bsum_j reduced for the 16 pairs together, and vec_dot's (d y.d) A per block. */
+static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
+                                   float *out) {
+    const int64_t nb = n / QK_K;
+    q6k_unpacked u[4][X4N_CHUNK];
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4];
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
+            const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
+            for (int r = 0; r < 4; r++)
+                for (int64_t c = 0; c < cn; c++)
+                    q6k_unpack((const block_q6_K *)((const uint8_t *)w + (size_t)r * ws) + c0 + c, &u[r][c]);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m512 sum = sums[k0 / 4];
+                for (int64_t c = 0; c < cn; c++) {
+                    __m512i acc[16];
+                    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
+                    for (int q = 0; q < 4; q++) {
+                        __m512i a[4];
+                        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
+                        for (int r = 0; r < 4; r++)
+                            for (int k = 0; k < 4; k++)
+                                acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
+                    }
+                    __m512i cl[8];
+                    for (int r = 0; r < 2; r++) {
+                        const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].sc16), u[r + 2][c].sc16, 1);
+                        for (int k = 0; k < 4; k++)
+                            cl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[k][c].bsums)), sc);
+                    }
+                    const __m512i Ai = _mm512_sub_epi32(reduce16(acc), _mm512_slli_epi32(reduce16_from8(cl), 5));
+                    const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
+                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(Ai)));
+                }
+                sums[k0 / 4] = sum;
+            }
+        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+            float v[16];
+            _mm512_storeu_ps(v, sums[k0 / 4]);
+            for (int r = 0; r < 4; r++)
+                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
+        }
     }
 }
 
@@ -430,4 +550,6 @@ void quant_k_avx512(quant_traits t[]) {
     quant_set_x4(t, STRATA_TYPE_Q4_K, q4k_vec_dot_x4_avx512);
     quant_set_xn(t, STRATA_TYPE_Q6_K, q6k_vec_dot_n_avx512);
     quant_set_x4(t, STRATA_TYPE_Q6_K, q6k_vec_dot_x4_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q4_K, q4k_vec_dot_4xn_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q6_K, q6k_vec_dot_4xn_avx512);
 }

@@ -15,6 +15,11 @@ struct cuda_ctx {
     cudaEvent_t order_event;
     char name[256];
     char err[1024];
+    /* device allocations, so that the engine can say how much device memory it holds */
+    void **alloc_ptr;
+    size_t *alloc_size;
+    int32_t n_alloc, cap_alloc;
+    int64_t bytes_now, bytes_peak;
 };
 
 /* Record a failure in the context's message and return STRATA_ERR_DEVICE. */

@@ -62,6 +62,8 @@ void cuda_ctx_destroy(cuda_ctx *ctx) {
         }
     if (ctx->order_event) cudaEventDestroy(ctx->order_event);
     cudaGetLastError();
+    free(ctx->alloc_ptr);
+    free(ctx->alloc_size);
     free(ctx);
 }
 
@@ -89,12 +91,42 @@ strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *w
                  bytes / 1048576.0, what, cudaGetErrorString(e), f / 1048576.0, t / 1048576.0);
         return STRATA_ERR_DEVICE;
     }
+    if (ctx->n_alloc == ctx->cap_alloc) { /* the table grows; allocations are few (per layer, per buffer) */
+        const int32_t cap = ctx->cap_alloc ? 2 * ctx->cap_alloc : 256;
+        void **p = (void **)realloc(ctx->alloc_ptr, (size_t)cap * sizeof *p);
+        if (p) ctx->alloc_ptr = p;
+        size_t *z = (size_t *)realloc(ctx->alloc_size, (size_t)cap * sizeof *z);
+        if (z) ctx->alloc_size = z;
+        if (!p || !z) {
+            cudaFree(*dptr);
+            *dptr = NULL;
+            snprintf(ctx->err, sizeof ctx->err, "CUDA: out of host memory recording a device allocation");
+            return STRATA_ERR_OUT_OF_MEMORY;
+        }
+        ctx->cap_alloc = cap;
+    }
+    ctx->alloc_ptr[ctx->n_alloc] = *dptr;
+    ctx->alloc_size[ctx->n_alloc++] = bytes;
+    ctx->bytes_now += (int64_t)bytes;
+    if (ctx->bytes_now > ctx->bytes_peak) ctx->bytes_peak = ctx->bytes_now;
     return STRATA_OK;
 }
 
 void cuda_free(cuda_ctx *ctx, void *dptr) {
-    (void)ctx;
-    if (dptr) cudaFree(dptr);
+    if (!dptr) return;
+    cudaFree(dptr);
+    for (int32_t i = 0; ctx && i < ctx->n_alloc; i++)
+        if (ctx->alloc_ptr[i] == dptr) {
+            ctx->bytes_now -= (int64_t)ctx->alloc_size[i];
+            ctx->alloc_ptr[i] = ctx->alloc_ptr[--ctx->n_alloc];
+            ctx->alloc_size[i] = ctx->alloc_size[ctx->n_alloc];
+            break;
+        }
+}
+
+void cuda_mem_held(const cuda_ctx *ctx, int64_t *now, int64_t *peak) {
+    *now = ctx ? ctx->bytes_now : 0;
+    *peak = ctx ? ctx->bytes_peak : 0;
 }
 
 strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes) {

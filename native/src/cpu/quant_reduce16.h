@@ -1,0 +1,55 @@
+/*
+ * quant_reduce16.h — helpers of the AVX-512 four-row kernels: the horizontal sums of sixteen int32
+ * accumulators at once (16 (row, token) pairs in registers), and the decode prefetch. Integer adds
+ * are exact, so the order of the tree changes nothing; it only has to put pair p's sum in lane p.
+ */
+#ifndef STRATA_QUANT_REDUCE16_H
+#define STRATA_QUANT_REDUCE16_H
+
+#include <immintrin.h>
+
+/* From the first level: a[p] holds in lanes 0-7 partials of pair p and in lanes 8-15 partials of
+ * pair p + 8 (p < 8). Returns lane p = the sum of pair p's partials. */
+static inline __m512i reduce16_from8(const __m512i a[8]) {
+    __m512i b[4], c[2];
+    for (int p = 0; p < 4; p++)
+        b[p] = _mm512_add_epi32(_mm512_shuffle_i32x4(a[p], a[p + 4], 0x88), _mm512_shuffle_i32x4(a[p], a[p + 4], 0xDD));
+    /* b[p]: 128-bit lanes hold p, p + 8, p + 4, p + 12 */
+    for (int p = 0; p < 2; p++)
+        c[p] = _mm512_add_epi32(_mm512_unpacklo_epi64(b[p], b[p + 2]), _mm512_unpackhi_epi64(b[p], b[p + 2]));
+    /* c[p]: in 128-bit lane k, two partials of (off_k + p), two of (off_k + p + 2); off = 0, 8, 4, 12 */
+    const __m512 c0 = _mm512_castsi512_ps(c[0]), c1 = _mm512_castsi512_ps(c[1]);
+    const __m512i d = _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(c0, c1, _MM_SHUFFLE(2, 0, 2, 0))),
+                                       _mm512_castps_si512(_mm512_shuffle_ps(c0, c1, _MM_SHUFFLE(3, 1, 3, 1))));
+    /* d lane 4k + e holds off_k + (0, 2, 1, 3)[e] */
+    return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), d);
+}
+
+/* Sixteen accumulators -> lane p = the sum of v[p]'s lanes. */
+static inline __m512i reduce16(const __m512i v[16]) {
+    __m512i a[8];
+    for (int p = 0; p < 8; p++)
+        a[p] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[p], v[p + 8], 0x44), _mm512_shuffle_i32x4(v[p], v[p + 8], 0xEE));
+    return reduce16_from8(a);
+}
+
+/* Lane 4 r + k of the (row, token) pair vectors: the row's and the token's value. */
+static inline __m512 pairs_by_row(const float v[4]) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_castps128_ps512(_mm_loadu_ps(v)));
+}
+static inline __m512 pairs_by_token(__m128 v) {
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3), _mm512_castps128_ps512(v));
+}
+
+/* Prefetch the block of `bytes` at p (every cache line it touches) for the decode kernels: they
+ * stream whole matrices once per token and are bound by memory latency; a prefetch past the end of a
+ * matrix is a hint that never faults. */
+#define QUANT_PREFETCH_ROWS 16
+static inline void prefetch_block(const void *p, int bytes) {
+    const char *c = (const char *)p;
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+    _mm_prefetch(c + bytes - 1, _MM_HINT_T0);
+}
+
+#endif
