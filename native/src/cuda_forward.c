@@ -133,8 +133,10 @@ int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const int64_t act = cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D) + 64;
     const int64_t hact = cuda_act_row_bytes(STRATA_TYPE_Q8_0, F) + 64;
     const int64_t f = 4;
+    /* + the decode step's expert address table and position (when every expert is resident) */
+    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256;
     return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
-           hp->n_vocab * f + 4 * (T * K + E) * 16;
+           hp->n_vocab * f + 4 * (T * K + E) * 16 + decode_tables;
 }
 
 static strata_status work_alloc(strata_engine *e, int32_t T) {
