@@ -34,15 +34,16 @@ if not hasattr(pytest.importorskip("strata.model"), "ensure_model"):
 SIZE = (120, 36)
 
 
-# The tiny model writes thousands of tokens a second, faster than a person can press Esc; what can be
-# caught in flight is reading a long prompt in small chunks (a few seconds), so the server reads in
-# chunks of 16 tokens and the cancel and crash tests strike while it reads.
-SERVER_ARGS = ["--threads", "2", "--prefill", "16"]
+# The tiny model writes thousands of tokens a second and reads a 3,000-token prompt in well under a
+# second: the tests that strike while a request is in flight (Esc while the prompt is read or the reply
+# written, the engine killed) use the small model (``small_server``), where both last seconds.
+SERVER_ARGS = ["--threads", "2"]
 
 
-def long_prompt(tag: str) -> str:
-    """About 3,300 tokens; the tag makes it unlike any earlier prompt (no reuse of a cached prefix)."""
-    return f"{tag}. " + "The quick brown fox jumps over the lazy dog. " * 150
+def long_prompt(tag: str, repeat: int) -> str:
+    """About 22 tokens per repeat (15 with the small model's vocabulary); the tag makes it unlike any
+    earlier prompt (no reuse of a cached prefix)."""
+    return f"{tag}. " + "The quick brown fox jumps over the lazy dog. " * repeat
 
 
 @pytest.fixture(scope="module")
@@ -133,33 +134,6 @@ def test_send_streams_the_servers_reply(server: ServerProcess, tmp_path: Path) -
     asyncio.run(run())
 
 
-def test_cancel_stops_the_server(server: ServerProcess, tmp_path: Path) -> None:
-    async def run() -> None:
-        app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
-        async with app.run_test(size=SIZE) as pilot:
-            await ready(pilot, app)
-            await setup_greedy(pilot, app, 8)
-            await type_and_send(pilot, app, long_prompt("cancel test"))
-            # the engine panel follows the prompt being read
-            await wait_for(pilot, lambda: app.chat.engine.state == "reading" and app.chat.reply is not None
-                           and "reading the prompt" in app.chat.reply.view.footer_text, "reading")
-            assert app.chat.query_one("#prompt-bar").display
-            total = (app.chat.engine.status.get("prompt") or {}).get("total", 0)
-            assert total > 3000
-            await pilot.press("escape")
-            await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
-            assert views(app, "assistant") == []  # nothing arrived, nothing kept
-            assert views(app, "user")[-1].footer_text == "cancelled before the reply started"
-            # the server stopped: it went back to idle without writing the 8 tokens
-            await wait_for(pilot, lambda: status(server.url)["state"] == "idle", "server idle", timeout=30)
-            last = status(server.url)["last_request"]
-            assert last["timings"]["predicted_n"] < 8
-            # and the chat is ready for the next message
-            reply = await send_and_wait(pilot, app, "Are you still there?")
-            assert reply.content and reply.footer_text != "cancelled"
-    asyncio.run(run())
-
-
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[ServerProcess]:
     """The small preset writes a few hundred tokens a second here: a long reply lasts seconds, so Esc
@@ -170,6 +144,44 @@ def small_server() -> Iterator[ServerProcess]:
     proc.start(timeout=240)
     yield proc
     proc.stop()
+
+
+def test_cancel_while_the_prompt_is_read(small_server: ServerProcess, tmp_path: Path) -> None:
+    url = small_server.url
+    assert url is not None
+
+    async def run() -> None:
+        app = StrataChat(server_url=url, db_path=tmp_path / "c.sqlite3")
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 8)
+            # about 3,800 tokens (the server holds 4,096): two seconds and more of reading for the small model
+            await type_and_send(pilot, app, long_prompt("cancel test", 250))
+            # the engine panel follows the prompt being read (all seen at one moment: no settling)
+            await wait_for(
+                pilot,
+                lambda: app.chat.engine.state == "reading"
+                and app.chat.reply is not None
+                and "reading the prompt" in app.chat.reply.view.footer_text
+                and app.chat.query_one("#prompt-bar").display,
+                "reading",
+                settle=False,
+            )
+            total = (app.chat.engine.status.get("prompt") or {}).get("total", 0)
+            assert total > 3500
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
+            assert views(app, "assistant") == []  # nothing arrived, nothing kept
+            assert views(app, "user")[-1].footer_text == "cancelled before the reply started"
+            # the server stopped: it went back to idle without writing the 8 tokens
+            await wait_for(pilot, lambda: status(url)["state"] == "idle", "server idle", timeout=30)
+            last = status(url)["last_request"]
+            assert last["timings"]["predicted_n"] < 8
+            # and the chat is ready for the next message
+            reply = await send_and_wait(pilot, app, "Are you still there?")
+            assert reply.content and reply.footer_text != "cancelled"
+
+    asyncio.run(run())
 
 
 def test_cancel_while_the_reply_is_written(small_server: ServerProcess, tmp_path: Path) -> None:
@@ -339,18 +351,21 @@ def test_new_conversation_persistence_and_export(server: ServerProcess, tmp_path
     asyncio.run(second_run())
 
 
-def test_engine_restart_is_shown_and_recovered(server: ServerProcess, tmp_path: Path) -> None:
+def test_engine_restart_is_shown_and_recovered(small_server: ServerProcess, tmp_path: Path) -> None:
+    server = small_server  # its prompt reading lasts long enough to strike during it
     async def run() -> None:
         app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
         async with app.run_test(size=SIZE) as pilot:
             await ready(pilot, app)
             await setup_greedy(pilot, app, 8)
             restarts = status(server.url)["engine"]["restarts"]
-            text = long_prompt("crash test")
+            text = long_prompt("crash test", 250)
             await type_and_send(pilot, app, text)
             # strike while the request is in flight: the server's own status is the ground truth (the
             # panel polls it and, on a loaded machine, can miss a short reading window)
-            await wait_for(pilot, lambda: status(server.url)["state"] in ("reading", "generating"), "reading")
+            await wait_for(
+                pilot, lambda: status(server.url)["state"] in ("reading", "generating"), "reading", settle=False
+            )
             pid = status(server.url)["engine"]["pid"]
             assert pid
             os.kill(pid, signal.SIGKILL)

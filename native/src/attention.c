@@ -220,7 +220,8 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
         c.n_head_kv = HKV;
         c.tokens_per_item = ATTN_ITEM_QUERIES / G > 1 ? ATTN_ITEM_QUERIES / G : 1;
         /* enough items for every thread on short chunks */
-        while (c.tokens_per_item > 1 && (int64_t)HKV * ((T + c.tokens_per_item - 1) / c.tokens_per_item) < 4 * pool_size(e->pool))
+        while (c.tokens_per_item > 1 &&
+               (int64_t)HKV * ((T + c.tokens_per_item - 1) / c.tokens_per_item) < 4 * pool_size(e->pool))
             c.tokens_per_item /= 2;
         c.n_blocks = (T + c.tokens_per_item - 1) / c.tokens_per_item;
         pool_run(e->pool, (int64_t)HKV * c.n_blocks, att_tiled_item, &c);

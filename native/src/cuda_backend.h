@@ -124,6 +124,29 @@ strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const
  * bits as cuda_matvec_segments followed by cuda_moe_combine. */
 strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *const *wd, int64_t D, int64_t F,
                                        const void *h, int64_t h_stride, const float *weights, float *y, int32_t K);
+/* ---- prompt products on the tensor cores (mmq.cu) ------------------------------------------------
+ * For Q8_0, Q4_0, Q4_K and Q6_K weights against activations quantized to 8-bit blocks of 32 (cuda_quantize_act
+ * with type Q8_0, whatever the weights' type). Every output is acc = 0; for each block g in order:
+ * acc = acc + (dw * dx) * (exact integer dot of the block) (Q4_K: minus (dmin * m * dx) * (sum of the
+ * block's activations); Q6_K: two halves of 16 with their own scales), so a token's result does
+ * not depend on the tokens processed with it
+ * (cuda_mirror_mmq is the host copy).
+ * It is not the matvec's expression: the engine uses these for every prompt chunk and the matvec for
+ * decode. Activation rows must be 16-byte aligned (x_stride and the base). */
+
+/* Tokens per segment of cuda_mmq_segments (at most). */
+#define CUDA_MMQ_TOKENS 64
+
+/* 1 for the weight types the grouped product runs (Q8_0, Q4_0, Q4_K, Q6_K). */
+int32_t cuda_mmq_supported(int32_t type);
+/* y[t, r] (+)= W[r, :] . xq[t, :] for t < T (dense weights, e.g. attention). */
+strata_status cuda_mmq(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols, const void *xq,
+                       int64_t x_stride, float *y, int64_t y_stride, int32_t T, int32_t accumulate);
+/* Grouped: segment s has weights w_ptrs[s] and the pairs p = pairs[seg_start[s] .. seg_start[s + 1])
+ * (at most CUDA_MMQ_TOKENS): y[p, r] = W_s[r, :] . xq[p / xdiv, :]. Device arrays. */
+strata_status cuda_mmq_segments(cuda_ctx *ctx, int32_t type, const void *const *w_ptrs, int64_t rows, int64_t cols,
+                                const void *xq, int64_t x_stride, const int32_t *pairs, const int32_t *seg_start,
+                                int32_t xdiv, float *y, int64_t y_stride, int32_t n_segments);
 
 /* y[t] = x[t] / rms(x[t]) * w,  x, y: [T, D] (may alias). */
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D,
@@ -179,6 +202,8 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
  * scratch: 2 * F floats. */
 void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
                         int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch);
+/* Bit-exact host copy of cuda_mmq for one token (Q8_0 / Q4_0 / Q4_K / Q6_K weights): y[r] = W[r, :] . x. */
+void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */
 void cuda_mirror_quantize_q8(const float *x, int64_t cols, uint8_t *q);
 

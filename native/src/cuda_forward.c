@@ -41,6 +41,7 @@
 #include "cuda_forward.h"
 #include "engine_internal.h"
 #include "group_dequant.h"
+#include "trace.h"
 
 typedef struct dev_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm; /* [D], [D], [hd], [hd] */
@@ -96,6 +97,9 @@ struct cuda_state {
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
     int32_t ring_next;
+    int8_t mmq;              /* prompt products on the tensor cores: 0 not decided yet, 1 yes, 2 no */
+    int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
+    int32_t bucket_cap;
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -396,6 +400,7 @@ void cuda_forward_close(strata_engine *e) {
     free(g->last_use);
     free(g->ptr_host);
     free(g->exp_state);
+    free(g->bucket);
     free(g);
     e->gpu = NULL;
 }
@@ -414,7 +419,7 @@ int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expe
 
 /* A decode step (not a prompt chunk, whatever its size): the decode shortcuts below (fused norm and
  * quantization, q/k/v quantized once, device routing, the graph) apply only here, so that prompt
- * chunks keep one code path whatever their T. */
+ * chunks keep one code path whatever their T (the tensor-core products of use_mmq). */
 static int decoding(const strata_engine *e) { return e->stats.state != 1; /* 1: reading a prompt */ }
 
 /* Decode, one token: y (+)= W x with the one-token kernel (x in W's activation type already). */
@@ -425,6 +430,21 @@ static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int6
     float *const y3[3] = {y, NULL, NULL};
     DEV(e, cuda_matvec3(e->gpu->ctx, type, w3, r3, cols, x, y3, acc));
     return STRATA_OK;
+}
+
+/* Whether a product of `type` runs on the tensor cores (cuda_mmq*): in every prompt chunk, whatever
+ * its T (1 included), so that a token gets the same arithmetic in whichever chunk it is read; decode
+ * keeps the matrix-vector kernel. STRATA_CUDA_MMQ=0 turns it off (trace.c). */
+static int use_mmq(strata_engine *e, int32_t type) {
+    cuda_state *g = e->gpu;
+    if (!g->mmq) g->mmq = trace_env_cuda_mmq() ? 1 : 2;
+    return g->mmq == 1 && e->stats.state == 1 /* reading a prompt (engine_prefill) */ && cuda_mmq_supported(type);
+}
+
+/* The routed experts of layer l run on the tensor cores (all three matrices' types allow it). */
+static int layer_mmq(strata_engine *e, int32_t l) {
+    const layer_weights *W = &e->w.layers[l];
+    return use_mmq(e, W->gate_exps.type) && use_mmq(e, W->up_exps.type) && use_mmq(e, W->down_exps.type);
 }
 
 /* y (+)= W x for T rows of x (f32, stride xs floats), quantizing x first when W's type wants it. */
@@ -439,7 +459,10 @@ static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64
         }
         return matvec1(e, type, w, rows, cols, xin, y, acc);
     }
-    if (cuda_act_type(type) != STRATA_TYPE_F32) {
+    if (use_mmq(e, type)) { /* 8-bit activation blocks for every type the tensor cores run */
+        DEV(e, cuda_quantize_act(g->ctx, STRATA_TYPE_Q8_0, x, xs, g->act, g->act_row, cols, T));
+        DEV(e, cuda_mmq(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
+    } else if (cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, T));
         DEV(e, cuda_matvec(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
     } else {
@@ -517,6 +540,21 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
     int32_t *tok_in = g->seg_tok, *out_gu = g->seg_out, *tok_h = g->seg_tok + (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
     int32_t *out_d = g->seg_out + (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
     (void)ns;
+    if (layer_mmq(e, l)) {
+        /* tensor cores: wave_segments left the pairs (t * K + k) grouped by expert in seg_tok and each
+         * segment's start in seg_out; gate/up read x row t = pair / K, down reads h row = pair */
+        const int32_t *pairs = g->seg_tok, *start = g->seg_out;
+        DEV(e, cuda_quantize_act(g->ctx, STRATA_TYPE_Q8_0, g->xn, D, g->act, g->act_row, D, T));
+        DEV(e, cuda_mmq_segments(g->ctx, W->gate_exps.type, wg, F, D, g->act, g->act_row, pairs, start, (int32_t)K,
+                                 g->g, F, n_seg));
+        DEV(e, cuda_mmq_segments(g->ctx, W->up_exps.type, wu, F, D, g->act, g->act_row, pairs, start, (int32_t)K,
+                                 g->u, F, n_seg));
+        DEV(e, cuda_swiglu(g->ctx, g->g, g->u, g->h, (int64_t)T * K * F));
+        DEV(e, cuda_quantize_act(g->ctx, STRATA_TYPE_Q8_0, g->h, F, g->hact, g->hact_row, F, (int32_t)(T * K)));
+        DEV(e, cuda_mmq_segments(g->ctx, W->down_exps.type, wd, D, F, g->hact, g->hact_row, pairs, start, 1, g->ye,
+                                 D, n_seg));
+        return STRATA_OK;
+    }
     /* gate and up: x rows are tokens of xn; outputs rows t * K + k of g and u */
     const void *xin = g->xn;
     int64_t xs = D;
@@ -649,39 +687,82 @@ static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32
     }
 }
 
-/* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments. */
+/* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments.
+ * The wave's pairs i = t * K + k are first bucketed by expert (one pass over sel, then each expert's
+ * pairs in increasing i), so the work is O(T * K + E), not O(E * T * K). */
 enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3 };
 static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, uint8_t *state,
                                    int32_t SEG, int32_t *n_out) {
     cuda_state *g = e->gpu;
-    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
-    const void **sw = (const void **)(sel + T * K);
+    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used, TK = T * K;
+    const void **sw = (const void **)(sel + TK);
     int32_t *stok = (int32_t *)(sw + 3 * g->seg_cap);
     int32_t *sout = stok + (int64_t)g->seg_cap * SEG;
     int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
     int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
+    const int mmq = layer_mmq(e, l);
+    /* bucket: first[ex] .. first[ex + 1] of order[] are expert ex's pairs (only experts of this wave).
+     * Under the tensor cores order[] is the pair table itself (stok); otherwise host scratch. */
+    if (g->bucket_cap < TK + E + 1) {
+        int32_t *nb = realloc(g->bucket, (size_t)(TK + E + 1) * 2 * sizeof(int32_t));
+        if (!nb) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert groups");
+        g->bucket = nb;
+        g->bucket_cap = TK + E + 1;
+    }
+    int32_t *first = g->bucket, *fill_at = first + E + 1;
+    int32_t *order = mmq ? stok : g->bucket + 2 * (E + 1);
+    memset(first, 0, (size_t)(E + 1) * sizeof(int32_t));
+    for (int32_t i = 0; i < TK; i++)
+        if (state[sel[i]] == EXP_WAVE) first[sel[i] + 1]++;
+    for (int32_t ex = 0; ex < E; ex++) first[ex + 1] += first[ex];
+    memcpy(fill_at, first, (size_t)E * sizeof(int32_t));
+    for (int32_t i = 0; i < TK; i++)
+        if (state[sel[i]] == EXP_WAVE) order[fill_at[sel[i]]++] = i;
+    const int32_t np = first[E];
+
     int32_t n_seg = 0;
-    for (int32_t ex = 0; ex < E; ex++) {
-        if (state[ex] != EXP_WAVE) continue;
-        state[ex] = EXP_IDLE;
-        const exp_ptrs *p = &g->ptr_host[l * E + ex];
-        int32_t fill = SEG;
-        for (int32_t i = 0; i < T * K; i++) {
-            if (sel[i] != ex) continue;
-            if (fill == SEG) {
+    if (mmq) {
+        /* tensor cores: the pairs (order, already in stok) go to seg_tok, CUDA_MMQ_TOKENS per segment,
+         * and the segments' starts (n_seg + 1) to seg_out. At most T * K pairs and
+         * T * K / CUDA_MMQ_TOKENS + E segments: within the tables sized for CUDA_SEG_TOKENS. */
+        int32_t *start = stok + TK;
+        for (int32_t ex = 0; ex < E; ex++) {
+            if (state[ex] != EXP_WAVE) continue;
+            state[ex] = EXP_IDLE;
+            const exp_ptrs *p = &g->ptr_host[l * E + ex];
+            for (int32_t j = first[ex]; j < first[ex + 1]; j += CUDA_MMQ_TOKENS) {
                 STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
                 sw[n_seg] = p->gate;
                 sw[g->seg_cap + n_seg] = p->up;
                 sw[2 * g->seg_cap + n_seg] = p->down;
-                for (int32_t j = 0; j < SEG; j++) stok[n_seg * SEG + j] = stok_h[n_seg * SEG + j] = -1;
-                n_seg++;
-                fill = 0;
+                start[n_seg++] = j;
             }
-            const int64_t j = (int64_t)(n_seg - 1) * SEG + fill++;
-            stok[j] = i / K; /* token row of xn */
-            sout[j] = i;     /* row t * K + k of g and u */
-            stok_h[j] = i;   /* row of h */
-            sout_d[j] = i;   /* row of ye */
+        }
+        start[n_seg] = np;
+        DEV(e, cuda_h2d(g->ctx, (void *)g->seg_w, sw, 3 * (size_t)g->seg_cap * sizeof(void *), CUDA_STREAM_COMPUTE));
+        if (np > 0) DEV(e, cuda_h2d(g->ctx, g->seg_tok, order, (size_t)np * 4, CUDA_STREAM_COMPUTE));
+        DEV(e, cuda_h2d(g->ctx, g->seg_out, start, (size_t)(n_seg + 1) * 4, CUDA_STREAM_COMPUTE));
+        *n_out = n_seg;
+        return STRATA_OK;
+    }
+    for (int32_t ex = 0; ex < E; ex++) {
+        if (state[ex] != EXP_WAVE) continue;
+        state[ex] = EXP_IDLE;
+        const exp_ptrs *p = &g->ptr_host[l * E + ex];
+        for (int32_t j0 = first[ex]; j0 < first[ex + 1]; j0 += SEG) {
+            STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
+            sw[n_seg] = p->gate;
+            sw[g->seg_cap + n_seg] = p->up;
+            sw[2 * g->seg_cap + n_seg] = p->down;
+            for (int32_t f = 0; f < SEG; f++) {
+                const int64_t j = (int64_t)n_seg * SEG + f;
+                const int32_t i = j0 + f < first[ex + 1] ? order[j0 + f] : -1;
+                stok[j] = i < 0 ? -1 : i / K; /* token row of xn */
+                sout[j] = i;                  /* row t * K + k of g and u */
+                stok_h[j] = i;                /* row of h */
+                sout_d[j] = i;                /* row of ye */
+            }
+            n_seg++;
         }
     }
     const size_t nb = (size_t)n_seg * SEG * 4;
@@ -724,7 +805,8 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
 
     int32_t *sel = (int32_t *)g->stage;
-    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST;
+    /* not in a prompt chunk of one token on the tensor cores: the host mirrors the decode kernel */
+    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST && !layer_mmq(e, l);
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
     /* a miss run on the host needs the normed token: it comes back with the choices */
     if (host_misses) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));

@@ -62,6 +62,19 @@ strata_status cuda_matvec_segments(cuda_ctx *c, int32_t ty, const void *const *w
     (void)c; (void)ty; (void)w; (void)r; (void)co; (void)x; (void)xs; (void)tok; (void)o; (void)y; (void)ys; (void)n; (void)st;
     return STRATA_ERR_DEVICE;
 }
+int32_t cuda_mmq_supported(int32_t t) { (void)t; return 0; }
+strata_status cuda_mmq(cuda_ctx *c, int32_t ty, const void *w, int64_t r, int64_t co, const void *x, int64_t xs,
+                       float *y, int64_t ys, int32_t T, int32_t a) {
+    (void)c; (void)ty; (void)w; (void)r; (void)co; (void)x; (void)xs; (void)y; (void)ys; (void)T; (void)a;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_mmq_segments(cuda_ctx *c, int32_t ty, const void *const *w, int64_t r, int64_t co, const void *x,
+                                int64_t xs, const int32_t *p, const int32_t *s, int32_t xd, float *y, int64_t ys,
+                                int32_t n) {
+    (void)c; (void)ty; (void)w; (void)r; (void)co; (void)x; (void)xs; (void)p; (void)s; (void)xd; (void)y; (void)ys;
+    (void)n;
+    return STRATA_ERR_DEVICE;
+}
 strata_status cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float *y, int32_t T, int32_t D, float e) {
     (void)c; (void)x; (void)w; (void)y; (void)T; (void)D; (void)e;
     return STRATA_ERR_DEVICE;

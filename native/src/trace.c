@@ -23,7 +23,12 @@
  *                  file (pageable copies) instead of through the ring of pinned staging buffers.
  *                  Read when the device cache is made.
  *
- * The variables are read when an engine is opened, not per line.
+ *   STRATA_CUDA_MMQ "0": on --device cuda, run prompt chunks' Q8_0 / Q4_0 / Q4_K / Q6_K products with the
+ *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
+ *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
+ *
+ * STRATA_TRACE and the STRATA_CUDA_* switches of the decode path are read when an engine is opened, not
+ * per line; STRATA_CUDA_MMQ at the first prompt.
  */
 #include "trace.h"
 
@@ -71,5 +76,10 @@ int env_cuda_fused(void) {
 
 int env_cuda_staging(void) {
     const char *v = getenv("STRATA_CUDA_STAGING");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int trace_env_cuda_mmq(void) {
+    const char *v = getenv("STRATA_CUDA_MMQ");
     return !(v && strcmp(v, "0") == 0);
 }

@@ -24,5 +24,7 @@ int env_cuda_graph(void);
 int env_cuda_fused(void);
 /* 0 when STRATA_CUDA_STAGING=0 asks for expert copies straight from the mapped file. */
 int env_cuda_staging(void);
+/* 0 when STRATA_CUDA_MMQ=0 asks for the matrix-vector kernel in prompt chunks, else 1 (see trace.c). */
+int trace_env_cuda_mmq(void);
 
 #endif

@@ -37,7 +37,6 @@ class ChatInput(TextArea):
             self.cursor_blink = False  # screenshots in tests must not depend on the blink phase
 
     async def _on_key(self, event: events.Key) -> None:
-        self.last_key_at = time.monotonic()
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -59,6 +58,8 @@ class ChatInput(TextArea):
             self.load_text(self.last_sent)
             self.move_cursor(self.document.end)
             return
+        # the time of the last key that edits the text (not Enter: sending is not typing)
+        self.last_key_at = time.monotonic()
         await super()._on_key(event)
         if event.is_printable or event.key in ("backspace", "delete"):
             # once this key is on the screen, the screen may draw what it held back for it

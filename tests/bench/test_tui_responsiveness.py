@@ -133,14 +133,17 @@ async def _ticker(lags: list[float], stop: asyncio.Event) -> None:
         lags.append(max(0.0, (time.perf_counter() - t - 0.005) * 1000.0))
 
 
-async def _measure(server_url: str, tmp_db: Any, streaming: bool) -> tuple[dict[str, float], dict[str, Any]]:
+async def _measure(
+    server_url: str, tmp_db: Any, streaming: bool, temperature: str = "1"
+) -> tuple[dict[str, float], dict[str, Any]]:
     app = StrataChat(server_url=server_url, db_path=tmp_db)
     async with app.run_test(size=(120, 40)) as pilot:
         while not (app.chat is not None and app.chat.connected and app.chat.conv is not None):
             await pilot.pause(0.05)
         chat = app.chat
-        # sampled, not greedy: the tiny model's greedy reply ends after a few dozen tokens
-        await chat.run_slash("/temp", "1")
+        # long replies: tiny's greedy reply ends after a few dozen tokens (sampled ones run to ~1,000),
+        # small's greedy one runs to max tokens
+        await chat.run_slash("/temp", temperature)
         await chat.run_slash("/seed", "1")
         await chat.run_slash("/max-tokens", "4000")
         probe = _Probe(app)
@@ -193,7 +196,10 @@ def test_typing_while_streaming(benchmark: Any, server: ServerProcess, tmp_path:
     def run() -> None:
         assert server.url is not None
         results["idle"], _ = asyncio.run(_measure(server.url, tmp_path / "a.sqlite3", streaming=False))
-        results["streaming"], results["info"] = asyncio.run(_measure(server.url, tmp_path / "b.sqlite3", streaming=True))
+        temperature = "0" if "small" in str(server.model) else "1"
+        results["streaming"], results["info"] = asyncio.run(
+            _measure(server.url, tmp_path / "b.sqlite3", streaming=True, temperature=temperature)
+        )
 
     load_before = os.getloadavg()
     benchmark.pedantic(run, rounds=1, iterations=1)

@@ -90,11 +90,14 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
         const int32_t nrow = last - j0 + 1 < 16 ? last - j0 + 1 : 16;
         for (int32_t p = 0; p < 16; p++) {
             if (p < nrow) {
-                const uint16_t *kr = (const uint16_t *)(const void *)(j->k + (size_t)(j0 + p) * j->row_bytes) + (size_t)kvh * HD;
-                const uint16_t *vr = (const uint16_t *)(const void *)(j->v + (size_t)(j0 + p) * j->row_bytes) + (size_t)kvh * HD;
+                const size_t off = (size_t)(j0 + p) * j->row_bytes;
+                const uint16_t *kr = (const uint16_t *)(const void *)(j->k + off) + (size_t)kvh * HD;
+                const uint16_t *vr = (const uint16_t *)(const void *)(j->v + off) + (size_t)kvh * HD;
                 for (int c = 0; c < NV; c++) {
-                    _mm512_store_ps(kt + p * HD + 16 * c, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * c))));
-                    _mm512_store_ps(vt + p * HD + 16 * c, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * c))));
+                    const __m256i kh = _mm256_loadu_si256((const __m256i *)(kr + 16 * c));
+                    const __m256i vh = _mm256_loadu_si256((const __m256i *)(vr + 16 * c));
+                    _mm512_store_ps(kt + p * HD + 16 * c, _mm512_cvtph_ps(kh));
+                    _mm512_store_ps(vt + p * HD + 16 * c, _mm512_cvtph_ps(vh));
                 }
             } else {
                 for (int c = 0; c < NV; c++) {
@@ -146,7 +149,8 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
         const int32_t t = t0 + (qs + i) / G, h = kvh * G + (qs + i) % G;
         float *out = j->out + (int64_t)t * j->n_head * HD + (int64_t)h * HD;
         const __m512 inv = _mm512_set1_ps(1.0f / l[i]);
-        for (int c = 0; c < NV; c++) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + (size_t)i * HD + 16 * c), inv));
+        for (int c = 0; c < NV; c++)
+            _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + (size_t)i * HD + 16 * c), inv));
     }
 }
 
@@ -156,7 +160,8 @@ void attn_store_f16_avx512(uint16_t *dst, const float *src, int32_t n) {
         _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     if (i < n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT));
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_mask_storeu_epi16(dst + i, m, h);
     }
 }
 

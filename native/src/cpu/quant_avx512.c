@@ -92,7 +92,8 @@ static inline __m512 q8_pair_scale(const uint8_t *p0, const uint8_t *p1) {
     uint16_t h0, h1;
     memcpy(&h0, p0, 2);
     memcpy(&h1, p1, 2);
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1));
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1);
+    return _mm512_cvtph_ps(h);
 }
 
 /* R weight rows against one activation row, each with its own accumulators and the same operations:
@@ -115,7 +116,8 @@ static inline __attribute__((always_inline)) void q8_0_rows_avx512(int64_t n, co
         const uint8_t *bb = b + i * 34;
         __m512i qb = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bb + 2))),
                                         _mm256_loadu_si256((const __m256i *)(bb + 36)), 1);
-        const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, qb));
+        const __m512i zero = _mm512_setzero_si512();
+        const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, x80, qb));
         const __m512 db = q8_pair_scale(bb, bb + 34);
         for (int r = 0; r < R; r++) {
             const uint8_t *a = w + (size_t)r * ws + i * 34;

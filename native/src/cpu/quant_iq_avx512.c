@@ -204,7 +204,7 @@ static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *
  * int16 multiplies, scales and sums 32 values: 8 per block and (row, token) pair, 16 pairs in
  * registers. The int32 lanes add products of at most 2 x 4064 x 127: the block's A is exact and
  * equals the scalar kernel's. Per pair the float step is vec_dot's, (d * y.d) * A added to the
- * pair's sum in block order, done for 16 pairs in one vector: out[r * n_act + k] is bit for bit
+ * pair's sum in block order, done for 16 pairs in one vector: out[4 k + r] is bit for bit
  * vec_dot(n, row r, act[k]). */
 static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
                                      float *out) {
@@ -225,7 +225,8 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                     const block_iq4_xs *b = (const block_iq4_xs *)((const uint8_t *)w + (size_t)r * ws) + c0 + c;
                     for (int p = 0; p < 2; p++) {
                         const __m512i bits = _mm512_loadu_si512((const void *)(b->qs + 64 * p));
-                        const __m512i lo = _mm512_and_si512(bits, m4), hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
+                        const __m512i lo = _mm512_and_si512(bits, m4);
+                        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bits, 4), m4);
                         /* values 128p .. 128p + 63 and 128p + 64 .. 128p + 127 in order */
                         const __m512i va = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ia, hi));
                         const __m512i vb = _mm512_shuffle_epi8(lut, _mm512_permutex2var_epi64(lo, ib, hi));
@@ -233,8 +234,10 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                                                  _mm512_castsi512_si256(vb), _mm512_extracti64x4_epi64(vb, 1)};
                         for (int h = 0; h < 4; h++) {
                             const int j = 4 * p + h;
-                            const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) | (((b->scales_h >> (2 * j)) & 3) << 4);
-                            w16[r][c][j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(half[h]), _mm512_set1_epi16((short)(ls - 32)));
+                            const int ls = ((b->scales_l[j / 2] >> (4 * (j % 2))) & 0xF) |
+                                           (((b->scales_h >> (2 * j)) & 3) << 4);
+                            const __m512i f = _mm512_set1_epi16((short)(ls - 32));
+                            w16[r][c][j] = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(half[h]), f);
                         }
                     }
                     dr[c][r] = quant_f16_lut[b->d];
@@ -249,9 +252,11 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                     for (int q = 0; q < 16; q++) acc[q] = _mm512_setzero_si512();
                     for (int j = 0; j < 8; j++) {
                         __m512i a16[4];
-                        for (int k = 0; k < 4; k++) a16[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(y[k][c].qs + 32 * j)));
+                        for (int k = 0; k < 4; k++)
+                            a16[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(y[k][c].qs + 32 * j)));
                         for (int r = 0; r < 4; r++)
-                            for (int k = 0; k < 4; k++) acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], w16[r][c][j], a16[k]);
+                            for (int k = 0; k < 4; k++)
+                                acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], w16[r][c][j], a16[k]);
                     }
                     const __m512 A = _mm512_cvtepi32_ps(reduce16(acc));
                     const __m512 dv = pairs_by_row(dr[c]);
@@ -261,12 +266,7 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                 sums[k0 / 4] = sum;
             }
         }
-        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-            float v[16];
-            _mm512_storeu_ps(v, sums[k0 / 4]);
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
-        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
     }
 }
 

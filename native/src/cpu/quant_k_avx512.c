@@ -216,7 +216,7 @@ static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
  * pairs accumulate in registers with vec_dot's exact integer steps. A and B of the 16 pairs are
  * reduced together (B from its first level: lanes 0-7 pair p, 8-15 pair p + 8 = row r + 2, same
  * token), and the float step of vec_dot, (d y.d) A - (dmin y.d) B added in block order, runs for the
- * 16 pairs in one vector: out[r * n_act + k] is bit for bit vec_dot(n, row r, act[k]). */
+ * 16 pairs in one vector: out[4 k + r] is bit for bit vec_dot(n, row r, act[k]). */
 static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
                                    float *out) {
     const int64_t nb = n / QK_K;
@@ -243,13 +243,17 @@ static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                         for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
                         for (int r = 0; r < 4; r++)
                             for (int k = 0; k < 4; k++)
-                                acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].w[q], a[k]), u[r][c].s[q]);
+                                acc[4 * r + k] = _mm512_dpwssd_epi32(
+                                    acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].w[q], a[k]), u[r][c].s[q]);
                     }
                     __m512i bl[8];
                     for (int r = 0; r < 2; r++) {
-                        const __m512i mp = _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].mpair), u[r + 2][c].mpair, 1);
-                        for (int k = 0; k < 4; k++)
-                            bl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[k][c].bsums)), mp);
+                        const __m512i mp =
+                            _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].mpair), u[r + 2][c].mpair, 1);
+                        for (int k = 0; k < 4; k++) {
+                            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[k][c].bsums);
+                            bl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(bs), mp);
+                        }
                     }
                     const __m512 A = _mm512_cvtepi32_ps(reduce16(acc));
                     const __m512 B = _mm512_cvtepi32_ps(reduce16_from8(bl));
@@ -263,12 +267,7 @@ static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                 sums[k0 / 4] = sum;
             }
         }
-        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-            float v[16];
-            _mm512_storeu_ps(v, sums[k0 / 4]);
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
-        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
     }
 }
 
@@ -474,28 +473,28 @@ static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                         for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
                         for (int r = 0; r < 4; r++)
                             for (int k = 0; k < 4; k++)
-                                acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
+                                acc[4 * r + k] = _mm512_dpwssd_epi32(
+                                    acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
                     }
                     __m512i cl[8];
                     for (int r = 0; r < 2; r++) {
-                        const __m512i sc = _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].sc16), u[r + 2][c].sc16, 1);
-                        for (int k = 0; k < 4; k++)
-                            cl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[k][c].bsums)), sc);
+                        const __m512i sc =
+                            _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].sc16), u[r + 2][c].sc16, 1);
+                        for (int k = 0; k < 4; k++) {
+                            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[k][c].bsums);
+                            cl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(bs), sc);
+                        }
                     }
                     const __m512i Ai = _mm512_sub_epi32(reduce16(acc), _mm512_slli_epi32(reduce16_from8(cl), 5));
                     const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
                     const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
-                    sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(Ai)));
+                    const __m512 t = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(Ai));
+                    sum = _mm512_add_ps(sum, t);
                 }
                 sums[k0 / 4] = sum;
             }
         }
-        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-            float v[16];
-            _mm512_storeu_ps(v, sums[k0 / 4]);
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
-        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
     }
 }
 

@@ -69,7 +69,9 @@ static void q8_0_vec_dot_n_avx512(int64_t n, const void *w, const void *const *a
 }
 
 /* [lo x 8 | hi x 8]: the per-lane scale of a pair of blocks */
-static inline __m512 pair_scale(float lo, float hi) { return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1); }
+static inline __m512 pair_scale(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
 
 static inline __m512i load_pair(const uint8_t *blk) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(blk + 2))),
@@ -82,7 +84,7 @@ static inline __m512i load_pair(const uint8_t *blk) {
  * the accumulator starts at -128 x (the weights' four-value sums, once per row and block), so
  * dpbusd(-128 sum a, b + 128, a) = sum a b exactly. Then per lane the same scale product
  * (da * db), conversion and fused multiply-add as q8_0_rows_avx512, the same odd tail block and
- * final tree: out[r * n_act + k] is bit for bit vec_dot(n, row r, act[k]). */
+ * final tree: out[4 k + r] is bit for bit vec_dot(n, row r, act[k]). */
 static void q8_0_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
                                     float *out) {
     const uint8_t *a = w;
@@ -107,7 +109,8 @@ static void q8_0_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const v
             for (int r = 0; r < 4; r++) {
                 const uint8_t *ai = a + (size_t)r * ws + i * 34;
                 const __m512i qa = load_pair(ai);
-                const __m512i corr = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, qa));
+                const __m512i zero = _mm512_setzero_si512();
+                const __m512i corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, x80, qa));
                 const __m512 da = pair_scale(f16_at(ai), f16_at(ai + 34));
                 for (int k = 0; k < 4; k++) {
                     const __m512i p = _mm512_dpbusd_epi32(corr, bu[k], qa);
@@ -130,7 +133,7 @@ static void q8_0_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const v
                 lo = _mm_add_ps(lo, hi);
                 lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
                 lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-                out[r * n_act + k0 + k] = _mm_cvtss_f32(lo);
+                out[(size_t)(k0 + k) * 4 + r] = _mm_cvtss_f32(lo);
             }
         }
     }

@@ -386,9 +386,14 @@ strata_status cuda_quantize_act(cuda_ctx *ctx, int32_t type, const float *x, int
     if (T <= 0) return STRATA_OK;
     if (cuda_act_type(type) != STRATA_TYPE_Q8_0) return STRATA_ERR_INVALID_ARGUMENT;
     if (cols % 32) return STRATA_ERR_INVALID_ARGUMENT;
-    dim3 grid(cu_blocks(cols / 32, 8), (unsigned)T);
-    k_quantize_q8<<<grid, 256, 0, CU_COMPUTE(ctx)>>>(x, x_stride, (uint8_t *)q, q_stride, cols);
-    CU_LAUNCHED(ctx, "activation quantization");
+    /* grid.y is limited to 65535 rows (a chunk's T * K expert rows can exceed it): slices of rows */
+    for (int32_t t0 = 0; t0 < T; t0 += 65535) {
+        const int32_t n = T - t0 < 65535 ? T - t0 : 65535;
+        dim3 grid(cu_blocks(cols / 32, 8), (unsigned)n);
+        k_quantize_q8<<<grid, 256, 0, CU_COMPUTE(ctx)>>>(x + (int64_t)t0 * x_stride, x_stride,
+                                                         (uint8_t *)q + (int64_t)t0 * q_stride, q_stride, cols);
+        CU_LAUNCHED(ctx, "activation quantization");
+    }
     return STRATA_OK;
 }
 
