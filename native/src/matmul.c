@@ -8,6 +8,7 @@
 #include "matmul.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "strata.h"
 
@@ -52,10 +53,9 @@ static void mm_item(void *ctx, int64_t item, int thread) {
             /* four rows x the tile in registers where the type has a kernel for it */
             for (; x4n && r + 4 <= r1; r += 4) {
                 x4n(s->w.cols, s->w.data + (size_t)r * rb, rb, acts, nt, out);
-                for (int32_t t = t0; t < t1; t++) {
-                    float *y = s->y + (int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld + r;
-                    for (int i = 0; i < 4; i++) y[i] = out[i * nt + t - t0];
-                }
+                for (int32_t t = t0; t < t1; t++) /* the kernel's out is token-major: four floats per token */
+                    memcpy(s->y + (int64_t)(s->y_idx ? s->y_idx[t] : t) * s->y_ld + r, out + 4 * (t - t0),
+                           4 * sizeof(float));
             }
             for (; r < r1; r++) {
                 if (!xn) {

@@ -53,7 +53,8 @@ quant_dot_xn_fn quant_get_xn(const quant_traits *traits);
 /*
  * Optional register-blocked kernels: four weight rows (w_stride bytes apart) against n_act activation
  * rows, each weight and activation block loaded once for the whole 4 x n_act tile (the prompt path).
- * out[r * n_act + k] must be bit-identical to vec_dot(n, w + r * w_stride, act[k]). Set with
+ * out[4 * k + r] (token-major: the four rows of a token side by side, as the output rows are laid
+ * out) must be bit-identical to vec_dot(n, w + r * w_stride, act[k]). Set with
  * quant_set_4xn; matmul prefers it to the many-token kernel for groups of four rows.
  */
 typedef void (*quant_dot_4xn_fn)(int64_t n, const void *w, size_t w_stride, const void *const *act, int32_t n_act,

@@ -204,7 +204,7 @@ static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *
  * int16 multiplies, scales and sums 32 values: 8 per block and (row, token) pair, 16 pairs in
  * registers. The int32 lanes add products of at most 2 x 4064 x 127: the block's A is exact and
  * equals the scalar kernel's. Per pair the float step is vec_dot's, (d * y.d) * A added to the
- * pair's sum in block order, done for 16 pairs in one vector: out[r * n_act + k] is bit for bit
+ * pair's sum in block order, done for 16 pairs in one vector: out[4 k + r] is bit for bit
  * vec_dot(n, row r, act[k]). */
 static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
                                      float *out) {
@@ -266,12 +266,7 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                 sums[k0 / 4] = sum;
             }
         }
-        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-            float v[16];
-            _mm512_storeu_ps(v, sums[k0 / 4]);
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
-        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
     }
 }
 

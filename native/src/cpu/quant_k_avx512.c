@@ -216,7 +216,7 @@ static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
  * pairs accumulate in registers with vec_dot's exact integer steps. A and B of the 16 pairs are
  * reduced together (B from its first level: lanes 0-7 pair p, 8-15 pair p + 8 = row r + 2, same
  * token), and the float step of vec_dot, (d y.d) A - (dmin y.d) B added in block order, runs for the
- * 16 pairs in one vector: out[r * n_act + k] is bit for bit vec_dot(n, row r, act[k]). */
+ * 16 pairs in one vector: out[4 k + r] is bit for bit vec_dot(n, row r, act[k]). */
 static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
                                    float *out) {
     const int64_t nb = n / QK_K;
@@ -267,12 +267,7 @@ static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                 sums[k0 / 4] = sum;
             }
         }
-        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-            float v[16];
-            _mm512_storeu_ps(v, sums[k0 / 4]);
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
-        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
     }
 }
 
@@ -499,12 +494,7 @@ static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                 sums[k0 / 4] = sum;
             }
         }
-        for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-            float v[16];
-            _mm512_storeu_ps(v, sums[k0 / 4]);
-            for (int r = 0; r < 4; r++)
-                for (int k = 0; k < 4 && k0 + k < tn; k++) out[r * n_act + t0 + k0 + k] = v[4 * r + k];
-        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
     }
 }
 

@@ -84,7 +84,7 @@ static inline __m512i load_pair(const uint8_t *blk) {
  * the accumulator starts at -128 x (the weights' four-value sums, once per row and block), so
  * dpbusd(-128 sum a, b + 128, a) = sum a b exactly. Then per lane the same scale product
  * (da * db), conversion and fused multiply-add as q8_0_rows_avx512, the same odd tail block and
- * final tree: out[r * n_act + k] is bit for bit vec_dot(n, row r, act[k]). */
+ * final tree: out[4 k + r] is bit for bit vec_dot(n, row r, act[k]). */
 static void q8_0_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
                                     float *out) {
     const uint8_t *a = w;
@@ -133,7 +133,7 @@ static void q8_0_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const v
                 lo = _mm_add_ps(lo, hi);
                 lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
                 lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-                out[r * n_act + k0 + k] = _mm_cvtss_f32(lo);
+                out[(size_t)(k0 + k) * 4 + r] = _mm_cvtss_f32(lo);
             }
         }
     }

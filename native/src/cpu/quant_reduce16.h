@@ -43,6 +43,13 @@ static inline __m512 pairs_by_token(__m128 v) {
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
+/* The 16 pair sums (lane 4 r + k) of tokens k < kn into out token-major: out[4 k + r]. */
+static inline void store_pairs(float *out, __m512 sums, int32_t kn) {
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 t = _mm512_permutexvar_ps(idx, sums);
+    _mm512_mask_storeu_ps(out, (__mmask16)(kn >= 4 ? 0xFFFF : (1u << (4 * kn)) - 1u), t);
+}
+
 /* Prefetch the block of `bytes` at p (every cache line it touches) for the decode kernels: they
  * stream whole matrices once per token and are bound by memory latency; a prefetch past the end of a
  * matrix is a hint that never faults. */
