@@ -44,8 +44,11 @@ strata_status cuda_capture_end(cuda_ctx *c, void **x) { (void)c; (void)x; return
 strata_status cuda_graph_launch(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 void cuda_graph_free(void *x) { (void)x; }
 int32_t cuda_type_supported(int32_t t) { (void)t; return 0; }
-int32_t cuda_act_type(int32_t t) { (void)t; return STRATA_TYPE_F32; }
-int64_t cuda_act_row_bytes(int32_t t, int64_t cols) { (void)t; return cols * 4; }
+/* the same answers as matvec.cu: the host mirror (cuda_mirror.c, built either way) follows them */
+int32_t cuda_act_type(int32_t t) {
+    return (t == STRATA_TYPE_Q8_0 || t == STRATA_TYPE_Q4_0) ? STRATA_TYPE_Q8_0 : STRATA_TYPE_F32;
+}
+int64_t cuda_act_row_bytes(int32_t t, int64_t cols) { return cuda_act_type(t) == STRATA_TYPE_Q8_0 ? cols + cols / 8 : cols * 4; }
 strata_status cuda_quantize_act(cuda_ctx *c, int32_t t, const float *x, int64_t xs, void *q, int64_t qs, int64_t cols,
                                 int32_t T) {
     (void)c; (void)t; (void)x; (void)xs; (void)q; (void)qs; (void)cols; (void)T;
