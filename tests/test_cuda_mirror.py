@@ -49,3 +49,57 @@ def test_mirror_rejects_bad_shapes():
         12, w.ctypes.data_as(ctypes.c_void_p), 4, 100, x.ctypes.data_as(fp), y.ctypes.data_as(fp)
     )
     assert st == 1
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+def test_mmq_mirror_matches_reference(name):
+    """The host copy of the prompt product (cuda/mmq.cu): right values, and the same exact block
+    products as the matrix-vector mirror, summed in another order (so close, not equal)."""
+    rows, cols = 40, 768
+    rng = np.random.default_rng(5)
+    w, dense = random_rows(name, rows, cols, rng)
+    w = np.ascontiguousarray(w)
+    x = rng.standard_normal(cols).astype(np.float32)
+    fp = ctypes.POINTER(ctypes.c_float)
+    y = np.full(rows, np.nan, dtype=np.float32)
+    assert (
+        C.strata_cuda_mirror_mmq(
+            TYPES[name],
+            w.ctypes.data_as(ctypes.c_void_p),
+            rows,
+            cols,
+            x.ctypes.data_as(fp),
+            y.ctypes.data_as(fp),
+        )
+        == 0
+    )
+    ref = dense.astype(np.float64) @ _quantized_activations(x[None, :])[0].astype(np.float64)
+    err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+    assert err < 1e-5, f"{name}: relative error {err:.2e}; worst row {int(np.argmax(np.abs(y - ref)))}"
+    if name in ("Q4_K", "Q6_K"):
+        return  # the matrix-vector mirror multiplies K-quants with float activations
+    ym = np.full(rows, np.nan, dtype=np.float32)
+    assert (
+        C.strata_cuda_mirror_matvec(
+            TYPES[name],
+            w.ctypes.data_as(ctypes.c_void_p),
+            rows,
+            cols,
+            x.ctypes.data_as(fp),
+            ym.ctypes.data_as(fp),
+        )
+        == 0
+    )
+    assert np.abs(y - ym).max() <= 1e-5 * np.abs(ym).max()
+    # only the weight types whose activations are 8-bit blocks
+    assert (
+        C.strata_cuda_mirror_mmq(
+            TYPES["F16"],
+            w.ctypes.data_as(ctypes.c_void_p),
+            rows,
+            cols,
+            x.ctypes.data_as(fp),
+            y.ctypes.data_as(fp),
+        )
+        == 1
+    )

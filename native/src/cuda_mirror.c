@@ -82,6 +82,58 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
     free(xq);
 }
 
+/* The prompt-chunk product of mmq.cu: per block the exact integer dot of all 32 values, then
+ * acc = acc + (dw * dx) * isum over the blocks in order (Q4_K: acc + ((d * sc * dx) * isum -
+ * (dmin * m * dx) * sum of the block's activations); Q6_K: acc + ((d * sc_lo * dx) * isum_lo +
+ * (d * sc_hi * dx) * isum_hi), the halves of 16 values having their own scales). */
+void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y) {
+    const int64_t rb = gq_row_bytes(type, cols), G = cols / 32;
+    uint8_t *xq = (uint8_t *)malloc((size_t)(cols + cols / 8));
+    if (!xq) return;
+    cuda_mirror_quantize_q8(x, cols, xq);
+    const float *dx = (const float *)(xq + cols);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)w + r * rb;
+        float acc = 0.0f;
+        for (int64_t g = 0; g < G; g++) {
+            const int8_t *xg = (const int8_t *)xq + g * 32;
+            if (type == STRATA_TYPE_Q4_K) { /* sub-block j of a super-block: (d * sc) * q - dmin * m */
+                const uint8_t *b = row + (g >> 3) * 144;
+                const int j = (int)(g & 7), sh = 4 * (j & 1);
+                int sc, m;
+                gq_q4k_scale_min(b + 4, j, &sc, &m);
+                const float dsc = gq_f16(b) * (float)sc, dmn = gq_f16(b + 2) * (float)m;
+                int32_t isum = 0, xsum = 0;
+                for (int v = 0; v < 32; v++) {
+                    isum += ((b[16 + 32 * (j >> 1) + v] >> sh) & 0xF) * xg[v];
+                    xsum += xg[v];
+                }
+                acc = acc + ((dsc * dx[g]) * (float)isum - (dmn * dx[g]) * (float)xsum);
+                continue;
+            }
+            if (type == STRATA_TYPE_Q6_K) { /* sub-block j = 4h + qq; values 0..15 and 16..31 scaled apart */
+                const uint8_t *b = row + (g >> 3) * 210;
+                const int j = (int)(g & 7), h = j >> 2, qq = j & 3, ls = 4 * (qq >> 1), hs = 2 * qq;
+                int32_t is[2] = {0, 0};
+                for (int l = 0; l < 32; l++) {
+                    const int q = ((b[64 * h + 32 * (qq & 1) + l] >> ls) & 0xF) | (((b[128 + 32 * h + l] >> hs) & 3) << 4);
+                    is[l >> 4] += (q - 32) * xg[l];
+                }
+                const int8_t *sc = (const int8_t *)(b + 192 + 8 * h + 2 * qq);
+                const float d = gq_f16(b + 208), dlo = d * (float)sc[0], dhi = d * (float)sc[1];
+                acc = acc + ((dlo * dx[g]) * (float)is[0] + (dhi * dx[g]) * (float)is[1]);
+                continue;
+            }
+            float dw = 0.0f;
+            int32_t isum = 0;
+            for (int sl = 0; sl < 4; sl++) isum += mirror_isum(type, row, g, sl, (const int8_t *)xq, &dw);
+            acc = acc + (dw * dx[g]) * (float)isum;
+        }
+        y[r] = acc;
+    }
+    free(xq);
+}
+
 void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
                         int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch) {
     float *g = scratch, *u = scratch + F;

@@ -62,7 +62,7 @@ _BUSY_STATES = ("loading", "reading", "generating", "restarting")
 # updates wait for the same moment.
 _DRAW_INTERVAL_S = 0.08
 _QUIET_S = 0.15
-_TYPING_DRAW_INTERVAL_S = 0.5
+_TYPING_DRAW_INTERVAL_S = 1.0
 _TYPING_DRAW_CHARS = 2000
 _BUILTIN_MODEL_NOTE = (
     "This is strata's built-in test model (tiny, random weights): it answers with nonsense, very fast. "
