@@ -44,12 +44,14 @@ __all__ = [
     "strata_cache_residency",
     "strata_chunk_layout",
     "strata_cpu_features",
+    "strata_cuda_attention",
     "strata_cuda_available",
     "strata_cuda_bench_matvec",
     "strata_cuda_matvec",
     "strata_cuda_mirror_matvec",
     "strata_cuda_mirror_mmq",
     "strata_cuda_mmq",
+    "strata_cuda_router_topk",
     "strata_decode",
     "strata_default_generate_params",
     "strata_default_params",
@@ -571,3 +573,50 @@ def strata_cuda_mmq(
     c_int32,
 )
 def strata_cuda_mirror_mmq(type: int, w: Any, rows: int, cols: int, x: Any, y: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_router_topk(const float *logits, int32_t T, int32_t E, int32_t K, int32_t *ids,
+#                                                  float *weights, int32_t with_segments);
+@c_function(
+    "strata_cuda_router_topk",
+    [POINTER(c_float), c_int32, c_int32, c_int32, POINTER(c_int32), POINTER(c_float), c_int32],
+    c_int32,
+)
+def strata_cuda_router_topk(
+    logits: Any, T: int, E: int, K: int, ids: Any, weights: Any, with_segments: int
+) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_attention(int32_t kv_type, const float *q, const float *k, const float *v,
+#                                                int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+#                                                int32_t pos_on_device, float *out);
+@c_function(
+    "strata_cuda_attention",
+    [
+        c_int32,
+        POINTER(c_float),
+        POINTER(c_float),
+        POINTER(c_float),
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        POINTER(c_float),
+    ],
+    c_int32,
+)
+def strata_cuda_attention(
+    kv_type: int,
+    q: Any,
+    k: Any,
+    v: Any,
+    n_pos: int,
+    T: int,
+    H: int,
+    Hkv: int,
+    hd: int,
+    pos_on_device: int,
+    out: Any,
+) -> int: ...

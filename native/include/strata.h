@@ -377,6 +377,18 @@ STRATA_API strata_status strata_cuda_mirror_matvec(int32_t type, const void *w, 
  * weights resident on the device. */
 STRATA_API strata_status strata_cuda_bench_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
                                                   int64_t n, int32_t reps, double *median_us);
+/* The device router on host buffers: logits [T, E] -> ids [T, K] (greater logit first, lower id on a
+ * tie) and weights [T, K] (softmax over the chosen K). With_segments 1 runs the decode variant that
+ * also writes segment tables (same ids and weights). DEVICE when there is no CUDA device. */
+STRATA_API strata_status strata_cuda_router_topk(const float *logits, int32_t T, int32_t E, int32_t K, int32_t *ids,
+                                                 float *weights, int32_t with_segments);
+/* The device attention on host buffers: k, v [n_pos, Hkv*hd] f32 are stored into a KV cache of kv_type
+ * (STRATA_KV_*), then the T queries q [T, H*hd] at positions n_pos-T .. n_pos-1 attend over it into
+ * out [T, H*hd]. pos_on_device 1 passes the position through device memory (as a CUDA Graph does).
+ * DEVICE when there is no CUDA device. */
+STRATA_API strata_status strata_cuda_attention(int32_t kv_type, const float *q, const float *k, const float *v,
+                                               int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                                               int32_t pos_on_device, float *out);
 /* The prompt-chunk product on the tensor cores (Q8_0 / Q4_0 / Q4_K / Q6_K weights). w holds n_mat matrices of
  * [rows, cols] back to back. mat == NULL: y[n_x, rows] = X W[0]^T (dense). Otherwise pair p < n_pairs
  * with mat[p] >= 0 gives y[p, :] = W[mat[p]] x[p / xdiv] (y rows of pairs with mat[p] < 0 are left

@@ -60,6 +60,21 @@ strata_status cuda_memset(cuda_ctx *ctx, void *dst, int value, size_t bytes);
 strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to);
 strata_status cuda_sync(cuda_ctx *ctx);
 
+/* Events (opaque): recorded on a stream; the host waits for one with cuda_event_wait (an event never
+ * recorded counts as done). */
+strata_status cuda_event_create(cuda_ctx *ctx, void **ev);
+strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream);
+strata_status cuda_event_wait(cuda_ctx *ctx, void *ev);
+void cuda_event_free(void *ev);
+
+/* CUDA Graphs: record what is enqueued on the compute stream between begin and end (nothing runs),
+ * then replay it with one launch. A failed capture returns an error and leaves the stream usable. */
+strata_status cuda_capture_begin(cuda_ctx *ctx);
+/* End the capture; on success *exec is the instantiated graph (cuda_graph_free frees it). */
+strata_status cuda_capture_end(cuda_ctx *ctx, void **exec);
+strata_status cuda_graph_launch(cuda_ctx *ctx, void *exec);
+void cuda_graph_free(void *exec);
+
 /* ---- kernels (all on the compute stream) ---------------------------------------------------- */
 
 /* Types the device kernels run: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K. */
@@ -95,6 +110,20 @@ strata_status cuda_matvec_segments(cuda_ctx *ctx, int32_t type, const void *cons
                                    const int32_t *out_rows, float *y, int64_t y_stride, int32_t n_segments,
                                    int32_t seg_tokens);
 
+/* Decode: y[i] (+)= W_i x for up to three matrices of one type and width cols (w[i] NULL: none), rows[i]
+ * rows each, one token x of cuda_act_type(type); one launch, the same bits as cuda_matvec with T = 1. */
+strata_status cuda_matvec3(cuda_ctx *ctx, int32_t type, const void *const w[3], const int64_t rows[3], int64_t cols,
+                           const void *x, float *const y[3], int32_t accumulate);
+/* Decode, one token and its K experts (weights wg[k], wu[k] of one type, [F, D] each):
+ * h[k, :] = swiglu(Wg_k x, Wu_k x), h: [K, F]; x: one row of cuda_act_type(type). The same bits as two
+ * cuda_matvec_segments calls (one token per segment) followed by cuda_swiglu. */
+strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const *wg, const void *const *wu,
+                                  int64_t F, int64_t D, const void *x, float *h, int32_t K);
+/* Decode: y[:] += sum_k weights[k] * (Wd_k h_k) in k order, Wd_k = wd[k] [D, F]; h: K rows of
+ * cuda_act_type(type), stride h_stride (floats for F32 rows, bytes for quantized rows); K <= 32. The same
+ * bits as cuda_matvec_segments followed by cuda_moe_combine. */
+strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *const *wd, int64_t D, int64_t F,
+                                       const void *h, int64_t h_stride, const float *weights, float *y, int32_t K);
 /* ---- prompt products on the tensor cores (mmq.cu) ------------------------------------------------
  * For Q8_0, Q4_0, Q4_K and Q6_K weights against activations quantized to 8-bit blocks of 32 (cuda_quantize_act
  * with type Q8_0, whatever the weights' type). Every output is acc = 0; for each block g in order:
@@ -122,24 +151,40 @@ strata_status cuda_mmq_segments(cuda_ctx *ctx, int32_t type, const void *const *
 /* y[t] = x[t] / rms(x[t]) * w,  x, y: [T, D] (may alias). */
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D,
                            float eps);
+/* cuda_rmsnorm, plus y quantized into q as cuda_quantize_act does for weights whose activations are
+ * Q8_0 (the same bits as the two calls; D a multiple of 32). */
+strata_status cuda_rmsnorm_q8(cuda_ctx *ctx, const float *x, const float *w, float *y, void *q, int64_t q_stride,
+                             int32_t T, int32_t D, float eps);
+/* Position arguments: pos_dev, when not NULL, is a device int32 read by the kernel in place of pos0,
+ * so that a captured CUDA Graph can run at any position. */
+
 /* Per-head RMSNorm of q and k, then NeoX RoPE at positions pos0 + t.
  * q: [T, H*hd], k: [T, Hkv*hd]. */
 strata_status cuda_qk_norm_rope(cuda_ctx *ctx, float *q, float *k, const float *q_norm, const float *k_norm,
                                 int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0, float theta,
-                                float eps);
+                                float eps, const int32_t *pos_dev);
 /* Store k, v ([T, Hkv*hd] f32) into the layer's cache at positions pos0.. (f16, or int8 with a
  * scale per block of 32 values). */
 strata_status cuda_kv_store(cuda_ctx *ctx, int32_t kv_type, const float *k, const float *v, void *k_cache,
-                            void *v_cache, int32_t T, int32_t kv_dim, int32_t pos0);
+                            void *v_cache, int32_t T, int32_t kv_dim, int32_t pos0, const int32_t *pos_dev);
 /* Causal attention of T queries at positions pos0.. over the cache: out [T, H*hd]. The result of a
  * query depends only on its position and the cache, never on T. */
 strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
                              const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
-                             int32_t pos0);
+                             int32_t pos0, const int32_t *pos_dev);
 /* Router: softmax over E logits, top-K, weights renormalized to sum 1.
  * logits [T, E] -> ids [T, K] (best first), weights [T, K]. */
 strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,
                                int32_t *ids, float *weights);
+/* The same top-K and weights, plus the segment tables of cuda_matvec_segments (one token per segment)
+ * for the T * K pairs, made on the device: segment j = t * K + k runs expert ids[t, k], whose gate, up
+ * and down device addresses are table[3 * id + 0..2]; w_ptrs are seg_w[0..], seg_w[seg_cap..],
+ * seg_w[2 * seg_cap..]; token rows seg_tok[j] = t and seg_out[j] = j (gate and up), seg_tok[seg_half + j]
+ * = seg_out[seg_half + j] = j (down). Used when every expert is resident, so that a decode step needs
+ * no host round trip. */
+strata_status cuda_router_topk_segments(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,
+                                        int32_t *ids, float *weights, const void *const *table, const void **seg_w,
+                                        int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half);
 /* h[i] = silu(g[i]) * u[i] over n values. */
 strata_status cuda_swiglu(cuda_ctx *ctx, const float *g, const float *u, float *h, int64_t n);
 /* y[t] += sum_k weights[t, k] * e[t, k, :] in k order.  e: [T, K, D]. */

@@ -15,6 +15,21 @@
  * segments (each expert's tokens, CUDA_SEG_TOKENS at a time) pointing at the experts' slots, copies
  * the experts that are not cached into the least recently used slots first, and launches one product
  * per matrix (gate, up, down) for all segments of the layer.
+ *
+ * Decode with every expert resident (the slot table can never change) skips that round trip: the
+ * router kernel writes the segment tables itself from a device copy of the expert -> slot addresses
+ * (ptr_dev), every lookup is a hit, and a token's step runs from the embedding upload to the logits
+ * without waiting for the device. The reply is the same: a pair's product does not depend on the
+ * order of the segments, and the kernels are the same. That step is then captured once as a CUDA Graph
+ * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
+ * with one launch per token; the graph is dropped when the work buffers move.
+ *
+ * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) go through a
+ * ring of STAGE_RING pinned buffers of one slot each: the pool's threads copy the expert's bytes from
+ * the mapped file into a free buffer, and one DMA at full PCIe speed takes it to its slot, while the
+ * host fills the next buffer (a buffer is reused once the event after its DMA has passed). A copy
+ * straight from the mapping would be a pageable copy: a fraction of the bandwidth, with the host
+ * blocked.
  */
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +40,7 @@
 #include "cuda_backend.h"
 #include "cuda_forward.h"
 #include "engine_internal.h"
+#include "group_dequant.h"
 #include "trace.h"
 
 typedef struct dev_layer {
@@ -36,6 +52,9 @@ typedef struct dev_layer {
 typedef struct exp_ptrs {
     const void *gate, *up, *down;
 } exp_ptrs;
+
+#define STAGE_RING 4          /* pinned staging buffers for expert copies */
+#define STAGE_PIECE (1 << 19) /* bytes per item of the parallel host copy */
 
 struct cuda_state {
     cuda_ctx *ctx;
@@ -51,6 +70,12 @@ struct cuda_state {
     uint64_t *last_use;      /* host [S]: decode step of last use (victim choice) */
     uint64_t step;
     exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down */
+    exp_ptrs *ptr_dev;       /* device [L * E]: the same, when every expert is resident (else NULL) */
+    int32_t *pos_dev;        /* device [1]: the position of a graph-replayed decode step */
+    const int32_t *pos_arg;  /* pos_dev while a step is captured, else NULL (kernels take pos0) */
+    void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
+    int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
+    int32_t fused;           /* decode's fused launches (STRATA_CUDA_DECODE=unfused: 0) */
     int32_t miss_policy;
     int32_t kv_type;
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
@@ -67,8 +92,11 @@ struct cuda_state {
     void *stage;             /* pinned host staging */
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
-    float *host_tmp;         /* [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
+    float *host_tmp;         /* pinned [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
+    uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
+    void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
+    int32_t ring_next;
     int8_t mmq;              /* prompt products on the tensor cores: 0 not decided yet, 1 yes, 2 no */
     int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
     int32_t bucket_cap;
@@ -109,13 +137,19 @@ int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const int64_t act = cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D) + 64;
     const int64_t hact = cuda_act_row_bytes(STRATA_TYPE_Q8_0, F) + 64;
     const int64_t f = 4;
+    /* + the decode step's expert address table and position (when every expert is resident) */
+    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256;
     return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
-           hp->n_vocab * f + 4 * (T * K + E) * 16;
+           hp->n_vocab * f + 4 * (T * K + E) * 16 + decode_tables;
 }
 
 static strata_status work_alloc(strata_engine *e, int32_t T) {
     cuda_state *g = e->gpu;
     if (T <= g->cap) return STRATA_OK;
+    /* a captured graph holds the addresses of the buffers that move now */
+    cuda_graph_free(g->graph);
+    g->graph = NULL;
+    if (g->graph_state == 1) g->graph_state = 0;
     void *old[] = {g->x, g->xn, g->q, g->k, g->v, g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye,
                    g->sel, g->act, g->hact, (void *)g->seg_w, g->seg_tok, g->seg_out};
     /* x carries the residual stream between calls only within one forward; safe to drop */
@@ -171,17 +205,48 @@ static strata_status work_alloc(strata_engine *e, int32_t T) {
     return STRATA_OK;
 }
 
+/* One expert's gate | up | down, copied piece by piece into a staging buffer by the pool. */
+typedef struct stage_job {
+    uint8_t *dst;          /* [gate_bytes + up_bytes + down_bytes] */
+    const uint8_t *src[3]; /* gate, up, down in the mapped file */
+    int64_t len[3];
+} stage_job;
+
+static void stage_piece(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const stage_job *j = ctx;
+    int64_t lo = item * STAGE_PIECE, hi = lo + STAGE_PIECE, base = 0;
+    for (int p = 0; p < 3; p++) { /* the part of [lo, hi) that falls in each of the three ranges */
+        const int64_t a = lo > base ? lo : base, b = hi < base + j->len[p] ? hi : base + j->len[p];
+        if (a < b) memcpy(j->dst + a, j->src[p] + (a - base), (size_t)(b - a));
+        base += j->len[p];
+    }
+}
+
 /* Put expert (l, ex) into slot s: copy its gate, up and down from the mapped file. */
 static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t ex, int32_t stream) {
     cuda_state *g = e->gpu;
     const layer_weights *L = &e->w.layers[l];
     const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd;
     uint8_t *dst = g->slab + (int64_t)s * g->slot_bytes;
-    DEV(e, cuda_h2d(g->ctx, dst, L->gate_exps.data + ex * F * L->gate_exps.row_bytes, (size_t)g->gate_bytes, stream));
-    DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, L->up_exps.data + ex * F * L->up_exps.row_bytes, (size_t)g->up_bytes,
-                    stream));
-    DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, L->down_exps.data + ex * D * L->down_exps.row_bytes,
-                    (size_t)g->down_bytes, stream));
+    const uint8_t *src_g = L->gate_exps.data + ex * F * L->gate_exps.row_bytes;
+    const uint8_t *src_u = L->up_exps.data + ex * F * L->up_exps.row_bytes;
+    const uint8_t *src_d = L->down_exps.data + ex * D * L->down_exps.row_bytes;
+    if (g->ring[0]) {
+        const int32_t i = g->ring_next;
+        g->ring_next = (i + 1) % STAGE_RING;
+        DEV(e, cuda_event_wait(g->ctx, g->ring_done[i])); /* its last DMA has left the buffer */
+        const int64_t n = g->gate_bytes + g->up_bytes + g->down_bytes;
+        stage_job j = {g->ring[i], {src_g, src_u, src_d}, {g->gate_bytes, g->up_bytes, g->down_bytes}};
+        pool_run(e->pool, (n + STAGE_PIECE - 1) / STAGE_PIECE, stage_piece, &j);
+        /* the slot's layout is gate | up | down back to back, as in the buffer: one DMA */
+        DEV(e, cuda_h2d(g->ctx, dst, g->ring[i], (size_t)n, stream));
+        DEV(e, cuda_event_record(g->ctx, g->ring_done[i], stream));
+    } else {
+        DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)g->gate_bytes, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, src_u, (size_t)g->up_bytes, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, src_d, (size_t)g->down_bytes, stream));
+    }
     const int32_t id = l * e->hp.n_expert + ex;
     if (g->expert_in[s] >= 0) {
         g->slot_of[g->expert_in[s]] = -1;
@@ -264,21 +329,37 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                        n_slots, hp->n_expert_used);
     g->n_slots = (int32_t)n_slots;
     g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST ? STRATA_MISS_HOST : STRATA_MISS_COPY;
+    g->fused = env_cuda_fused();
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
     g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
-    g->host_tmp = malloc((size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float));
     g->exp_state = malloc((size_t)E);
-    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->host_tmp || !g->exp_state)
+    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
+    /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float), (void **)&g->host_tmp));
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
     DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
+    if (env_cuda_staging())
+        for (int i = 0; i < STAGE_RING; i++) {
+            DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
+            DEV(e, cuda_event_create(g->ctx, &g->ring_done[i]));
+        }
     /* fill: layer-major round robin over expert ids, so that every layer gets its share */
     for (int32_t s2 = 0; s2 < g->n_slots; s2++) {
         const int32_t l = (int32_t)(s2 % L), ex = (int32_t)(s2 / L);
         STRATA_TRY(slot_fill(e, s2, l, ex, CUDA_STREAM_COMPUTE));
+    }
+    if (g->n_slots == L * E && env_cuda_device_routing()) {
+        /* every expert resident: decode routes on the device (see the header) */
+        STRATA_TRY(upload(e, (void **)&g->ptr_dev, g->ptr_host, (size_t)(L * E) * sizeof(exp_ptrs),
+                          "the expert address table"));
+        DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
+        g->graph_state = env_cuda_graph() ? 0 : -1;
+    } else {
+        g->graph_state = -1;
     }
     DEV(e, cuda_sync(g->ctx));
     trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB", cuda_ctx_device_name(g->ctx),
@@ -292,6 +373,7 @@ void cuda_forward_close(strata_engine *e) {
     if (!g) return;
     if (g->ctx) {
         cuda_sync(g->ctx);
+        cuda_graph_free(g->graph);
         if (g->layers)
             for (int32_t l = 0; l < e->hp.n_layer; l++) {
                 dev_layer *dl = &g->layers[l];
@@ -299,12 +381,17 @@ void cuda_forward_close(strata_engine *e) {
                              dl->router, dl->k_cache, dl->v_cache};
                 for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
             }
-        void *p[] = {g->output_norm, g->output, g->slab, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
                      g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
                      g->seg_tok, g->seg_out};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
         cuda_host_free(g->ctx, g->stage);
         cuda_host_free(g->ctx, g->host_logits);
+        cuda_host_free(g->ctx, g->host_tmp);
+        for (int i = 0; i < STAGE_RING; i++) {
+            cuda_host_free(g->ctx, g->ring[i]);
+            cuda_event_free(g->ring_done[i]);
+        }
         cuda_ctx_destroy(g->ctx);
     }
     free(g->layers);
@@ -312,7 +399,6 @@ void cuda_forward_close(strata_engine *e) {
     free(g->expert_in);
     free(g->last_use);
     free(g->ptr_host);
-    free(g->host_tmp);
     free(g->exp_state);
     free(g->bucket);
     free(g);
@@ -330,6 +416,21 @@ int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expe
 }
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
+
+/* A decode step (not a prompt chunk, whatever its size): the decode shortcuts below (fused norm and
+ * quantization, q/k/v quantized once, device routing, the graph) apply only here, so that prompt
+ * chunks keep one code path whatever their T (the tensor-core products of use_mmq). */
+static int decoding(const strata_engine *e) { return e->stats.state != 1; /* 1: reading a prompt */ }
+
+/* Decode, one token: y (+)= W x with the one-token kernel (x in W's activation type already). */
+static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const void *x,
+                             float *y, int32_t acc) {
+    const void *const w3[3] = {w, NULL, NULL};
+    const int64_t r3[3] = {rows, 0, 0};
+    float *const y3[3] = {y, NULL, NULL};
+    DEV(e, cuda_matvec3(e->gpu->ctx, type, w3, r3, cols, x, y3, acc));
+    return STRATA_OK;
+}
 
 /* Whether a product of `type` runs on the tensor cores (cuda_mmq*): in every prompt chunk, whatever
  * its T (1 included), so that a token gets the same arithmetic in whichever chunk it is read; decode
@@ -350,6 +451,14 @@ static int layer_mmq(strata_engine *e, int32_t l) {
 static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                             int64_t xs, float *y, int64_t ys, int32_t T, int32_t acc) {
     cuda_state *g = e->gpu;
+    if (g->fused && T == 1 && decoding(e)) {
+        const void *xin = x;
+        if (cuda_act_type(type) != STRATA_TYPE_F32) {
+            DEV(e, cuda_quantize_act(g->ctx, type, x, xs, g->act, g->act_row, cols, 1));
+            xin = g->act;
+        }
+        return matvec1(e, type, w, rows, cols, xin, y, acc);
+    }
     if (use_mmq(e, type)) { /* 8-bit activation blocks for every type the tensor cores run */
         DEV(e, cuda_quantize_act(g->ctx, STRATA_TYPE_Q8_0, x, xs, g->act, g->act_row, cols, T));
         DEV(e, cuda_mmq(g->ctx, type, w, rows, cols, g->act, g->act_row, y, ys, T, acc));
@@ -362,21 +471,60 @@ static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64
     return STRATA_OK;
 }
 
+/* xn = rmsnorm(x[T, D]) * w, then y = W xn [T, rows]: in decode, for weights with 8-bit activations,
+ * the norm writes the quantized rows in the same launch (the same bits as the two launches). */
+static strata_status norm_matvec(strata_engine *e, const float *x, const float *nw, int32_t type, const void *w,
+                                 int64_t rows, float *y, int32_t T) {
+    cuda_state *g = e->gpu;
+    const int32_t D = e->hp.n_embd;
+    if (g->fused && decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
+        DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
+        if (T == 1) return matvec1(e, type, w, rows, D, g->act, y, 0);
+        DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
+        return STRATA_OK;
+    }
+    DEV(e, cuda_rmsnorm(g->ctx, x, nw, g->xn, T, D, e->hp.rms_eps));
+    return matvec(e, type, w, rows, D, g->xn, D, y, rows, T, 0);
+}
+
 static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int64_t D = hp->n_embd, QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
-    DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
-    STRATA_TRY(matvec(e, W->wq.type, dl->wq, QD, D, g->xn, D, g->q, QD, T, 0));
-    STRATA_TRY(matvec(e, W->wk.type, dl->wk, KD, D, g->xn, D, g->k, KD, T, 0));
-    STRATA_TRY(matvec(e, W->wv.type, dl->wv, KD, D, g->xn, D, g->v, KD, T, 0));
+    const int32_t at = cuda_act_type(W->wq.type);
+    if (g->fused && decoding(e) && T == 1 && W->wk.type == W->wq.type && W->wv.type == W->wq.type) {
+        /* decode: xn (and its 8-bit row) in one launch, then q, k and v in one */
+        const void *xin = g->xn;
+        if (at != STRATA_TYPE_F32) {
+            DEV(e, cuda_rmsnorm_q8(g->ctx, g->x, dl->attn_norm, g->xn, g->act, g->act_row, T, (int32_t)D,
+                                   hp->rms_eps));
+            xin = g->act;
+        } else {
+            DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
+        }
+        const void *const w3[3] = {dl->wq, dl->wk, dl->wv};
+        const int64_t r3[3] = {QD, KD, KD};
+        float *const y3[3] = {g->q, g->k, g->v};
+        DEV(e, cuda_matvec3(g->ctx, W->wq.type, w3, r3, D, xin, y3, 0));
+    } else if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at &&
+               cuda_act_type(W->wv.type) == at) {
+        /* q, k and v read the same quantized activations: normed and quantized once */
+        STRATA_TRY(norm_matvec(e, g->x, dl->attn_norm, W->wq.type, dl->wq, QD, g->q, T));
+        DEV(e, cuda_matvec(g->ctx, W->wk.type, dl->wk, KD, D, g->act, g->act_row, g->k, KD, T, 0));
+        DEV(e, cuda_matvec(g->ctx, W->wv.type, dl->wv, KD, D, g->act, g->act_row, g->v, KD, T, 0));
+    } else {
+        DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->attn_norm, g->xn, T, (int32_t)D, hp->rms_eps));
+        STRATA_TRY(matvec(e, W->wq.type, dl->wq, QD, D, g->xn, D, g->q, QD, T, 0));
+        STRATA_TRY(matvec(e, W->wk.type, dl->wk, KD, D, g->xn, D, g->k, KD, T, 0));
+        STRATA_TRY(matvec(e, W->wv.type, dl->wv, KD, D, g->xn, D, g->v, KD, T, 0));
+    }
     DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, T, hp->n_head, hp->n_head_kv, hp->head_dim,
-                             pos0, hp->rope_theta, hp->rms_eps));
-    DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0));
+                             pos0, hp->rope_theta, hp->rms_eps, g->pos_arg));
+    DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0, g->pos_arg));
     DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head, hp->n_head_kv,
-                          hp->head_dim, pos0));
+                          hp->head_dim, pos0, g->pos_arg));
     /* x += Wo att */
     return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, T, 1);
 }
@@ -430,6 +578,100 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
     }
     DEV(e, cuda_matvec_segments(g->ctx, W->down_exps.type, wd, D, F, hin, hs, tok_h, out_d, g->ye, D, n_seg, seg_tokens));
     return STRATA_OK;
+}
+
+/* Decode with the segment tables made on the device (one token, segment k = its k-th expert): gate, up
+ * and SwiGLU in one launch, down and the weighted sum into x in another. The same bits as
+ * expert_products + cuda_moe_combine (cuda_backend.h). xn (and act, its 8-bit rows for the router's
+ * type) hold the normed token. */
+static strata_status decode_experts(strata_engine *e, int32_t l) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const int64_t D = hp->n_embd, F = hp->n_ff_exp;
+    const int32_t K = hp->n_expert_used;
+    const void *const *wg = (const void *const *)g->seg_w, *const *wu = wg + g->seg_cap, *const *wd = wu + g->seg_cap;
+    const int32_t gt = W->gate_exps.type, dt = W->down_exps.type;
+    const void *xin = g->xn;
+    if (cuda_act_type(gt) != STRATA_TYPE_F32) {
+        /* act holds xn's 8-bit rows when the router took the same activations (norm_matvec) */
+        if (cuda_act_type(W->router.type) != cuda_act_type(gt))
+            DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
+        xin = g->act;
+    }
+    DEV(e, cuda_expert_gate_up(g->ctx, gt, wg, wu, F, D, xin, g->h, K));
+    const void *hin = g->h;
+    int64_t hs = F;
+    if (cuda_act_type(dt) != STRATA_TYPE_F32) {
+        DEV(e, cuda_quantize_act(g->ctx, dt, g->h, F, g->hact, g->hact_row, F, K));
+        hin = g->hact;
+        hs = g->hact_row;
+    }
+    DEV(e, cuda_expert_down_combine(g->ctx, dt, wd, D, F, hin, hs, g->wsel, g->x, K));
+    return STRATA_OK;
+}
+
+/* ---- decode misses on the host ------------------------------------------------------------------ */
+
+#define MIRROR_ROWS 32 /* rows per item of a parallel host matvec */
+
+/* Up to two matrices whose rows the pool splits: rows [0, n0) of m[0], then those of m[1]. */
+typedef struct mirror_job {
+    struct {
+        int32_t type;
+        const uint8_t *w; /* [rows, row_bytes] */
+        int64_t row_bytes, rows, cols;
+        const float *x; /* [cols] */
+        float *y;       /* [rows] */
+    } m[2];
+    int n_mat;
+} mirror_job;
+
+static void mirror_rows(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const mirror_job *j = ctx;
+    int64_t r0 = item * MIRROR_ROWS;
+    int i = 0;
+    const int64_t items0 = (j->m[0].rows + MIRROR_ROWS - 1) / MIRROR_ROWS;
+    if (j->n_mat > 1 && item >= items0) {
+        i = 1;
+        r0 = (item - items0) * MIRROR_ROWS;
+    }
+    const int64_t n = j->m[i].rows - r0 < MIRROR_ROWS ? j->m[i].rows - r0 : MIRROR_ROWS;
+    /* a row's bits do not depend on the rows computed with it: any split gives cuda_mirror_matvec's */
+    cuda_mirror_matvec(j->m[i].type, j->m[i].w + r0 * j->m[i].row_bytes, n, j->m[i].cols, j->m[i].x, j->m[i].y + r0);
+}
+
+/* cuda_mirror_expert for expert ex of layer W on the engine's threads: out[D] from x[D]; scratch [2F]. */
+static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
+                        float *scratch) {
+    const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
+    float *gv = scratch, *uv = scratch + F;
+    mirror_job j = {.n_mat = 2};
+    j.m[0].type = W->gate_exps.type;
+    j.m[0].w = W->gate_exps.data + ex * F * W->gate_exps.row_bytes;
+    j.m[0].row_bytes = W->gate_exps.row_bytes;
+    j.m[0].rows = F;
+    j.m[0].cols = D;
+    j.m[0].x = x;
+    j.m[0].y = gv;
+    j.m[1] = j.m[0];
+    j.m[1].type = W->up_exps.type;
+    j.m[1].w = W->up_exps.data + ex * F * W->up_exps.row_bytes;
+    j.m[1].row_bytes = W->up_exps.row_bytes;
+    j.m[1].y = uv;
+    const int64_t items = (F + MIRROR_ROWS - 1) / MIRROR_ROWS;
+    pool_run(e->pool, 2 * items, mirror_rows, &j);
+    for (int64_t i = 0; i < F; i++) gv[i] = gq_swiglu(gv[i], uv[i]); /* cuda_mirror_expert's order */
+    mirror_job d = {.n_mat = 1};
+    d.m[0].type = W->down_exps.type;
+    d.m[0].w = W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes;
+    d.m[0].row_bytes = W->down_exps.row_bytes;
+    d.m[0].rows = D;
+    d.m[0].cols = F;
+    d.m[0].x = gv;
+    d.m[0].y = out;
+    pool_run(e->pool, (D + MIRROR_ROWS - 1) / MIRROR_ROWS, mirror_rows, &d);
 }
 
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
@@ -546,16 +788,30 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    DEV(e, cuda_rmsnorm(g->ctx, g->x, dl->ffn_norm, g->xn, T, D, hp->rms_eps));
-    STRATA_TRY(matvec(e, W->router.type, dl->router, E, D, g->xn, D, g->router, E, T, 0));
+    STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
+    if (T == 1 && g->ptr_dev && decoding(e)) { /* every expert resident: route on the device, no round trip */
+        const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+        DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+                                         (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
+                                         g->seg_tok, g->seg_out, half));
+        e->stats.lookups += (uint64_t)T * K;
+        e->stats.hits += (uint64_t)T * K;
+        if (g->fused && W->gate_exps.type == W->up_exps.type && K <= 32)
+            return decode_experts(e, l);
+        STRATA_TRY(expert_products(e, l, T * K, 1, T));
+        DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
+        return STRATA_OK;
+    }
     DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
 
     int32_t *sel = (int32_t *)g->stage;
-    DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_sync(g->ctx));
-    count_lookups(e, l, sel, T);
     /* not in a prompt chunk of one token on the tensor cores: the host mirrors the decode kernel */
     const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST && !layer_mmq(e, l);
+    DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
+    /* a miss run on the host needs the normed token: it comes back with the choices */
+    if (host_misses) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_sync(g->ctx));
+    count_lookups(e, l, sel, T);
     uint8_t *state = g->exp_state;
     memset(state, EXP_IDLE, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
@@ -594,45 +850,38 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
         int32_t n_seg = 0;
         STRATA_TRY(wave_segments(e, l, sel, T, state, SEG, &n_seg));
         STRATA_TRY(expert_products(e, l, n_seg, SEG, T));
-        /* the next wave reuses this wave's slots and the staging of its tables */
-        DEV(e, cuda_sync(g->ctx));
+        /* the next wave rewrites the staging of its tables (its slots are ordered by the stream); after
+         * the last wave the host writes the staging again only after the next layer's sync */
+        if (pending) DEV(e, cuda_sync(g->ctx));
     }
-    if (n_host > 0) { /* decode: the missed experts on the host, bit-exact with the device */
-        const int64_t F = hp->n_ff_exp;
+    if (n_host > 0) { /* decode: the missed experts on the host while the device runs the hits */
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
-        DEV(e, cuda_d2h(g->ctx, xh, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
-        DEV(e, cuda_sync(g->ctx));
         for (int32_t k = 0; k < K; k++) {
             const int32_t ex = sel[k];
             if (state[ex] != EXP_HOST) continue;
-            cuda_mirror_expert(W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
-                               W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
-                               W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F,
-                               xh, yh + (int64_t)k * D, scratch);
+            host_expert(e, W, ex, xh, yh + (int64_t)k * D, scratch);
             DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)k * D, yh + (int64_t)k * D, (size_t)D * 4, CUDA_STREAM_COMPUTE));
             e->stats.host_expert_runs++;
         }
     }
     /* x += sum_k w_k ye_k (in k order) */
     DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
-    DEV(e, cuda_sync(g->ctx)); /* the staging is reused by the next layer */
     return STRATA_OK;
 }
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
-strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int want_logits) {
+/* Enqueue one forward of T tokens whose embeddings are in the staging (and, while a graph is
+ * captured, the position after them): the upload, every layer, and the logits' download when asked.
+ * Nothing here waits for the device when every expert is resident and T == 1. */
+static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, int want_logits) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
-    STRATA_TRY(work_alloc(e, T));
-    /* embeddings on the host (one row per token), then up */
-    float *xe = (float *)g->stage;
-    const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
-    for (int32_t t = 0; t < T; t++)
-        te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
+    const float *xe = (const float *)g->stage;
+    /* the host writes the staging again only after a sync (a layer's routing, or the end of this call) */
     DEV(e, cuda_h2d(g->ctx, g->x, xe, (size_t)T * D * 4, CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_sync(g->ctx)); /* the staging is reused by the first layer */
+    if (g->pos_arg) DEV(e, cuda_h2d(g->ctx, g->pos_dev, xe + (int64_t)T * D, sizeof(int32_t), CUDA_STREAM_COMPUTE));
     for (int32_t l = 0; l < hp->n_layer; l++) {
         strata_status s = attention(e, l, T, pos0);
         if (s == STRATA_OK) s = moe(e, l, T);
@@ -640,9 +889,72 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
     }
     if (want_logits) {
         float *xl = g->x + (int64_t)(T - 1) * D;
-        DEV(e, cuda_rmsnorm(g->ctx, xl, g->output_norm, g->xn, 1, D, hp->rms_eps));
-        STRATA_TRY(matvec(e, e->w.output.type, g->output, hp->n_vocab, D, g->xn, D, g->logits_dev, hp->n_vocab, 1, 0));
+        STRATA_TRY(norm_matvec(e, xl, g->output_norm, e->w.output.type, g->output, hp->n_vocab, g->logits_dev, 1));
         DEV(e, cuda_d2h(g->ctx, g->host_logits, g->logits_dev, (size_t)hp->n_vocab * 4, CUDA_STREAM_COMPUTE));
+    }
+    return STRATA_OK;
+}
+
+/* Capture the decode step (T = 1, every expert resident, logits wanted) as a graph. The capture runs
+ * nothing, so the counts it made are taken back. On failure the step runs without a graph from then
+ * on, and the trace says why. */
+static void graph_capture(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const strata_stats saved = e->stats;
+    g->pos_arg = g->pos_dev;
+    strata_status s = cuda_capture_begin(g->ctx);
+    if (s != STRATA_OK) {
+        err_set(&e->err, s, "%s", cuda_ctx_error(g->ctx));
+    } else {
+        const strata_status s1 = enqueue_forward(e, 1, 0, 1);
+        void *exec = NULL;
+        const strata_status s2 = cuda_capture_end(g->ctx, &exec);
+        if (s1 == STRATA_OK && s2 != STRATA_OK) err_set(&e->err, s2, "%s", cuda_ctx_error(g->ctx));
+        s = s1 != STRATA_OK ? s1 : s2;
+        if (s == STRATA_OK) g->graph = exec;
+        else cuda_graph_free(exec);
+    }
+    g->pos_arg = NULL;
+    e->stats = saved;
+    if (s == STRATA_OK) {
+        g->graph_state = 1;
+        trace_emit(&e->trace, "cuda: decode step captured as a graph");
+    } else {
+        g->graph_state = -1;
+        trace_emit(&e->trace, "cuda: decode step not captured (%s); running it launch by launch", e->err.msg);
+        err_clear(&e->err);
+    }
+}
+
+strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int want_logits) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd;
+    STRATA_TRY(work_alloc(e, T));
+    /* the staging below may still be read by the copies of a call that ended without logits or failed
+     * (an idle stream makes this free) */
+    DEV(e, cuda_sync(g->ctx));
+    /* embeddings on the host (one row per token), then up */
+    float *xe = (float *)g->stage;
+    const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
+    for (int32_t t = 0; t < T; t++)
+        te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
+    if (T == 1 && want_logits && g->ptr_dev && g->graph_state >= 0 && decoding(e)) {
+        memcpy(xe + D, &pos0, sizeof pos0); /* the staging holds [D] floats and then the position */
+        if (g->graph_state == 0) graph_capture(e);
+        if (g->graph_state == 1) {
+            DEV(e, cuda_graph_launch(g->ctx, g->graph));
+            DEV(e, cuda_sync(g->ctx));
+            const uint64_t n = (uint64_t)hp->n_layer * hp->n_expert_used;
+            e->stats.lookups += n; /* every expert is resident: every lookup a hit */
+            e->stats.hits += n;
+            memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
+            e->has_logits = 1;
+            return STRATA_OK;
+        }
+    }
+    STRATA_TRY(enqueue_forward(e, T, pos0, want_logits));
+    if (want_logits) {
         DEV(e, cuda_sync(g->ctx));
         memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
         e->has_logits = 1;

@@ -35,9 +35,20 @@ strata_status cuda_d2d(cuda_ctx *c, void *d, const void *s, size_t n, int32_t st
 strata_status cuda_memset(cuda_ctx *c, void *d, int v, size_t n) { (void)c; (void)d; (void)v; (void)n; return STRATA_ERR_DEVICE; }
 strata_status cuda_stream_order(cuda_ctx *c, int32_t a, int32_t b) { (void)c; (void)a; (void)b; return STRATA_ERR_DEVICE; }
 strata_status cuda_sync(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVICE; }
+strata_status cuda_capture_begin(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVICE; }
+strata_status cuda_event_create(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+strata_status cuda_event_record(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
+strata_status cuda_event_wait(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+void cuda_event_free(void *x) { (void)x; }
+strata_status cuda_capture_end(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+strata_status cuda_graph_launch(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+void cuda_graph_free(void *x) { (void)x; }
 int32_t cuda_type_supported(int32_t t) { (void)t; return 0; }
-int32_t cuda_act_type(int32_t t) { (void)t; return STRATA_TYPE_F32; }
-int64_t cuda_act_row_bytes(int32_t t, int64_t cols) { (void)t; return cols * 4; }
+/* the same answers as matvec.cu: the host mirror (cuda_mirror.c, built either way) follows them */
+int32_t cuda_act_type(int32_t t) {
+    return (t == STRATA_TYPE_Q8_0 || t == STRATA_TYPE_Q4_0) ? STRATA_TYPE_Q8_0 : STRATA_TYPE_F32;
+}
+int64_t cuda_act_row_bytes(int32_t t, int64_t cols) { return cuda_act_type(t) == STRATA_TYPE_Q8_0 ? cols + cols / 8 : cols * 4; }
 strata_status cuda_quantize_act(cuda_ctx *c, int32_t t, const float *x, int64_t xs, void *q, int64_t qs, int64_t cols,
                                 int32_t T) {
     (void)c; (void)t; (void)x; (void)xs; (void)q; (void)qs; (void)cols; (void)T;
@@ -72,22 +83,50 @@ strata_status cuda_rmsnorm(cuda_ctx *c, const float *x, const float *w, float *y
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_qk_norm_rope(cuda_ctx *c, float *q, float *k, const float *qn, const float *kn, int32_t T,
-                                int32_t H, int32_t Hkv, int32_t hd, int32_t p, float th, float e) {
+                                int32_t H, int32_t Hkv, int32_t hd, int32_t p, float th, float e, const int32_t *pd) {
     (void)c; (void)q; (void)k; (void)qn; (void)kn; (void)T; (void)H; (void)Hkv; (void)hd; (void)p; (void)th; (void)e;
+    (void)pd;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_kv_store(cuda_ctx *c, int32_t kt, const float *k, const float *v, void *kc, void *vc, int32_t T,
-                            int32_t kd, int32_t p) {
-    (void)c; (void)kt; (void)k; (void)v; (void)kc; (void)vc; (void)T; (void)kd; (void)p;
+                            int32_t kd, int32_t p, const int32_t *pd) {
+    (void)c; (void)kt; (void)k; (void)v; (void)kc; (void)vc; (void)T; (void)kd; (void)p; (void)pd;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_attention(cuda_ctx *c, int32_t kt, const float *q, const void *kc, const void *vc, float *o,
-                             int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t p) {
-    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)T; (void)H; (void)Hkv; (void)hd; (void)p;
+                             int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t p, const int32_t *pd) {
+    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)T; (void)H; (void)Hkv; (void)hd; (void)p; (void)pd;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_router_topk(cuda_ctx *c, const float *l, int32_t T, int32_t E, int32_t K, int32_t *i, float *w) {
     (void)c; (void)l; (void)T; (void)E; (void)K; (void)i; (void)w;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_rmsnorm_q8(cuda_ctx *c, const float *x, const float *w, float *y, void *q, int64_t qs, int32_t T,
+                             int32_t D, float e) {
+    (void)c; (void)x; (void)w; (void)y; (void)q; (void)qs; (void)T; (void)D; (void)e;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_matvec3(cuda_ctx *c, int32_t t, const void *const w[3], const int64_t r[3], int64_t cols,
+                           const void *x, float *const y[3], int32_t a) {
+    (void)c; (void)t; (void)w; (void)r; (void)cols; (void)x; (void)y; (void)a;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_expert_gate_up(cuda_ctx *c, int32_t t, const void *const *wg, const void *const *wu, int64_t F,
+                                  int64_t D, const void *x, float *h, int32_t K) {
+    (void)c; (void)t; (void)wg; (void)wu; (void)F; (void)D; (void)x; (void)h; (void)K;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_expert_down_combine(cuda_ctx *c, int32_t t, const void *const *wd, int64_t D, int64_t F,
+                                       const void *h, int64_t hs, const float *w, float *y, int32_t K) {
+    (void)c; (void)t; (void)wd; (void)D; (void)F; (void)h; (void)hs; (void)w; (void)y; (void)K;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_router_topk_segments(cuda_ctx *c, const float *l, int32_t T, int32_t E, int32_t K, int32_t *i,
+                                        float *w, const void *const *tb, const void **sw, int32_t sc, int32_t *st,
+                                        int32_t *so, int64_t sh) {
+    (void)c; (void)l; (void)T; (void)E; (void)K; (void)i; (void)w; (void)tb; (void)sw; (void)sc; (void)st; (void)so;
+    (void)sh;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_swiglu(cuda_ctx *c, const float *g, const float *u, float *h, int64_t n) {

@@ -16,6 +16,14 @@ typedef struct trace_sink {
 void trace_init(trace_sink *t, strata_trace_fn fn, void *user);
 /* Emit one line (printf format, no newline) when enabled. */
 void trace_emit(const trace_sink *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* 0 when STRATA_CUDA_DECODE=host asks the CUDA backend to route decode steps on the host (trace.c). */
+int env_cuda_device_routing(void);
+/* 0 when STRATA_CUDA_GRAPH=0 asks the CUDA backend not to capture the decode step as a graph. */
+int env_cuda_graph(void);
+/* 0 when STRATA_CUDA_DECODE=unfused asks for decode without its fused launches. */
+int env_cuda_fused(void);
+/* 0 when STRATA_CUDA_STAGING=0 asks for expert copies straight from the mapped file. */
+int env_cuda_staging(void);
 /* 0 when STRATA_CUDA_MMQ=0 asks for the matrix-vector kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_mmq(void);
 

@@ -83,3 +83,127 @@ def test_matvec_matches_mirror_and_reference(name, rows, cols):
     ref = xr.astype(np.float64) @ dense.astype(np.float64).T
     err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
     assert err < 1e-5, f"{name}: relative error {err:.2e} against the float64 reference"
+
+
+def _router_reference(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k by a serial scan (a strictly greater logit replaces the best, so a tie keeps the lower id),
+    weights = exp(l - max) over the chosen k, summed in k order, then divided."""
+    T, E = logits.shape
+    ids = np.zeros((T, k), dtype=np.int32)
+    wts = np.zeros((T, k), dtype=np.float32)
+    for t in range(T):
+        taken: list[int] = []
+        for _ in range(k):
+            best = -1
+            for e in range(E):
+                if e not in taken and (best < 0 or logits[t, e] > logits[t, best]):
+                    best = e
+            taken.append(best)
+        ids[t] = taken
+        v = logits[t, taken].astype(np.float32)
+        ex = np.exp(v - v[0]).astype(np.float32)
+        s = np.float32(0)
+        for x in ex:
+            s = np.float32(s + x)
+        wts[t] = ex / s
+    return ids, wts
+
+
+@pytest.mark.parametrize("with_segments", [0, 1])
+@pytest.mark.parametrize("E,K,T", [(128, 8, 37), (60, 4, 5), (8, 2, 3), (256, 8, 1)])
+def test_router_topk_matches_serial_scan(E, K, T, with_segments):
+    lib = cuda_lib()
+    rng = np.random.default_rng(E * 100 + K * 10 + T)
+    # few distinct values, so ties are common; some -inf, and one row with every logit equal
+    logits = rng.integers(-3, 4, size=(T, E)).astype(np.float32) * np.float32(0.5)
+    logits[rng.random((T, E)) < 0.05] = -np.inf
+    logits[0, :] = 1.25
+    ids = np.full((T, K), -7, dtype=np.int32)
+    wts = np.full((T, K), np.nan, dtype=np.float32)
+    fn = lib.strata_cuda_router_topk
+    fn.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.c_int32,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_int32,
+    ]
+    fn.restype = ctypes.c_int
+    st = fn(
+        logits.ctypes.data_as(ctypes.c_void_p),
+        T,
+        E,
+        K,
+        ids.ctypes.data_as(ctypes.c_void_p),
+        wts.ctypes.data_as(ctypes.c_void_p),
+        with_segments,
+    )
+    assert st == 0, f"strata_cuda_router_topk failed with status {st}"
+    ref_ids, ref_w = _router_reference(logits, K)
+    bad = np.argwhere(ids != ref_ids)
+    assert bad.size == 0, (
+        f"token {bad[0][0]}: device picked {ids[bad[0][0]].tolist()}, serial scan {ref_ids[bad[0][0]].tolist()}"
+    )
+    assert np.allclose(wts, ref_w, rtol=2e-6, atol=0), f"weights {wts[0]} vs {ref_w[0]}"
+    assert np.allclose(wts.sum(axis=1), 1.0, rtol=1e-5)
+
+
+def _attention(lib, kv_type, q, k, v, T, H, Hkv, hd, on_device=0):
+    out = np.full((T, H * hd), np.nan, dtype=np.float32)
+    fn = lib.strata_cuda_attention
+    fn.argtypes = [ctypes.c_int32] + [ctypes.c_void_p] * 3 + [ctypes.c_int32] * 6 + [ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    st = fn(kv_type, ptr(q), ptr(k), ptr(v), k.shape[0], T, H, Hkv, hd, on_device, ptr(out))
+    assert st == 0, f"strata_cuda_attention failed with status {st}"
+    return out
+
+
+def _stored(x: np.ndarray, kv_type: int) -> np.ndarray:
+    """What the KV cache holds: f16, or int8 per block of 32 with scale max|x|/127 (round half to even)."""
+    if kv_type == 0:
+        return x.astype(np.float16).astype(np.float64)
+    b = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = np.abs(b).max(axis=2, keepdims=True) / np.float32(127)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    return (np.rint(b * inv) * d).reshape(x.shape).astype(np.float64)
+
+
+@pytest.mark.parametrize("kv_type", [0, 1])
+@pytest.mark.parametrize(
+    "hd,H,Hkv,n_pos,T", [(128, 8, 2, 100, 9), (64, 4, 4, 300, 5), (256, 2, 1, 40, 40), (32, 2, 1, 1, 1)]
+)
+def test_attention_matches_reference_and_ignores_batch(kv_type, hd, H, Hkv, n_pos, T):
+    lib = cuda_lib()
+    rng = np.random.default_rng(hd + n_pos + T)
+    q = rng.standard_normal((T, H * hd)).astype(np.float32)
+    k = rng.standard_normal((n_pos, Hkv * hd)).astype(np.float32)
+    v = rng.standard_normal((n_pos, Hkv * hd)).astype(np.float32)
+    out = _attention(lib, kv_type, q, k, v, T, H, Hkv, hd)
+    ks, vs = _stored(k, kv_type), _stored(v, kv_type)
+    ref = np.zeros((T, H * hd))
+    for t in range(T):
+        p = n_pos - T + t
+        for h in range(H):
+            kh = h // (H // Hkv)
+            s = (
+                ks[: p + 1, kh * hd : (kh + 1) * hd]
+                @ q[t, h * hd : (h + 1) * hd].astype(np.float64)
+                / np.sqrt(hd)
+            )
+            w = np.exp(s - s.max())
+            ref[t, h * hd : (h + 1) * hd] = (w / w.sum()) @ vs[: p + 1, kh * hd : (kh + 1) * hd]
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err < 1e-5, f"relative error {err:.2e} against the float64 reference"
+    # a query's output depends on its position and the cache only: alone (as in decode) == in the chunk,
+    # and with the position read from device memory (as a captured graph does)
+    for t in range(T):
+        p = n_pos - T + t
+        one = _attention(
+            lib, kv_type, np.ascontiguousarray(q[t : t + 1]), k[: p + 1], v[: p + 1], 1, H, Hkv, hd
+        )
+        assert (one.view(np.uint32) == out[t : t + 1].view(np.uint32)).all(), f"query {t} alone differs"
+    dev = _attention(lib, kv_type, q, k, v, T, H, Hkv, hd, on_device=1)
+    assert (dev.view(np.uint32) == out.view(np.uint32)).all(), "position through device memory differs"

@@ -21,24 +21,26 @@
 
 int attn_f16_tiled_supported(int32_t hd) { return hd == 32 || hd == 64 || hd == 128; }
 
-/* exp on 16 lanes: n = round(x log2 e), r = x - n ln 2 (two-part constant), a degree-6 polynomial
- * for e^r (|r| <= ln2 / 2, relative error below 2e-7), scaled by 2^n. Inputs below -103 give 0
- * (scalef underflows), which is what the masked lanes need; they are zeroed by the caller anyway. */
+/* exp on 16 lanes for x <= 0 (scores minus their running max): n = round(x log2 e), r = x - n ln 2
+ * (two-part constant), e^r by its degree-6 Taylor polynomial (|r| <= ln2 / 2: relative error below
+ * 2e-7) evaluated in a short tree, and 2^n added to the exponent bits. Inputs below -86 are taken as
+ * -86 (e^-86 ~ 4e-38, still a normal float): the masked lanes, zeroed by the caller anyway. Short
+ * dependency chains and no scalef: this runs once per query and tile. */
 static inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-103.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.5f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-86.0f));
+    const __m512i ni = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 n = _mm512_cvtepi32_ps(ni);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
+    const __m512 r2 = _mm512_mul_ps(r, r);
+    const __m512 a0 = _mm512_add_ps(r, _mm512_set1_ps(1.0f));                                     /* 1 + r */
+    const __m512 a1 = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 6.0f), _mm512_set1_ps(0.5f));      /* 1/2 + r/6 */
+    const __m512 a2 = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 120.0f), _mm512_set1_ps(1.0f / 24.0f));
+    __m512 p = _mm512_fmadd_ps(r2, _mm512_set1_ps(1.0f / 720.0f), a2);
+    p = _mm512_fmadd_ps(r2, p, a1);
+    p = _mm512_fmadd_ps(r2, p, a0);
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), _mm512_slli_epi32(ni, 23)));
 }
 
 /* Sixteen 16-lane vectors -> one vector whose lane p is the sum of v[p]'s lanes (a fixed tree:
@@ -73,6 +75,10 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
     float vt[16 * 128] __attribute__((aligned(64)));  /* [16, HD] */
     float acc[ATTN_ITEM_QUERIES * 128] __attribute__((aligned(64))); /* [nq, HD] */
     float m[ATTN_ITEM_QUERIES], l[ATTN_ITEM_QUERIES];
+    float sc[ATTN_ITEM_QUERIES * 16] __attribute__((aligned(64))); /* [nq, 16] scores of the tile */
+    float ew[ATTN_ITEM_QUERIES * 16] __attribute__((aligned(64))); /* [nq, 16] their softmax weights */
+    float alpha[ATTN_ITEM_QUERIES];
+    int rescale[ATTN_ITEM_QUERIES];
     int32_t qpos[ATTN_ITEM_QUERIES];
     const float *qp[ATTN_ITEM_QUERIES];
     int32_t last = 0; /* the pass's last position */
@@ -106,40 +112,56 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
                 }
             }
         }
+        /* Three passes over the queries, each a short chain per query that the CPU overlaps across
+         * queries (one long chain per query would leave the softmax's latency exposed); per query the
+         * operations and their order are the same as in one pass. */
+        /* scores: one 16-lane partial vector per position, then reduced across positions */
         for (int32_t i = 0; i < nq; i++) {
             if (qpos[i] < j0) continue;
             const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16; /* positions this query sees */
             const __mmask16 valid = (__mmask16)((1u << np) - 1u);
-            /* scores: one 16-lane partial vector per position, then reduced across positions */
             __m512 qv[8];
             for (int c = 0; c < NV; c++) qv[c] = _mm512_loadu_ps(qp[i] + 16 * c);
             __m512 pv[16];
             for (int p = 0; p < 16; p++) {
-                __m512 s = _mm512_mul_ps(qv[0], _mm512_load_ps(kt + p * HD));
-                for (int c = 1; c < NV; c++) s = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kt + p * HD + 16 * c), s);
-                pv[p] = s;
+                __m512 sp = _mm512_mul_ps(qv[0], _mm512_load_ps(kt + p * HD));
+                for (int c = 1; c < NV; c++) sp = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kt + p * HD + 16 * c), sp);
+                pv[p] = sp;
             }
-            __m512 s = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, _mm512_mul_ps(reduce16(pv), scale));
-            /* online softmax */
-            const float mt = _mm512_reduce_max_ps(s);
+            const __m512 sv = _mm512_mul_ps(reduce16(pv), scale);
+            _mm512_store_ps(sc + 16 * i, _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid, sv));
+        }
+        /* online softmax: weights e of the tile, the rescale factor of the query's old sums */
+        for (int32_t i = 0; i < nq; i++) {
+            if (qpos[i] < j0) continue;
+            const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16;
+            const __mmask16 valid = (__mmask16)((1u << np) - 1u);
+            const __m512 sv = _mm512_load_ps(sc + 16 * i);
+            const float mt = _mm512_reduce_max_ps(sv);
             const float mn = mt > m[i] ? mt : m[i];
-            const __m512 mnv = _mm512_set1_ps(mn);
-            const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(s, mnv)));
-            float *ac = acc + (size_t)i * HD;
-            __m512 o[8];
-            for (int c = 0; c < NV; c++) o[c] = _mm512_load_ps(ac + 16 * c);
-            if (mt > m[i]) { /* a new max: rescale by exp(m - m'); otherwise that factor is exp16(0) = 1 exactly */
-                const float a = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mn))); /* first tile: exp(-inf) = 0 */
-                const __m512 av = _mm512_set1_ps(a);
-                for (int c = 0; c < NV; c++) o[c] = _mm512_mul_ps(o[c], av);
-                l[i] *= a;
+            const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
+            rescale[i] = mt > m[i]; /* otherwise the factor is exp16(0) = 1 exactly: skipped */
+            if (rescale[i]) {
+                alpha[i] = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[i] - mn))); /* first tile: ~0 */
+                l[i] *= alpha[i];
             }
             l[i] += _mm512_reduce_add_ps(e);
             m[i] = mn;
-            float ew[16] __attribute__((aligned(64)));
-            _mm512_store_ps(ew, e);
+            _mm512_store_ps(ew + 16 * i, e);
+        }
+        /* weighted sum of the V rows the query sees, in position order */
+        for (int32_t i = 0; i < nq; i++) {
+            if (qpos[i] < j0) continue;
+            const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16;
+            float *ac = acc + (size_t)i * HD;
+            __m512 o[8];
+            for (int c = 0; c < NV; c++) o[c] = _mm512_load_ps(ac + 16 * c);
+            if (rescale[i]) {
+                const __m512 av = _mm512_set1_ps(alpha[i]);
+                for (int c = 0; c < NV; c++) o[c] = _mm512_mul_ps(o[c], av);
+            }
             for (int32_t p = 0; p < np; p++) {
-                const __m512 w = _mm512_set1_ps(ew[p]);
+                const __m512 w = _mm512_set1_ps(ew[16 * i + p]);
                 for (int c = 0; c < NV; c++) o[c] = _mm512_fmadd_ps(w, _mm512_load_ps(vt + p * HD + 16 * c), o[c]);
             }
             for (int c = 0; c < NV; c++) _mm512_store_ps(ac + 16 * c, o[c]);

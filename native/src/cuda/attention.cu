@@ -2,68 +2,131 @@
  * attention.cu — causal attention over the KV cache, one kernel for prompt chunks and decode.
  *
  * Legend: T queries at positions pos0.., H query heads, Hkv key/value heads, hd head dim (E = hd/32
- * values per lane), NW warps per block.
+ * values per lane), NW warps per block, P = ATT_TILE positions per tile.
  *
- * One block per (query, head). Warp w visits positions w, w + NW, ... up to the query's own position
- * with an online softmax; the warps are then merged in order 0..NW-1. The visiting order depends on
- * the query's position only, so a token's attention output is the same in a chunk of any size and in
- * decode.
+ * One block per (query, head). The positions 0..pos are cut into tiles of P by absolute position;
+ * warp w takes tiles w, w + NW, ... For a tile it first computes all P scores (the K rows' loads are
+ * independent, batched ATT_BATCH at a time, so their latencies overlap), then the tile's max, weights
+ * and weighted V sum (again P independent loads), and only then merges the tile into its running
+ * state (max, sum, output) with one rescale. The warps are merged in order 0..NW-1 at the end.
+ * Lane l owns the E contiguous values l*E .. l*E+E-1 of a head (one vector load per row).
+ *
+ * Every order above (values within a dot product, lanes in the butterfly, positions within a tile,
+ * tiles within a warp, warps) depends on the query's position only, so a token's attention output is
+ * the same in a chunk of any size and in decode.
  */
 #include <cuda_fp16.h>
 
 #include "common.cuh"
 
-#define ATT_WARPS 4
+#define ATT_WARPS 8
+#define ATT_TILE 32  /* positions per tile: one per lane for the weights */
+#define ATT_BATCH 8  /* rows whose loads are in flight together */
 
+/* The E values of row p that lane owns (offset `off` = kv head's first value + lane * E). */
 template <int E, int KVT>
-__device__ __forceinline__ void load_row(const uint8_t *cache, int64_t p, int kv_dim, int off, int lane, float *out) {
+__device__ __forceinline__ void load_vec(const uint8_t *__restrict__ cache, int64_t p, int kv_dim, int off,
+                                         float *out) {
     if (KVT == STRATA_KV_F16) {
-        const __half *row = (const __half *)(cache + p * (int64_t)kv_dim * 2) + off;
+        /* rows are kv_dim * 2 bytes (a multiple of 64) and off a multiple of E: E halves are aligned */
+        const __half *src = (const __half *)(cache + p * (int64_t)kv_dim * 2) + off;
+        __align__(16) __half h[E];
+        if (E == 8) *(uint4 *)h = __ldg((const uint4 *)src);
+        else if (E == 4) *(uint2 *)h = __ldg((const uint2 *)src);
+        else if (E == 2) *(unsigned *)h = __ldg((const unsigned *)src);
+        else h[0] = src[0];
 #pragma unroll
-        for (int e = 0; e < E; e++) out[e] = __half2float(row[lane + 32 * e]);
+        for (int e = 0; e < E; e++) out[e] = __half2float(h[e]);
     } else {
+        /* row: kv_dim int8 then kv_dim / 32 float scales; rows are a multiple of 4 bytes (kv_dim % 32 == 0) */
         const int64_t rb = kv_dim + kv_dim / 8;
-        const int8_t *row = (const int8_t *)(cache + p * rb);
-        const float *scales = (const float *)(cache + p * rb + kv_dim);
+        const uint8_t *row = cache + p * rb;
+        const float sc = __ldg((const float *)(row + kv_dim) + (off >> 5)); /* E <= 8 values share a block */
+        __align__(8) int8_t b[E < 4 ? 4 : E];
+        if (E >= 4) {
 #pragma unroll
-        for (int e = 0; e < E; e++) {
-            const int i = off + lane + 32 * e;
-            out[e] = __fmul_rn((float)row[i], scales[i >> 5]);
+            for (int i = 0; i < E / 4; i++) ((int *)b)[i] = __ldg((const int *)(row + off) + i);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; e++) b[e] = (int8_t)row[off + e];
         }
+#pragma unroll
+        for (int e = 0; e < E; e++) out[e] = __fmul_rn((float)b[e], sc);
     }
 }
 
 template <int E, int KVT>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, int H, int Hkv, int pos0) {
+k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, int H, int Hkv, int pos0,
+            const int32_t *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     const int hd = 32 * E, kv_dim = Hkv * hd;
     const int t = blockIdx.x / H, h = blockIdx.x % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int off = (h / (H / Hkv)) * hd;
+    const int off = (h / (H / Hkv)) * hd + lane * E;
     const float scale = 1.0f / sqrtf((float)hd);
     float qv[E];
-    const float *qr = q + ((int64_t)t * H + h) * hd;
+    const float *qr = q + ((int64_t)t * H + h) * hd + lane * E;
 #pragma unroll
-    for (int e = 0; e < E; e++) qv[e] = __fmul_rn(qr[lane + 32 * e], scale);
+    for (int e = 0; e < E; e++) qv[e] = __fmul_rn(qr[e], scale);
 
     const int npos = pos0 + t + 1;
+    const int ntile = (npos + ATT_TILE - 1) / ATT_TILE;
     float m = -INFINITY, l = 0.0f, o[E];
 #pragma unroll
     for (int e = 0; e < E; e++) o[e] = 0.0f;
-    for (int p = warp; p < npos; p += ATT_WARPS) {
-        float kv[E];
-        load_row<E, KVT>(kc, p, kv_dim, off, lane, kv);
-        float s = 0.0f;
+    for (int tile = warp; tile < ntile; tile += ATT_WARPS) {
+        const int p0 = tile * ATT_TILE;
+        const int n = min(ATT_TILE, npos - p0); /* warp-uniform */
+        /* scores: lane i keeps the score of position p0 + i */
+        float s_mine = -INFINITY;
+        for (int i0 = 0; i0 < n; i0 += ATT_BATCH) {
+            float kv[ATT_BATCH][E];
 #pragma unroll
-        for (int e = 0; e < E; e++) s = __fadd_rn(s, __fmul_rn(qv[e], kv[e]));
+            for (int j = 0; j < ATT_BATCH; j++)
+                if (i0 + j < n) load_vec<E, KVT>(kc, p0 + i0 + j, kv_dim, off, kv[j]);
 #pragma unroll
-        for (int x = 16; x > 0; x >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, x));
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), pe = expf(s - mn);
-        l = __fadd_rn(__fmul_rn(l, corr), pe);
-        load_row<E, KVT>(vc, p, kv_dim, off, lane, kv);
+            for (int j = 0; j < ATT_BATCH; j++) {
+                if (i0 + j < n) {
+                    float s = 0.0f;
 #pragma unroll
-        for (int e = 0; e < E; e++) o[e] = __fadd_rn(__fmul_rn(o[e], corr), __fmul_rn(pe, kv[e]));
+                    for (int e = 0; e < E; e++) s = __fadd_rn(s, __fmul_rn(qv[e], kv[j][e]));
+#pragma unroll
+                    for (int x = 16; x > 0; x >>= 1) s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, x));
+                    if (lane == i0 + j) s_mine = s;
+                }
+            }
+        }
+        float mt = s_mine;
+#pragma unroll
+        for (int x = 16; x > 0; x >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, x));
+        const float pe = lane < n ? expf(s_mine - mt) : 0.0f;
+        float lt = pe;
+#pragma unroll
+        for (int x = 16; x > 0; x >>= 1) lt = __fadd_rn(lt, __shfl_xor_sync(0xffffffffu, lt, x));
+        float ot[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) ot[e] = 0.0f;
+        for (int i0 = 0; i0 < n; i0 += ATT_BATCH) {
+            float vv[ATT_BATCH][E];
+#pragma unroll
+            for (int j = 0; j < ATT_BATCH; j++)
+                if (i0 + j < n) load_vec<E, KVT>(vc, p0 + i0 + j, kv_dim, off, vv[j]);
+#pragma unroll
+            for (int j = 0; j < ATT_BATCH; j++) {
+                if (i0 + j < n) {
+                    const float pj = __shfl_sync(0xffffffffu, pe, i0 + j);
+#pragma unroll
+                    for (int e = 0; e < E; e++) ot[e] = __fadd_rn(ot[e], __fmul_rn(pj, vv[j][e]));
+                }
+            }
+        }
+        /* merge the tile into the warp's state (the first tile: m = -inf, so c_old = 0) */
+        const float mn = fmaxf(m, mt);
+        const float c_old = expf(m - mn), c_new = expf(mt - mn);
+        l = __fadd_rn(__fmul_rn(l, c_old), __fmul_rn(lt, c_new));
+#pragma unroll
+        for (int e = 0; e < E; e++) o[e] = __fadd_rn(__fmul_rn(o[e], c_old), __fmul_rn(ot[e], c_new));
         m = mn;
     }
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], so[ATT_WARPS][32 * E];
@@ -72,7 +135,7 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
         sl[warp] = l;
     }
 #pragma unroll
-    for (int e = 0; e < E; e++) so[warp][lane + 32 * e] = o[e];
+    for (int e = 0; e < E; e++) so[warp][lane * E + e] = o[e];
     __syncthreads();
     if (warp == 0) {
         float M = sm[0];
@@ -81,20 +144,20 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
 #pragma unroll
         for (int e = 0; e < E; e++) O[e] = 0.0f;
         for (int w = 0; w < ATT_WARPS; w++) {
-            const float c = sl[w] > 0.0f ? expf(sm[w] - M) : 0.0f;
+            const float c = sl[w] > 0.0f ? expf(sm[w] - M) : 0.0f; /* a warp without tiles adds nothing */
             L = __fadd_rn(L, __fmul_rn(sl[w], c));
 #pragma unroll
-            for (int e = 0; e < E; e++) O[e] = __fadd_rn(O[e], __fmul_rn(so[w][lane + 32 * e], c));
+            for (int e = 0; e < E; e++) O[e] = __fadd_rn(O[e], __fmul_rn(so[w][lane * E + e], c));
         }
-        float *orow = out + ((int64_t)t * H + h) * hd;
+        float *orow = out + ((int64_t)t * H + h) * hd + lane * E;
 #pragma unroll
-        for (int e = 0; e < E; e++) orow[lane + 32 * e] = O[e] / L;
+        for (int e = 0; e < E; e++) orow[e] = O[e] / L;
     }
 }
 
 extern "C" strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
                                         const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
-                                        int32_t pos0) {
+                                        int32_t pos0, const int32_t *pos_dev) {
     if (T <= 0) return STRATA_OK;
     if (hd % 32 || hd > 256 || Hkv <= 0 || H % Hkv) {
         snprintf(ctx->err, sizeof ctx->err,
@@ -108,9 +171,9 @@ extern "C" strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const fl
 #define ATT_CASE(EE)                                                                                            \
     case EE:                                                                                                    \
         if (kv_type == STRATA_KV_F16)                                                                           \
-            k_attention<EE, STRATA_KV_F16><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0); \
+            k_attention<EE, STRATA_KV_F16><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev); \
         else                                                                                                    \
-            k_attention<EE, STRATA_KV_INT8><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0); \
+            k_attention<EE, STRATA_KV_INT8><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev); \
         break;
     switch (hd / 32) {
         ATT_CASE(1)

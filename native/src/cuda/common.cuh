@@ -2,6 +2,7 @@
 #ifndef STRATA_CUDA_COMMON_CUH
 #define STRATA_CUDA_COMMON_CUH
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -48,5 +49,19 @@ static inline strata_status cuda_fail(cuda_ctx *ctx, cudaError_t e, const char *
 #define CU_COMPUTE(ctx) ((ctx)->stream[CUDA_STREAM_COMPUTE])
 
 static inline unsigned cu_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
+
+/* One warp quantizes block b (32 values, v = this lane's) of an activation row for Q8_0/Q4_0 weights,
+ * with the host engine's rounding: d = max|x| / 127 (stored rounded to f16), q = round(x / d). Row
+ * layout: cols int8 values, then cols / 32 float scales. Every producer of such rows calls this, so
+ * they give the same bits. */
+__device__ __forceinline__ void cu_q8_block(float v, uint8_t *row, int64_t b, int lane, int64_t cols) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    row[b * 32 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(v, id));
+    if (lane == 0) ((float *)(row + cols))[b] = __half2float(__float2half_rn(d));
+}
 
 #endif

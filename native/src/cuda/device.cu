@@ -183,6 +183,62 @@ strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to) {
     return STRATA_OK;
 }
 
+strata_status cuda_event_create(cuda_ctx *ctx, void **ev) {
+    cudaEvent_t x = NULL;
+    CU_TRY(ctx, cudaEventCreateWithFlags(&x, cudaEventDisableTiming), "creating an event");
+    *ev = (void *)x;
+    return STRATA_OK;
+}
+
+strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream) {
+    CU_TRY(ctx, cudaEventRecord((cudaEvent_t)ev, ctx->stream[stream & 1]), "recording an event");
+    return STRATA_OK;
+}
+
+strata_status cuda_event_wait(cuda_ctx *ctx, void *ev) {
+    CU_TRY(ctx, cudaEventSynchronize((cudaEvent_t)ev), "waiting for an event");
+    return STRATA_OK;
+}
+
+void cuda_event_free(void *ev) {
+    if (ev) cudaEventDestroy((cudaEvent_t)ev);
+}
+
+strata_status cuda_capture_begin(cuda_ctx *ctx) {
+    /* relaxed: nothing else in the process is enqueueing legacy-stream work meanwhile */
+    CU_TRY(ctx, cudaStreamBeginCapture(CU_COMPUTE(ctx), cudaStreamCaptureModeRelaxed), "starting a graph capture");
+    return STRATA_OK;
+}
+
+strata_status cuda_capture_end(cuda_ctx *ctx, void **exec) {
+    *exec = NULL;
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(CU_COMPUTE(ctx), &graph);
+    if (e != cudaSuccess) {
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError(); /* a capture error is not sticky: the stream stays usable */
+        return cuda_fail(ctx, e, "capturing a graph");
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_fail(ctx, e, "instantiating a graph");
+    }
+    *exec = (void *)x;
+    return STRATA_OK;
+}
+
+strata_status cuda_graph_launch(cuda_ctx *ctx, void *exec) {
+    CU_TRY(ctx, cudaGraphLaunch((cudaGraphExec_t)exec, CU_COMPUTE(ctx)), "launching a graph");
+    return STRATA_OK;
+}
+
+void cuda_graph_free(void *exec) {
+    if (exec) cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
 strata_status cuda_sync(cuda_ctx *ctx) {
     CU_TRY(ctx, cudaStreamSynchronize(ctx->stream[1]), "waiting for the copy stream");
     CU_TRY(ctx, cudaStreamSynchronize(ctx->stream[0]), "waiting for the compute stream");

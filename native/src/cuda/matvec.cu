@@ -163,15 +163,153 @@ __global__ void k_quantize_q8(const float *x, int64_t xs, uint8_t *q, int64_t qs
     const int lane = threadIdx.x & 31;
     const int64_t b = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (b >= cols / 32) return;
-    const float v = x[t * xs + b * 32 + lane];
-    float amax = fabsf(v);
+    cu_q8_block(x[t * xs + b * 32 + lane], q + t * qs_stride, b, lane, cols);
+}
+
+/* ---- decode experts: one token, K experts, fused ------------------------------------------------
+ * The two functions below are one output of k_matvec<TYPE, 1> and k_matvec_q8<TYPE, 1> for one token
+ * (the same operations in the same order, butterfly included), so the fused kernels built on them give
+ * the bits of the segment products they replace. */
+
+template <int TYPE>
+__device__ __forceinline__ float dot_row_f(const uint8_t *__restrict__ row, const float *__restrict__ x, int64_t cols,
+                                           int lane) {
+    float acc = 0.0f;
+    const int64_t G = cols >> 5;
+    const int sl = lane & 3;
+    /* unrolled so that several groups' loads are in flight together (the sum's order is unchanged) */
+#pragma unroll 4
+    for (int64_t g = lane >> 2; g < G; g += 8) {
+        float w[8];
+        gq_dequant8(TYPE, row, g, sl, w);
+        const float4 *xp = (const float4 *)(x + g * 32 + sl * 8);
+        const float4 a = __ldg(xp), b = __ldg(xp + 1);
+        float s = acc;
+        s = __fadd_rn(s, __fmul_rn(w[0], a.x));
+        s = __fadd_rn(s, __fmul_rn(w[1], a.y));
+        s = __fadd_rn(s, __fmul_rn(w[2], a.z));
+        s = __fadd_rn(s, __fmul_rn(w[3], a.w));
+        s = __fadd_rn(s, __fmul_rn(w[4], b.x));
+        s = __fadd_rn(s, __fmul_rn(w[5], b.y));
+        s = __fadd_rn(s, __fmul_rn(w[6], b.z));
+        s = __fadd_rn(s, __fmul_rn(w[7], b.w));
+        acc = s;
+    }
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    uint8_t *row = q + t * qs_stride;
-    row[b * 32 + lane] = (uint8_t)(int8_t)roundf(__fmul_rn(v, id));
-    if (lane == 0) ((float *)(row + cols))[b] = __half2float(__float2half_rn(d));
+    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+    return acc;
+}
+
+template <int TYPE>
+__device__ __forceinline__ float dot_row_q8(const uint8_t *__restrict__ row, const uint8_t *__restrict__ xr,
+                                            int64_t cols, int lane) {
+    float acc = 0.0f;
+    const int64_t G = cols >> 5;
+    const int sl = lane & 3;
+#pragma unroll 4
+    for (int64_t g = lane >> 2; g < G; g += 8) {
+        int w0, w1;
+        float dw;
+        if (TYPE == STRATA_TYPE_Q8_0) {
+            const uint8_t *b = row + g * 34;
+            dw = gq_f16(b);
+            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * sl);
+            w0 = (int)((uint32_t)p[0] | ((uint32_t)p[1] << 16));
+            w1 = (int)((uint32_t)p[2] | ((uint32_t)p[3] << 16));
+        } else {
+            const uint8_t *b = row + g * 18;
+            dw = gq_f16(b);
+            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * (sl & 1));
+            const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 16), hi = (uint32_t)p[2] | ((uint32_t)p[3] << 16);
+            const int shift = (sl & 2) ? 4 : 0;
+            w0 = (int)__vsub4((lo >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+            w1 = (int)__vsub4((hi >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+        }
+        const int2 xv = *(const int2 *)(xr + g * 32 + 8 * sl);
+        const float dx = ((const float *)(xr + cols))[g];
+        const int isum = __dp4a(w1, xv.y, __dp4a(w0, xv.x, 0));
+        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(dw, dx), (float)isum));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+    return acc;
+}
+
+template <int TYPE>
+__device__ __forceinline__ float dot_row(const uint8_t *row, const void *x, int64_t cols, int lane) {
+    if (TYPE == STRATA_TYPE_Q8_0 || TYPE == STRATA_TYPE_Q4_0)
+        return dot_row_q8<TYPE>(row, (const uint8_t *)x, cols, lane);
+    return dot_row_f<TYPE>(row, (const float *)x, cols, lane);
+}
+
+/* Decode: up to three matrices of one type and width (q, k and v) against one token in one launch. Warp
+ * w of the grid takes row w of the rows of m0, then m1, then m2 stacked. */
+struct mv3 {
+    const uint8_t *w[3];
+    float *y[3];
+    int64_t rows[3];
+    int accumulate; /* y += instead of y = */
+};
+template <int TYPE>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_matvec3(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
+    const int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    /* selects, not an indexed parameter array (which would go through local memory) */
+    const uint8_t *w = m.w[0];
+    float *y = m.y[0];
+    if (r >= m.rows[0]) {
+        r -= m.rows[0];
+        w = m.w[1];
+        y = m.y[1];
+        if (r >= m.rows[1]) {
+            r -= m.rows[1];
+            w = m.w[2];
+            y = m.y[2];
+            if (r >= m.rows[2]) return;
+        }
+    }
+    const float v = dot_row<TYPE>(w + r * row_bytes, x, cols, lane);
+    if (lane == 0) y[r] = m.accumulate ? __fadd_rn(y[r], v) : v; /* k_matvec's expression */
+}
+
+/* grid (F / MV_WARPS, K): warp = row r of expert k: h[k, r] = swiglu(gate_k[r] . x, up_k[r] . x) */
+template <int TYPE>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_expert_gate_up(const uint8_t *const *__restrict__ wg, const uint8_t *const *__restrict__ wu, int64_t row_bytes,
+                 int64_t F, int64_t D, const void *x, float *h) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (r >= F) return;
+    const int k = blockIdx.y;
+    const float gv = dot_row<TYPE>(wg[k] + r * row_bytes, x, D, lane);
+    const float uv = dot_row<TYPE>(wu[k] + r * row_bytes, x, D, lane);
+    if (lane == 0) h[(int64_t)k * F + r] = gq_swiglu(gv, uv); /* k_swiglu's expression */
+}
+
+/* block = DC_ROWS rows x K warps: warp k computes (down_k h_k)[r] for the block's rows; then one thread
+ * per row adds sum_k w_k * y_k (k order, k_moe_combine's expression) to y[r] */
+#define DC_ROWS 4
+template <int TYPE>
+__global__ void k_expert_down_combine(const uint8_t *const *__restrict__ wd, int64_t row_bytes, int64_t D, int64_t F,
+                                      const uint8_t *h, int64_t hs_bytes, const float *__restrict__ wts, float *y, int K) {
+    extern __shared__ float part[]; /* [DC_ROWS][K] */
+    const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
+    const int64_t r0 = (int64_t)blockIdx.x * DC_ROWS;
+    const void *hk = h + (int64_t)k * hs_bytes;
+    for (int i = 0; i < DC_ROWS; i++) {
+        const int64_t r = r0 + i;
+        if (r >= D) break;
+        const float v = dot_row<TYPE>(wd[k] + r * row_bytes, hk, F, lane);
+        if (lane == 0) part[i * K + k] = v;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < DC_ROWS && r0 + threadIdx.x < D) {
+        const int i = threadIdx.x;
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(wts[j], part[i * K + j]));
+        y[r0 + i] = __fadd_rn(y[r0 + i], acc);
+    }
 }
 
 template <int TOK>
@@ -266,6 +404,100 @@ strata_status cuda_matvec(cuda_ctx *ctx, int32_t type, const void *w, int64_t ro
     if (T == 1) return launch<1>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, 1, T, accumulate);
     return launch<8>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, (T + 7) / 8, T,
                      accumulate);
+}
+
+strata_status cuda_matvec3(cuda_ctx *ctx, int32_t type, const void *const w[3], const int64_t rows[3], int64_t cols,
+                           const void *x, float *const y[3], int32_t accumulate) {
+    if (!shape_ok(type, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    mv3 m;
+    m.accumulate = accumulate;
+    int64_t total = 0;
+    for (int i = 0; i < 3; i++) {
+        m.w[i] = (const uint8_t *)w[i];
+        m.y[i] = y[i];
+        m.rows[i] = w[i] ? rows[i] : 0;
+        total += m.rows[i];
+    }
+    if (total <= 0) return STRATA_OK;
+    const int64_t rb = gq_row_bytes(type, cols);
+    cudaStream_t s = CU_COMPUTE(ctx);
+#define M3_CASE(TY)                                                                          \
+    case TY:                                                                                 \
+        k_matvec3<TY><<<cu_blocks(total, MV_WARPS), MV_WARPS * 32, 0, s>>>(m, rb, cols, x); \
+        break;
+    switch (type) {
+        M3_CASE(STRATA_TYPE_F32)
+        M3_CASE(STRATA_TYPE_F16)
+        M3_CASE(STRATA_TYPE_BF16)
+        M3_CASE(STRATA_TYPE_Q8_0)
+        M3_CASE(STRATA_TYPE_Q4_0)
+        M3_CASE(STRATA_TYPE_Q4_K)
+        M3_CASE(STRATA_TYPE_Q6_K)
+    default:
+        return STRATA_ERR_UNSUPPORTED;
+    }
+#undef M3_CASE
+    CU_LAUNCHED(ctx, "matvec of three matrices");
+    return STRATA_OK;
+}
+
+strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const *wg, const void *const *wu,
+                                  int64_t F, int64_t D, const void *x, float *h, int32_t K) {
+    if (K <= 0 || F <= 0) return STRATA_OK;
+    if (!shape_ok(type, D) || K > 65535) return STRATA_ERR_INVALID_ARGUMENT;
+    const int64_t rb = gq_row_bytes(type, D);
+    dim3 grid(cu_blocks(F, MV_WARPS), (unsigned)K);
+    const uint8_t *const *G = (const uint8_t *const *)wg, *const *U = (const uint8_t *const *)wu;
+    cudaStream_t s = CU_COMPUTE(ctx);
+#define GU_CASE(TY)                                                                                    \
+    case TY:                                                                                           \
+        k_expert_gate_up<TY><<<grid, MV_WARPS * 32, 0, s>>>(G, U, rb, F, D, x, h);                    \
+        break;
+    switch (type) {
+        GU_CASE(STRATA_TYPE_F32)
+        GU_CASE(STRATA_TYPE_F16)
+        GU_CASE(STRATA_TYPE_BF16)
+        GU_CASE(STRATA_TYPE_Q8_0)
+        GU_CASE(STRATA_TYPE_Q4_0)
+        GU_CASE(STRATA_TYPE_Q4_K)
+        GU_CASE(STRATA_TYPE_Q6_K)
+    default:
+        return STRATA_ERR_UNSUPPORTED;
+    }
+#undef GU_CASE
+    CU_LAUNCHED(ctx, "expert gate and up");
+    return STRATA_OK;
+}
+
+strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *const *wd, int64_t D, int64_t F,
+                                       const void *h, int64_t h_stride, const float *weights, float *y, int32_t K) {
+    if (K <= 0 || D <= 0) return STRATA_OK;
+    if (!shape_ok(type, F) || K > 32) return STRATA_ERR_INVALID_ARGUMENT;
+    const int64_t rb = gq_row_bytes(type, F);
+    /* h_stride counts floats for float activations, bytes for quantized ones */
+    const int64_t hs = cuda_act_type(type) == STRATA_TYPE_F32 ? h_stride * 4 : h_stride;
+    const uint8_t *const *W = (const uint8_t *const *)wd;
+    const size_t shm = (size_t)DC_ROWS * K * sizeof(float);
+    cudaStream_t s = CU_COMPUTE(ctx);
+#define DC_CASE(TY)                                                                                              \
+    case TY:                                                                                                     \
+        k_expert_down_combine<TY><<<cu_blocks(D, DC_ROWS), 32 * K, shm, s>>>(W, rb, D, F, (const uint8_t *)h, hs, \
+                                                                             weights, y, K);                     \
+        break;
+    switch (type) {
+        DC_CASE(STRATA_TYPE_F32)
+        DC_CASE(STRATA_TYPE_F16)
+        DC_CASE(STRATA_TYPE_BF16)
+        DC_CASE(STRATA_TYPE_Q8_0)
+        DC_CASE(STRATA_TYPE_Q4_0)
+        DC_CASE(STRATA_TYPE_Q4_K)
+        DC_CASE(STRATA_TYPE_Q6_K)
+    default:
+        return STRATA_ERR_UNSUPPORTED;
+    }
+#undef DC_CASE
+    CU_LAUNCHED(ctx, "expert down and combine");
+    return STRATA_OK;
 }
 
 strata_status cuda_matvec_segments(cuda_ctx *ctx, int32_t type, const void *const *w_ptrs, int64_t rows,

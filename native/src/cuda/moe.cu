@@ -3,34 +3,75 @@
 #include "common.cuh"
 #include "../group_dequant.h"
 
-/* one thread per token: top-K of the logits (ties: lower expert id first), weights = softmax over the
- * chosen K (the full softmax's denominator cancels when the weights are renormalized) */
-__global__ void k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *weights) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+#define RT_WARPS 4 /* tokens per block of the router */
+
+/* One warp per token: top-K of the logits by the order "greater logit first, lower expert id on a tie"
+ * (the same choice as a serial scan where a strictly greater logit replaces the best), then
+ * weights = softmax over the chosen K (the full softmax's denominator cancels when the weights are
+ * renormalized), computed by lane 0 with the same float expression in k order as the serial form.
+ *
+ * Round k: the eligible experts are those after pick k-1 in that order (a strict total order for
+ * finite or infinite logits, so "after the previous pick" is exactly "not taken yet"); each lane keeps
+ * the best of its experts lane, lane+32, ... and a butterfly picks the best of the lanes. The pairwise
+ * choice is commutative and associative, so every lane ends with the same pick.
+ *
+ * With a segment table (decode with every expert resident), lane 0 also writes the segments of
+ * cuda_matvec_segments for the token's K pairs: segment t*K+k is expert ids[k] (weights from
+ * table[ids[k]] = gate, up, down), token t into row t*K+k. */
+__global__ void __launch_bounds__(RT_WARPS * 32)
+k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *weights, const void *const *table,
+              const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * RT_WARPS + (threadIdx.x >> 5);
     if (t >= T) return;
     const float *lg = logits + (int64_t)t * E;
     int32_t *id = ids + (int64_t)t * K;
     float *wt = weights + (int64_t)t * K;
+    int pi = -1;         /* previous pick */
+    float pv = 0.0f;     /* its logit */
+    float mx = 0.0f, sum = 0.0f;
     for (int k = 0; k < K; k++) {
         int best = -1;
         float bv = -INFINITY;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int j = 0; j < k; j++) taken |= (id[j] == e);
-            if (!taken && (best < 0 || lg[e] > bv)) {
+        for (int e = lane; e < E; e += 32) {
+            const float v = lg[e];
+            const bool eligible = pi < 0 || v < pv || (v == pv && e > pi);
+            if (eligible && (best < 0 || v > bv)) { /* e rises: a tie keeps the lower id */
                 best = e;
-                bv = lg[e];
+                bv = v;
             }
         }
-        id[k] = best;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const int ob = __shfl_xor_sync(0xffffffffu, best, off);
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
+                best = ob;
+                bv = ov;
+            }
+        }
+        pi = best;
+        pv = bv;
+        if (lane == 0) {
+            id[k] = best;
+            if (k == 0) mx = bv;
+            wt[k] = expf(bv - mx); /* bv is lg[id[k]] */
+            sum = __fadd_rn(sum, wt[k]);
+            if (table) {
+                const int64_t j = (int64_t)t * K + k;
+                const void *const *p = table + (int64_t)best * 3;
+                seg_w[j] = p[0];
+                seg_w[seg_cap + j] = p[1];
+                seg_w[2 * (int64_t)seg_cap + j] = p[2];
+                seg_tok[j] = t;            /* token row of xn */
+                seg_out[j] = (int32_t)j;   /* row t * K + k of g and u */
+                seg_tok[seg_half + j] = (int32_t)j; /* row of h */
+                seg_out[seg_half + j] = (int32_t)j; /* row of ye */
+            }
+        }
     }
-    const float mx = lg[id[0]];
-    float sum = 0.0f;
-    for (int k = 0; k < K; k++) {
-        wt[k] = expf(lg[id[k]] - mx);
-        sum = __fadd_rn(sum, wt[k]);
-    }
-    for (int k = 0; k < K; k++) wt[k] = wt[k] / sum;
+    if (lane == 0)
+        for (int k = 0; k < K; k++) wt[k] = wt[k] / sum;
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float *h, int64_t n) {
@@ -58,7 +99,19 @@ strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, in
                                float *weights) {
     if (T <= 0) return STRATA_OK;
     if (K <= 0 || K > E) return STRATA_ERR_INVALID_ARGUMENT;
-    k_router_topk<<<cu_blocks(T, 64), 64, 0, CU_COMPUTE(ctx)>>>(logits, T, E, K, ids, weights);
+    k_router_topk<<<cu_blocks(T, RT_WARPS), RT_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(logits, T, E, K, ids, weights, NULL,
+                                                                            NULL, 0, NULL, NULL, 0);
+    CU_LAUNCHED(ctx, "router top-k");
+    return STRATA_OK;
+}
+
+strata_status cuda_router_topk_segments(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,
+                                        int32_t *ids, float *weights, const void *const *table, const void **seg_w,
+                                        int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
+    if (T <= 0) return STRATA_OK;
+    if (K <= 0 || K > E || (int64_t)T * K > seg_cap || (int64_t)T * K > seg_half) return STRATA_ERR_INVALID_ARGUMENT;
+    k_router_topk<<<cu_blocks(T, RT_WARPS), RT_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(logits, T, E, K, ids, weights, table,
+                                                                            seg_w, seg_cap, seg_tok, seg_out, seg_half);
     CU_LAUNCHED(ctx, "router top-k");
     return STRATA_OK;
 }

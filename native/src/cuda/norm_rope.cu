@@ -30,9 +30,31 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, int D, float
     for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
 }
 
+/* k_rmsnorm, and the normed row quantized for Q8_0/Q4_0 weights in the same pass (one launch instead
+ * of two; the same bits as k_rmsnorm followed by k_quantize_q8). */
+__global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, uint8_t *q, int64_t q_stride, int D,
+                             float eps) {
+    __shared__ float sh[NORM_THREADS];
+    const float *xr = x + (int64_t)blockIdx.x * D;
+    float *yr = y + (int64_t)blockIdx.x * D;
+    uint8_t *qr = q + (int64_t)blockIdx.x * q_stride;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(xr[i], xr[i]));
+    ss = block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)D + eps);
+    const int lane = threadIdx.x & 31;
+    for (int b = threadIdx.x >> 5; b < D / 32; b += blockDim.x >> 5) {
+        const int i = b * 32 + lane;
+        const float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+        yr[i] = v;
+        cu_q8_block(v, qr, b, lane, D);
+    }
+}
+
 /* one block per (token, head) of q and k: blockIdx.y < H are q heads, the rest k heads; hd threads */
 __global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float *kn, int H, int Hkv, int hd,
-                               int pos0, float theta, float eps) {
+                               int pos0, float theta, float eps, const int32_t *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     __shared__ float sh[NORM_THREADS];
     __shared__ float v[512];
     const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
@@ -59,7 +81,8 @@ __global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float 
 
 /* f16 cache: row p = kv_dim halves.  int8 cache: row p = kv_dim int8 then kv_dim/32 f32 scales. */
 __global__ void k_kv_store(int kv_type, const float *k, const float *v, uint8_t *kc, uint8_t *vc, int kv_dim,
-                           int pos0) {
+                           int pos0, const int32_t *pos_dev) {
+    if (pos_dev) pos0 = *pos_dev;
     const int t = blockIdx.x;
     const float *src = blockIdx.y == 0 ? k : v;
     uint8_t *dst = blockIdx.y == 0 ? kc : vc;
@@ -95,8 +118,18 @@ strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float 
     return STRATA_OK;
 }
 
+strata_status cuda_rmsnorm_q8(cuda_ctx *ctx, const float *x, const float *w, float *y, void *q, int64_t q_stride,
+                             int32_t T, int32_t D, float eps) {
+    if (T <= 0) return STRATA_OK;
+    if (D % 32) return STRATA_ERR_INVALID_ARGUMENT;
+    k_rmsnorm_q8<<<T, NORM_THREADS, 0, CU_COMPUTE(ctx)>>>(x, w, y, (uint8_t *)q, q_stride, D, eps);
+    CU_LAUNCHED(ctx, "rmsnorm and quantization");
+    return STRATA_OK;
+}
+
 strata_status cuda_qk_norm_rope(cuda_ctx *ctx, float *q, float *k, const float *q_norm, const float *k_norm, int32_t T,
-                                int32_t H, int32_t Hkv, int32_t hd, int32_t pos0, float theta, float eps) {
+                                int32_t H, int32_t Hkv, int32_t hd, int32_t pos0, float theta, float eps,
+                                const int32_t *pos_dev) {
     if (T <= 0) return STRATA_OK;
     if (hd > 512 || hd % 2) {
         snprintf(ctx->err, sizeof ctx->err, "CUDA: head dimension %d is not supported (at most 512, even)", hd);
@@ -109,17 +142,19 @@ strata_status cuda_qk_norm_rope(cuda_ctx *ctx, float *q, float *k, const float *
         return STRATA_ERR_UNSUPPORTED;
     }
     dim3 grid(T, H + Hkv);
-    k_qk_norm_rope<<<grid, threads, 0, CU_COMPUTE(ctx)>>>(q, k, q_norm, k_norm, H, Hkv, hd, pos0, theta, eps);
+    k_qk_norm_rope<<<grid, threads, 0, CU_COMPUTE(ctx)>>>(q, k, q_norm, k_norm, H, Hkv, hd, pos0, theta, eps,
+                                                          pos_dev);
     CU_LAUNCHED(ctx, "q/k norm and rope");
     return STRATA_OK;
 }
 
 strata_status cuda_kv_store(cuda_ctx *ctx, int32_t kv_type, const float *k, const float *v, void *k_cache,
-                            void *v_cache, int32_t T, int32_t kv_dim, int32_t pos0) {
+                            void *v_cache, int32_t T, int32_t kv_dim, int32_t pos0, const int32_t *pos_dev) {
     if (T <= 0) return STRATA_OK;
     if (kv_dim % 32) return STRATA_ERR_INVALID_ARGUMENT;
     dim3 grid(T, 2);
-    k_kv_store<<<grid, 256, 0, CU_COMPUTE(ctx)>>>(kv_type, k, v, (uint8_t *)k_cache, (uint8_t *)v_cache, kv_dim, pos0);
+    k_kv_store<<<grid, 256, 0, CU_COMPUTE(ctx)>>>(kv_type, k, v, (uint8_t *)k_cache, (uint8_t *)v_cache, kv_dim, pos0,
+                                                  pos_dev);
     CU_LAUNCHED(ctx, "kv store");
     return STRATA_OK;
 }
