@@ -275,4 +275,7 @@ void quant_iq_avx512(quant_traits t[]) {
     t[STRATA_TYPE_IQ4_XS].vec_dot = iq4xs_vec_dot_avx512;
     quant_set_xn(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_n_avx512);
     quant_set_x4(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_x4_avx512);
+    /* IQ4_NL: its kernels live with the other 32-value blocks (quant_legacy_avx512.c) */
+    t[STRATA_TYPE_IQ4_NL].vec_dot = quant_iq4nl_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_IQ4_NL, quant_iq4nl_vec_dot_x4_avx512);
 }
