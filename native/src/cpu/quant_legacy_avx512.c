@@ -194,11 +194,12 @@ ALWAYS_INLINE __m512i l_act_pair(const uint8_t *b0, const uint8_t *b1) {
                               _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
 }
 
-/* The f16 at byte offset off of sixteen consecutive blocks of `bytes` bytes, as floats through the
- * same table as the scalar kernel (a 4-byte gather stays inside each block: off + 4 <= bytes). */
+/* The f16 at byte offset `off` of sixteen consecutive blocks (idx_bytes: their offsets plus off), as
+ * floats. One gather of 4 bytes per block (it stays inside the block: off + 4 <= its bytes), then the
+ * hardware conversion, which is exact and equals quant_f16_lut for every non-NaN half (a NaN stays a
+ * NaN; its payload is not part of the contract). */
 ALWAYS_INLINE __m512 l_f16x16(const uint8_t *base, __m512i idx_bytes) {
-    const __m512i h = _mm512_and_si512(_mm512_i32gather_epi32(idx_bytes, (const void *)base, 1), _mm512_set1_epi32(0xFFFF));
-    return _mm512_i32gather_ps(h, quant_f16_lut, 4);
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(idx_bytes, (const void *)base, 1)));
 }
 
 /* Lane sum of the low 256 bits (one block) of an int32 vector. */
@@ -210,9 +211,8 @@ ALWAYS_INLINE int32_t l_lo_sum(__m512i v) {
 ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, const uint8_t *y, float *out, int nr) {
     const int bytes = l_bytes(kind);
     const int64_t nb = n / QK4_0;
-    int8_t lut_u[16];
-    for (int k = 0; k < 16; k++) lut_u[k] = (int8_t)(iq4nl_values[k] + 128);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut_u));
+    /* IQ4_NL's table + 128 (wrapping byte add: the values are -127..113) */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i wi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(bytes));
     const __m512i wi_m = _mm512_add_epi32(wi_d, _mm512_set1_epi32(2));
