@@ -291,19 +291,33 @@ static inline __m512i grid_pair16(int a, int b) {
     return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
 }
 
+/* iq_ksigns[i] is i with bit 7 set to the parity of i (each 8 values carry an even count of minus
+ * signs): computed on int32 lanes i < 128, so the 32 sign bytes of a block need no table loads. */
+static inline __m512i ksigns_lanes(__m512i v) {
+    __m512i p = _mm512_xor_si512(v, _mm512_srli_epi32(v, 4));
+    p = _mm512_xor_si512(p, _mm512_srli_epi32(p, 2));
+    p = _mm512_xor_si512(p, _mm512_srli_epi32(p, 1));
+    return _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(p, _mm512_set1_epi32(1)), 7));
+}
+
 static inline void iq3xxs_unpack(const block_iq3_xxs *b, grid_unpacked *u) {
     uint32_t aux[8];
     memcpy(aux, b->sas, 32);
+    /* sign byte of values 32 ib + 8 l .. + 7: ksigns of bits 7 l .. 7 l + 6 of sub-block ib's word;
+     * lanes 4 ib + l of two vectors (ib < 4, ib >= 4), narrowed to bytes: 8 bytes = one mask */
+    const __m512i words = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->sas));
+    const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i sh = _mm512_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21);
+    __m128i sg[2];
+    for (int h = 0; h < 2; h++) {
+        const __m512i wv = _mm512_permutexvar_epi32(_mm512_add_epi32(sel, _mm512_set1_epi32(4 * h)), words);
+        const __m512i v = _mm512_and_si512(_mm512_srlv_epi32(wv, sh), _mm512_set1_epi32(127));
+        sg[h] = _mm512_cvtepi32_epi8(ksigns_lanes(v));
+    }
     for (int q = 0; q < 4; q++) {
         const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16 * q)));
         u->m[q] = _mm512_i32gather_epi32(idx, (const void *)iq3xxs_grid, 4);
-        /* sign byte of values 32 ib + 8 l .. + 7: ksigns of 7 bits l of sub-block ib's word; built in
-         * a register (bytes stored one by one and reloaded as a word would stall) */
-        uint64_t neg = 0;
-        for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 4; l++)
-                neg |= (uint64_t)iq_ksigns[(aux[2 * q + h] >> (7 * l)) & 127] << (8 * (4 * h + l));
-        u->neg[q] = (__mmask64)neg;
+        u->neg[q] = (__mmask64)(q % 2 ? _mm_extract_epi64(sg[q / 2], 1) : _mm_cvtsi128_si64(sg[q / 2]));
         u->f[q] = grid_pair16(2 * (int)(aux[2 * q] >> 28) + 1, 2 * (int)(aux[2 * q + 1] >> 28) + 1);
     }
     u->d = quant_f16_lut[b->d];
@@ -337,13 +351,16 @@ static inline void iq2xs_unpack(const block_iq2_xs *b, grid_unpacked *u) {
     /* int16 lane l of f[q] = factor 4q + l / 8 (lane l holds values 2l, 2l + 1 of the 64) */
     const __m512i sel = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
                                          0, 0, 0, 0, 0, 0);
+    /* sign bytes: ksigns of the top 7 bits of each of the 32 words, 16 per vector */
+    __m128i sg[2];
+    for (int h = 0; h < 2; h++)
+        sg[h] = _mm512_cvtepi32_epi8(
+            ksigns_lanes(_mm512_srli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b->qs + 16 * h))), 9)));
     for (int q = 0; q < 4; q++) {
         const __m128i w = _mm_loadu_si128((const __m128i *)(b->qs + 8 * q));
         const __m512i idx = _mm512_and_si512(_mm512_cvtepu16_epi64(w), _mm512_set1_epi64(511));
         u->m[q] = _mm512_i64gather_epi64(idx, (const void *)iq2xs_grid, 8);
-        uint64_t neg = 0;
-        for (int l = 0; l < 8; l++) neg |= (uint64_t)iq_ksigns[b->qs[8 * q + l] >> 9] << (8 * l);
-        u->neg[q] = (__mmask64)neg;
+        u->neg[q] = (__mmask64)(q % 2 ? _mm_extract_epi64(sg[q / 2], 1) : _mm_cvtsi128_si64(sg[q / 2]));
         u->f[q] = _mm512_permutexvar_epi16(_mm512_add_epi16(sel, _mm512_set1_epi16((short)(4 * q))), f16);
     }
     u->d = quant_f16_lut[b->d];
