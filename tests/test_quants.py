@@ -248,3 +248,39 @@ def test_mixes_follow_llama_cpp_q4_k_m() -> None:
     for name, pick in quants.MIXES.items():
         t = pick("blk.0.ffn_up_exps.weight", 0, n)
         assert t in quants.QUANTIZABLE, (name, t)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_products_on_raw_blocks_agree_across_levels(name: str) -> None:
+    # Random block bytes reach value and scale combinations a quantizer seldom writes (every bit
+    # pattern, all-zero and all-one blocks: the largest |value x scale|), against activations that
+    # quantize to +-127: the integer sums must still be exact at every level.
+    bs, ts = _geom(name)
+    rows, n_blocks, n_tok = 9, 5, 6  # two groups of four rows and one alone
+    raw = _random_blocks(name, 11, rows * n_blocks, []).reshape(rows, n_blocks * ts)
+    for r, fill in ((0, 0x00), (1, 0xFF)):
+        keep = raw[r].reshape(n_blocks, ts).copy()
+        blocks = np.full_like(keep, fill)
+        for off in SCALE_OFFSETS[name]:
+            blocks[:, off : off + 2] = keep[:, off : off + 2]
+        raw[r] = blocks.reshape(-1)
+    cols = n_blocks * bs
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    x[0] = np.where(np.arange(cols) % 2 == 0, 1.0, -1.0)  # every activation at +-127
+    x[1] = 1.0
+    t = int(GGMLQuantizationType[name])
+    w = np.ascontiguousarray(raw)
+    results = {}
+    try:
+        for level in SIMD_LEVELS:
+            _engine.simd_set(level)
+            mm = _engine.matmul(t, w, rows, cols, x, threads=1)
+            mv = np.stack([_engine.matvec(t, w, rows, cols, x[i], threads=1) for i in range(n_tok)])
+            assert np.array_equal(mm, mv), f"{name} {level}: a matmul token differs from its matvec"
+            results[level] = mm
+    finally:
+        _engine.simd_set("auto")
+    for level, y in results.items():
+        bad = np.argwhere(y.view(np.uint32) != results["scalar"].view(np.uint32))
+        assert bad.size == 0, f"{name}: {level} differs from scalar at (token, row) {bad[:4].tolist()}"

@@ -270,11 +270,294 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
     }
 }
 
+/* ---- grid types: IQ3_XXS, IQ3_S, IQ2_XS ----------------------------------------------------------- */
+
+/* A grid block unpacked: for values 64q .. 64q + 63 the grid magnitudes (m[q], gathered from the
+ * grid table: IQ3 4 values per index, IQ2_XS 8), which values are negative (neg[q]: that sign goes
+ * onto the activation with a masked negate, |a| <= 127 so it never overflows), and the int16 lanes of
+ * their odd factors 2 s + 1 (f[q]). A step is maddubs (m * +-a, pairs at most 2 * 62 * 127: no
+ * saturation) then dpwssd (times the factor): the scalar kernel's exact A. The power of two of the
+ * scale stays in the float expression, as in quant_iq.c. */
+typedef struct {
+    __m512i m[4], f[4];
+    __mmask64 neg[4];
+    float d;
+} grid_unpacked;
+
+enum { GRID_IQ3XXS, GRID_IQ3S, GRID_IQ2XS };
+
+/* int16 lanes 0..15 = a, 16..31 = b: the factors of two 32-value sub-blocks */
+static inline __m512i grid_pair16(int a, int b) {
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)a), _mm256_set1_epi16((short)b), 1);
+}
+
+/* iq_ksigns[i] is i with bit 7 set to the parity of i (each 8 values carry an even count of minus
+ * signs): computed on int32 lanes i < 128, so the 32 sign bytes of a block need no table loads. */
+static inline __m512i ksigns_lanes(__m512i v) {
+    __m512i p = _mm512_xor_si512(v, _mm512_srli_epi32(v, 4));
+    p = _mm512_xor_si512(p, _mm512_srli_epi32(p, 2));
+    p = _mm512_xor_si512(p, _mm512_srli_epi32(p, 1));
+    return _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(p, _mm512_set1_epi32(1)), 7));
+}
+
+static inline void iq3xxs_unpack(const block_iq3_xxs *b, grid_unpacked *u) {
+    uint32_t aux[8];
+    memcpy(aux, b->sas, 32);
+    /* sign byte of values 32 ib + 8 l .. + 7: ksigns of bits 7 l .. 7 l + 6 of sub-block ib's word;
+     * lanes 4 ib + l of two vectors (ib < 4, ib >= 4), narrowed to bytes: 8 bytes = one mask */
+    const __m512i words = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b->sas));
+    const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i sh = _mm512_setr_epi32(0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21, 0, 7, 14, 21);
+    __m128i sg[2];
+    for (int h = 0; h < 2; h++) {
+        const __m512i wv = _mm512_permutexvar_epi32(_mm512_add_epi32(sel, _mm512_set1_epi32(4 * h)), words);
+        const __m512i v = _mm512_and_si512(_mm512_srlv_epi32(wv, sh), _mm512_set1_epi32(127));
+        sg[h] = _mm512_cvtepi32_epi8(ksigns_lanes(v));
+    }
+    for (int q = 0; q < 4; q++) {
+        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16 * q)));
+        u->m[q] = _mm512_i32gather_epi32(idx, (const void *)iq3xxs_grid, 4);
+        u->neg[q] = (__mmask64)(q % 2 ? _mm_extract_epi64(sg[q / 2], 1) : _mm_cvtsi128_si64(sg[q / 2]));
+        u->f[q] = grid_pair16(2 * (int)(aux[2 * q] >> 28) + 1, 2 * (int)(aux[2 * q + 1] >> 28) + 1);
+    }
+    u->d = quant_f16_lut[b->d];
+}
+
+static inline void iq3s_unpack(const block_iq3_s *b, grid_unpacked *u) {
+    const __m512i bitpos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int q = 0; q < 4; q++) {
+        /* index t = qs[t] | (bit t % 8 of qh[t / 8]) << 8, for t = 16 q .. 16 q + 15 */
+        const int h16 = b->qh[2 * q] | (b->qh[2 * q + 1] << 8);
+        const __m512i hb = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(h16), bitpos), _mm512_set1_epi32(1));
+        const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 16 * q))),
+                                            _mm512_slli_epi32(hb, 8));
+        u->m[q] = _mm512_i32gather_epi32(idx, (const void *)iq3s_grid, 4);
+        uint64_t neg;
+        memcpy(&neg, b->signs + 8 * q, 8); /* one bit per value, in order */
+        u->neg[q] = (__mmask64)neg;
+        u->f[q] = grid_pair16(1 + 2 * (b->scales[q] & 0xF), 1 + 2 * (b->scales[q] >> 4));
+    }
+    u->d = quant_f16_lut[b->d];
+}
+
+static inline void iq2xs_unpack(const block_iq2_xs *b, grid_unpacked *u) {
+    /* 16 factors of 16 values: group 2p from the low nibble of scales[p], 2p + 1 from the high one */
+    uint64_t s8;
+    memcpy(&s8, b->scales, 8);
+    const __m128i sv = _mm_cvtsi64_si128((long long)s8), m4 = _mm_set1_epi8(0x0F);
+    const __m128i s16 = _mm_unpacklo_epi8(_mm_and_si128(sv, m4), _mm_and_si128(_mm_srli_epi16(sv, 4), m4));
+    const __m512i f16 = _mm512_castsi256_si512(
+        _mm256_add_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(s16), 1), _mm256_set1_epi16(1)));
+    /* int16 lane l of f[q] = factor 4q + l / 8 (lane l holds values 2l, 2l + 1 of the 64) */
+    const __m512i sel = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+    /* sign bytes: ksigns of the top 7 bits of each of the 32 words, 16 per vector */
+    __m128i sg[2];
+    for (int h = 0; h < 2; h++)
+        sg[h] = _mm512_cvtepi32_epi8(
+            ksigns_lanes(_mm512_srli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b->qs + 16 * h))), 9)));
+    for (int q = 0; q < 4; q++) {
+        const __m128i w = _mm_loadu_si128((const __m128i *)(b->qs + 8 * q));
+        const __m512i idx = _mm512_and_si512(_mm512_cvtepu16_epi64(w), _mm512_set1_epi64(511));
+        u->m[q] = _mm512_i64gather_epi64(idx, (const void *)iq2xs_grid, 8);
+        u->neg[q] = (__mmask64)(q % 2 ? _mm_extract_epi64(sg[q / 2], 1) : _mm_cvtsi128_si64(sg[q / 2]));
+        u->f[q] = _mm512_permutexvar_epi16(_mm512_add_epi16(sel, _mm512_set1_epi16((short)(4 * q))), f16);
+    }
+    u->d = quant_f16_lut[b->d];
+}
+
+/* kind is a constant at every call: the kernels below are written once and compiled per type */
+static inline __attribute__((always_inline)) void grid_unpack(const uint8_t *w, int64_t i, grid_unpacked *u,
+                                                              const int kind) {
+    if (kind == GRID_IQ3XXS)
+        iq3xxs_unpack((const block_iq3_xxs *)w + i, u);
+    else if (kind == GRID_IQ3S)
+        iq3s_unpack((const block_iq3_s *)w + i, u);
+    else
+        iq2xs_unpack((const block_iq2_xs *)w + i, u);
+}
+
+static inline __attribute__((always_inline)) int grid_block_bytes(const int kind) {
+    return kind == GRID_IQ3XXS ? (int)sizeof(block_iq3_xxs)
+                               : kind == GRID_IQ3S ? (int)sizeof(block_iq3_s) : (int)sizeof(block_iq2_xs);
+}
+
+/* The power of two of the scale, as quant_iq.c multiplies it: ((dw * da) * p) * A; IQ3_S has none. */
+static inline __attribute__((always_inline)) float grid_pow2(const int kind) {
+    return kind == GRID_IQ3XXS ? 0.25f : 0.125f;
+}
+
+static inline __m512i grid_step(__m512i acc, const grid_unpacked *u, int q, __m512i a) {
+    const __m512i sa = _mm512_mask_sub_epi8(a, u->neg[q], _mm512_setzero_si512(), a);
+    return _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->m[q], sa), u->f[q]);
+}
+
+static inline __m512i grid_acc(const grid_unpacked *u, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++) acc = grid_step(acc, u, q, _mm512_loadu_si512((const void *)(q8 + 64 * q)));
+    return acc;
+}
+
+static inline __attribute__((always_inline)) float grid_vec_dot(int64_t n, const void *w, const void *act,
+                                                                const int kind) {
+    const block_q8_K *y = act;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        grid_unpacked u;
+        grid_unpack(w, i, &u, kind);
+        const int32_t A = _mm512_reduce_add_epi32(grid_acc(&u, y[i].qs));
+        if (kind == GRID_IQ3S)
+            sum += (u.d * y[i].d) * (float)A;
+        else
+            sum += ((u.d * y[i].d) * grid_pow2(kind)) * (float)A;
+    }
+    return sum;
+}
+
+/* lanes of (dw * da) [* 2^-k], in quant_iq.c's order */
+static inline __attribute__((always_inline)) __m128 grid_scale4(__m128 dw, __m128 da, const int kind) {
+    const __m128 s = _mm_mul_ps(dw, da);
+    return kind == GRID_IQ3S ? s : _mm_mul_ps(s, _mm_set1_ps(grid_pow2(kind)));
+}
+
+/* Four weight rows against one activation row (decode), as iq4xs_vec_dot_x4_avx512. */
+static inline __attribute__((always_inline)) void grid_vec_dot_x4(int64_t n, const void *w, size_t w_stride,
+                                                                  const void *act, float out[4], const int kind) {
+    const block_q8_K *y = act;
+    const int bsz = grid_block_bytes(kind);
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m512i a[4];
+        for (int q = 0; q < 4; q++) a[q] = _mm512_loadu_si512((const void *)(y[i].qs + 64 * q));
+        __m512i acc[4];
+        float dd[4];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *row = (const uint8_t *)w + (size_t)r * w_stride;
+            prefetch_block(row + QUANT_PREFETCH_ROWS * w_stride + i * bsz, bsz);
+            grid_unpacked u;
+            grid_unpack(row, i, &u, kind);
+            acc[r] = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) acc[r] = grid_step(acc[r], &u, q, a[q]);
+            dd[r] = u.d;
+        }
+        const __m128i A = reduce4(acc[0], acc[1], acc[2], acc[3]);
+        sum = _mm_add_ps(sum, _mm_mul_ps(grid_scale4(_mm_loadu_ps(dd), _mm_set1_ps(y[i].d), kind), _mm_cvtepi32_ps(A)));
+    }
+    _mm_storeu_ps(out, sum);
+}
+
+/* Against several activation rows: a chunk of blocks unpacked once, four rows' sums reduced together,
+ * each row's float sum over the blocks in vec_dot's order. */
+static inline __attribute__((always_inline)) void grid_vec_dot_n(int64_t n, const void *w, const void *const *act,
+                                                                 int32_t n_act, float *out, const int kind) {
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            grid_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) grid_unpack(w, c0 + c, &u[c], kind);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const grid_unpacked *uc = &u[c];
+                    const __m128i A = reduce4(grid_acc(uc, y[0][c].qs), grid_acc(uc, y[1][c].qs),
+                                              grid_acc(uc, y[2][c].qs), grid_acc(uc, y[3][c].qs));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    sum = _mm_add_ps(sum, _mm_mul_ps(grid_scale4(_mm_set1_ps(uc->d), yd, kind), _mm_cvtepi32_ps(A)));
+                }
+                _mm_storeu_ps(sums + k0, sum);
+            }
+        }
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
+    }
+}
+
+/* Four weight rows x many activation rows (the prompt path): the 16 (row, token) pairs accumulate in
+ * registers, are reduced together, and the float step runs for the 16 in one vector; out[4 k + r] is
+ * bit for bit vec_dot(n, row r, act[k]). */
+static inline __attribute__((always_inline)) void grid_vec_dot_4xn(int64_t n, const void *w, size_t ws,
+                                                                   const void *const *act, int32_t n_act, float *out,
+                                                                   const int kind) {
+    const int64_t nb = n / QK_K;
+    grid_unpacked u[4][X4N_CHUNK];
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
+            const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
+            for (int r = 0; r < 4; r++)
+                for (int64_t c = 0; c < cn; c++) grid_unpack((const uint8_t *)w + (size_t)r * ws, c0 + c, &u[r][c], kind);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m512 sum = sums[k0 / 4];
+                for (int64_t c = 0; c < cn; c++) {
+                    __m512i acc[16];
+                    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
+                    for (int q = 0; q < 4; q++) {
+                        __m512i a[4];
+                        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
+                        for (int r = 0; r < 4; r++)
+                            for (int k = 0; k < 4; k++) acc[4 * r + k] = grid_step(acc[4 * r + k], &u[r][c], q, a[k]);
+                    }
+                    const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
+                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    __m512 s = _mm512_mul_ps(pairs_by_row(dd), yv);
+                    if (kind != GRID_IQ3S) s = _mm512_mul_ps(s, _mm512_set1_ps(grid_pow2(kind)));
+                    sum = _mm512_add_ps(sum, _mm512_mul_ps(s, _mm512_cvtepi32_ps(reduce16(acc))));
+                }
+                sums[k0 / 4] = sum;
+            }
+        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
+    }
+}
+
+#define GRID_KERNELS(pfx, kind)                                                                                   \
+    static float pfx##_vec_dot_avx512(int64_t n, const void *w, const void *act) {                                \
+        return grid_vec_dot(n, w, act, kind);                                                                     \
+    }                                                                                                             \
+    static void pfx##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {     \
+        grid_vec_dot_x4(n, w, ws, act, out, kind);                                                                \
+    }                                                                                                             \
+    static void pfx##_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act,          \
+                                       float *out) {                                                              \
+        grid_vec_dot_n(n, w, act, n_act, out, kind);                                                              \
+    }                                                                                                             \
+    static void pfx##_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act,            \
+                                         int32_t n_act, float *out) {                                             \
+        grid_vec_dot_4xn(n, w, ws, act, n_act, out, kind);                                                        \
+    }
+GRID_KERNELS(iq3xxs, GRID_IQ3XXS)
+GRID_KERNELS(iq3s, GRID_IQ3S)
+GRID_KERNELS(iq2xs, GRID_IQ2XS)
+#undef GRID_KERNELS
+
 void quant_iq_avx512(quant_traits t[]) {
     quant_set_4xn(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_4xn_avx512);
     t[STRATA_TYPE_IQ4_XS].vec_dot = iq4xs_vec_dot_avx512;
     quant_set_xn(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_n_avx512);
     quant_set_x4(t, STRATA_TYPE_IQ4_XS, iq4xs_vec_dot_x4_avx512);
+    /* grid types */
+    t[STRATA_TYPE_IQ3_XXS].vec_dot = iq3xxs_vec_dot_avx512;
+    t[STRATA_TYPE_IQ3_S].vec_dot = iq3s_vec_dot_avx512;
+    t[STRATA_TYPE_IQ2_XS].vec_dot = iq2xs_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_IQ3_XXS, iq3xxs_vec_dot_x4_avx512);
+    quant_set_x4(t, STRATA_TYPE_IQ3_S, iq3s_vec_dot_x4_avx512);
+    quant_set_x4(t, STRATA_TYPE_IQ2_XS, iq2xs_vec_dot_x4_avx512);
+    quant_set_xn(t, STRATA_TYPE_IQ3_XXS, iq3xxs_vec_dot_n_avx512);
+    quant_set_xn(t, STRATA_TYPE_IQ3_S, iq3s_vec_dot_n_avx512);
+    quant_set_xn(t, STRATA_TYPE_IQ2_XS, iq2xs_vec_dot_n_avx512);
+    quant_set_4xn(t, STRATA_TYPE_IQ3_XXS, iq3xxs_vec_dot_4xn_avx512);
+    quant_set_4xn(t, STRATA_TYPE_IQ3_S, iq3s_vec_dot_4xn_avx512);
+    quant_set_4xn(t, STRATA_TYPE_IQ2_XS, iq2xs_vec_dot_4xn_avx512);
     /* IQ4_NL: its kernels live with the other 32-value blocks (quant_legacy_avx512.c) */
     t[STRATA_TYPE_IQ4_NL].vec_dot = quant_iq4nl_vec_dot_avx512;
     quant_set_x4(t, STRATA_TYPE_IQ4_NL, quant_iq4nl_vec_dot_x4_avx512);

@@ -1,11 +1,11 @@
 /*
- * quant_k_avx512.c — AVX-512 (BW + VNNI) dot products of Q4_K, Q5_K, Q6_K against Q8_K.
+ * quant_k_avx512.c — AVX-512 (BW + VNNI) dot products of Q2_K, Q3_K, Q4_K, Q5_K, Q6_K against Q8_K.
  *
  * Same arithmetic as quant_k.c, 128 values per step: maddubs turns unsigned weight values times
  * signed activations into int16 pairs (no saturation: bounds in quant_k.c), and VNNI's dpwssd
  * multiplies the pairs by their sub-block scale and accumulates in int32 — exact, so A and B are the
  * scalar kernel's integers and the float expression per block is the same: bit-identical results.
- * Q2_K and Q3_K keep their AVX2 kernels.
+ * Q2_K and Q3_K share one unpacked form (16 sub-blocks of 16 values; Q3_K's values biased to unsigned).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -498,6 +498,281 @@ static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
     }
 }
 
+/* ---- Q2_K and Q3_K ------------------------------------------------------------------------------ */
+
+/* Both have 16 sub-blocks of 16 values with one scale each and 2-bit low parts laid out alike, so they
+ * share one unpacked form: values 64q .. 64q + 63 as unsigned bytes and their int16 scale lanes.
+ * Q2_K's values are 0..3 and its B = sum_j m_j bsum_j. Q3_K's value lo - 4 (1 - hbit) is stored
+ * biased by 4, as lo | hbit << 2 (0..7, an unsigned maddubs operand), and the bias comes back from
+ * C = sum_j sc_j bsum_j: A = acc - 4 C, the scalar kernel's integer exactly (as Q6_K's -32).
+ * maddubs pairs stay below 2 * 7 * 127, so nothing saturates. */
+typedef struct {
+    __m512i q[4], s[4];
+    __m256i c16; /* int16: Q2_K the 16 mins, Q3_K the 16 scales */
+    float d, dmin;
+} k16_unpacked;
+
+/* s[q] int16 lane l = scale 4q + l / 8 (lane l holds the pair of values 2l, 2l + 1 of the 64) */
+static inline void k16_scale_lanes(__m256i sc16, __m512i s[4]) {
+    const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                         0, 0, 0, 0, 0, 0);
+    const __m512i scv = _mm512_castsi256_si512(sc16);
+    for (int q = 0; q < 4; q++) s[q] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(4 * q))), scv);
+}
+
+/* Values 128 g + 32 k + c are bits 2k of qs[32 g + c]: the 32 bytes broadcast to both halves and
+ * shifted by [2k | 2k + 2] per 64-bit lane give the 64 values of k = 0, 1 (q = 2g) or 2, 3 (q = 2g + 1);
+ * bits shifted in from the next byte land above the 2-bit mask. */
+static inline void k16_low_bits(const uint8_t *qs, __m512i lo[4]) {
+    const __m512i m2 = _mm512_set1_epi8(3);
+    const __m512i s01 = _mm512_inserti64x4(_mm512_set1_epi64(0), _mm256_set1_epi64x(2), 1);
+    const __m512i s23 = _mm512_inserti64x4(_mm512_set1_epi64(4), _mm256_set1_epi64x(6), 1);
+    for (int g = 0; g < 2; g++) {
+        const __m512i h = _mm512_broadcast_i64x4(load256(qs + 32 * g));
+        lo[2 * g] = _mm512_and_si512(_mm512_srlv_epi64(h, s01), m2);
+        lo[2 * g + 1] = _mm512_and_si512(_mm512_srlv_epi64(h, s23), m2);
+    }
+}
+
+static inline void q2k_unpack(const block_q2_K *b, k16_unpacked *u) {
+    k16_low_bits(b->qs, u->q);
+    const __m128i sb = _mm_loadu_si128((const __m128i *)b->scales), m4 = _mm_set1_epi8(0x0F);
+    k16_scale_lanes(_mm256_cvtepu8_epi16(_mm_and_si128(sb, m4)), u->s);
+    u->c16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), m4));
+    u->d = quant_f16_lut[b->d];
+    u->dmin = quant_f16_lut[b->dmin];
+}
+
+static inline void q3k_unpack(const block_q3_K *b, k16_unpacked *u) {
+    /* the 16 scales: low 4 bits from the nibbles of bytes 0..7, high 2 bits from bytes 8..11
+     * (scale 4k + b: bits 2k of byte 8 + b), minus 32 */
+    uint64_t l8;
+    uint32_t h4;
+    memcpy(&l8, b->scales, 8);
+    memcpy(&h4, b->scales + 8, 4);
+    const __m128i lv = _mm_cvtsi64_si128((long long)l8), m4 = _mm_set1_epi8(0x0F);
+    const __m128i lo4 = _mm_unpacklo_epi64(_mm_and_si128(lv, m4), _mm_and_si128(_mm_srli_epi16(lv, 4), m4));
+    const __m128i hi2 =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)h4), _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3));
+    const __m128i sc8 = _mm_sub_epi8(_mm_or_si128(lo4, _mm_slli_epi16(hi2, 4)), _mm_set1_epi8(32));
+    u->c16 = _mm256_cvtepi8_epi16(sc8);
+    k16_scale_lanes(u->c16, u->s);
+    __m512i lo[4];
+    k16_low_bits(b->qs, lo);
+    /* value 32 k' + c takes bit k' of hmask[c]: vector q holds k' = 2q (low half) and 2q + 1 */
+    const __m512i hm = _mm512_broadcast_i64x4(load256(b->hmask)), one = _mm512_set1_epi8(1);
+    for (int q = 0; q < 4; q++) {
+        const __m512i sh = _mm512_inserti64x4(_mm512_set1_epi64(2 * q), _mm256_set1_epi64x(2 * q + 1), 1);
+        const __m512i hb = _mm512_and_si512(_mm512_srlv_epi64(hm, sh), one);
+        u->q[q] = _mm512_or_si512(lo[q], _mm512_slli_epi16(hb, 2));
+    }
+    u->d = quant_f16_lut[b->d];
+    u->dmin = 0.0f;
+}
+
+/* q2 is a constant at every call: the kernels below are written once and compiled per type */
+static inline __attribute__((always_inline)) void k16_unpack(const uint8_t *w, int64_t i, k16_unpacked *u, const int q2) {
+    if (q2)
+        q2k_unpack((const block_q2_K *)w + i, u);
+    else
+        q3k_unpack((const block_q3_K *)w + i, u);
+}
+
+static inline __m512i k16_acc(const k16_unpacked *u, const int8_t *q8) {
+    __m512i acc = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++)
+        acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(u->q[q], _mm512_loadu_si512((const void *)(q8 + 64 * q))),
+                                  u->s[q]);
+    return acc;
+}
+
+static inline int32_t hsum256_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+static inline __attribute__((always_inline)) float k16_vec_dot(int64_t n, const void *w, const void *act, const int q2) {
+    const block_q8_K *y = act;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        k16_unpacked u;
+        k16_unpack(w, i, &u, q2);
+        const int32_t acc = _mm512_reduce_add_epi32(k16_acc(&u, y[i].qs));
+        const int32_t c = hsum256_i32(_mm256_madd_epi16(u.c16, _mm256_loadu_si256((const __m256i *)y[i].bsums)));
+        if (q2)
+            sum += (u.d * y[i].d) * (float)acc - (u.dmin * y[i].d) * (float)c;
+        else
+            sum += (u.d * y[i].d) * (float)(acc - 4 * c);
+    }
+    return sum;
+}
+
+/* Four weight rows against one activation row (decode), as q4k_vec_dot_x4_avx512: out[r] is bit for
+ * bit vec_dot of row r. */
+static inline __attribute__((always_inline)) void k16_vec_dot_x4(int64_t n, const void *w, size_t w_stride,
+                                                                 const void *act, float out[4], const int q2) {
+    const block_q8_K *y = act;
+    const int bsz = q2 ? (int)sizeof(block_q2_K) : (int)sizeof(block_q3_K);
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m512i a[4];
+        for (int q = 0; q < 4; q++) a[q] = _mm512_loadu_si512((const void *)(y[i].qs + 64 * q));
+        const __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        __m512i acc[4];
+        __m256i cc[4];
+        float dd[4], dm[4];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *row = (const uint8_t *)w + (size_t)r * w_stride;
+            prefetch_block(row + QUANT_PREFETCH_ROWS * w_stride + i * bsz, bsz);
+            k16_unpacked u;
+            k16_unpack(row, i, &u, q2);
+            acc[r] = _mm512_setzero_si512();
+            for (int q = 0; q < 4; q++) acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u.q[q], a[q]), u.s[q]);
+            cc[r] = _mm256_madd_epi16(u.c16, bs);
+            dd[r] = u.d;
+            dm[r] = u.dmin;
+        }
+        const __m128i A = reduce4(acc[0], acc[1], acc[2], acc[3]);
+        const __m128i C = reduce4_256(cc[0], cc[1], cc[2], cc[3]);
+        const __m128 yd = _mm_set1_ps(y[i].d);
+        if (q2) {
+            const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dd), yd), _mm_cvtepi32_ps(A));
+            const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dm), yd), _mm_cvtepi32_ps(C));
+            sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+        } else {
+            const __m128i Ai = _mm_sub_epi32(A, _mm_slli_epi32(C, 2));
+            sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dd), yd), _mm_cvtepi32_ps(Ai)));
+        }
+    }
+    _mm_storeu_ps(out, sum);
+}
+
+/* Against several activation rows (see q4k_vec_dot_n_avx512): a chunk of blocks unpacked once, four
+ * rows' integer sums reduced together, each row's float sum over the blocks in vec_dot's order. */
+static inline __attribute__((always_inline)) void k16_vec_dot_n(int64_t n, const void *w, const void *const *act,
+                                                                int32_t n_act, float *out, const int q2) {
+    const int64_t nb = n / QK_K;
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_N_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;
+        float sums[QUANT_DOT_N_MAX + 3] = {0};
+        for (int64_t c0 = 0; c0 < nb; c0 += XN_CHUNK) {
+            const int64_t cn = nb - c0 < XN_CHUNK ? nb - c0 : XN_CHUNK;
+            k16_unpacked u[XN_CHUNK];
+            for (int64_t c = 0; c < cn; c++) k16_unpack(w, c0 + c, &u[c], q2);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m128 sum = _mm_loadu_ps(sums + k0);
+                for (int64_t c = 0; c < cn; c++) {
+                    const k16_unpacked *uc = &u[c];
+                    __m256i cc[4];
+                    for (int k = 0; k < 4; k++)
+                        cc[k] = _mm256_madd_epi16(uc->c16, _mm256_loadu_si256((const __m256i *)y[k][c].bsums));
+                    const __m128i C = reduce4_256(cc[0], cc[1], cc[2], cc[3]);
+                    const __m128i A = reduce4(k16_acc(uc, y[0][c].qs), k16_acc(uc, y[1][c].qs), k16_acc(uc, y[2][c].qs),
+                                              k16_acc(uc, y[3][c].qs));
+                    const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
+                    if (q2) {
+                        const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A));
+                        const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->dmin), yd), _mm_cvtepi32_ps(C));
+                        sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+                    } else {
+                        const __m128i Ai = _mm_sub_epi32(A, _mm_slli_epi32(C, 2));
+                        sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(Ai)));
+                    }
+                }
+                _mm_storeu_ps(sums + k0, sum);
+            }
+        }
+        for (int32_t k = 0; k < tn; k++) out[t0 + k] = sums[k];
+    }
+}
+
+/* Four weight rows x many activation rows (the prompt path), as q6k_vec_dot_4xn_avx512: out[4 k + r]
+ * is bit for bit vec_dot(n, row r, act[k]). */
+static inline __attribute__((always_inline)) void k16_vec_dot_4xn(int64_t n, const void *w, size_t ws,
+                                                                  const void *const *act, int32_t n_act, float *out,
+                                                                  const int q2) {
+    const int64_t nb = n / QK_K;
+    k16_unpacked u[4][X4N_CHUNK];
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        __m512 sums[QUANT_DOT_4XN_MAX / 4]; /* lane 4 r + k: row r, token k0 + k */
+        for (int g = 0; g < QUANT_DOT_4XN_MAX / 4; g++) sums[g] = _mm512_setzero_ps();
+        for (int64_t c0 = 0; c0 < nb; c0 += X4N_CHUNK) {
+            const int64_t cn = nb - c0 < X4N_CHUNK ? nb - c0 : X4N_CHUNK;
+            for (int r = 0; r < 4; r++)
+                for (int64_t c = 0; c < cn; c++) k16_unpack((const uint8_t *)w + (size_t)r * ws, c0 + c, &u[r][c], q2);
+            for (int32_t k0 = 0; k0 < tn; k0 += 4) {
+                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
+                const block_q8_K *y[4];
+                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                __m512 sum = sums[k0 / 4];
+                for (int64_t c = 0; c < cn; c++) {
+                    __m512i acc[16];
+                    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
+                    for (int q = 0; q < 4; q++) {
+                        __m512i a[4];
+                        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
+                        for (int r = 0; r < 4; r++)
+                            for (int k = 0; k < 4; k++)
+                                acc[4 * r + k] = _mm512_dpwssd_epi32(
+                                    acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
+                    }
+                    __m512i cl[8];
+                    for (int r = 0; r < 2; r++) {
+                        const __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].c16), u[r + 2][c].c16, 1);
+                        for (int k = 0; k < 4; k++) {
+                            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[k][c].bsums);
+                            cl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(bs), cv);
+                        }
+                    }
+                    const __m512i A = reduce16(acc), C = reduce16_from8(cl);
+                    const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
+                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    if (q2) {
+                        const float dm[4] = {u[0][c].dmin, u[1][c].dmin, u[2][c].dmin, u[3][c].dmin};
+                        const __m512 ta = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(A));
+                        const __m512 tb = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dm), yv), _mm512_cvtepi32_ps(C));
+                        sum = _mm512_add_ps(sum, _mm512_sub_ps(ta, tb));
+                    } else {
+                        const __m512i Ai = _mm512_sub_epi32(A, _mm512_slli_epi32(C, 2));
+                        sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(Ai)));
+                    }
+                }
+                sums[k0 / 4] = sum;
+            }
+        }
+        for (int32_t k0 = 0; k0 < tn; k0 += 4) store_pairs(out + (size_t)(t0 + k0) * 4, sums[k0 / 4], tn - k0);
+    }
+}
+
+static float q2k_vec_dot_avx512(int64_t n, const void *w, const void *act) { return k16_vec_dot(n, w, act, 1); }
+static float q3k_vec_dot_avx512(int64_t n, const void *w, const void *act) { return k16_vec_dot(n, w, act, 0); }
+static void q2k_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {
+    k16_vec_dot_x4(n, w, ws, act, out, 1);
+}
+static void q3k_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {
+    k16_vec_dot_x4(n, w, ws, act, out, 0);
+}
+static void q2k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    k16_vec_dot_n(n, w, act, n_act, out, 1);
+}
+static void q3k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *act, int32_t n_act, float *out) {
+    k16_vec_dot_n(n, w, act, n_act, out, 0);
+}
+static void q2k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
+                                   float *out) {
+    k16_vec_dot_4xn(n, w, ws, act, n_act, out, 1);
+}
+static void q3k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
+                                   float *out) {
+    k16_vec_dot_4xn(n, w, ws, act, n_act, out, 0);
+}
+
 /* ---- Q8_K activations --------------------------------------------------------------------------- */
 
 /* The scalar q8k_quantize_act's operations on 16 lanes: the same IEEE multiplies and adds (the
@@ -551,4 +826,12 @@ void quant_k_avx512(quant_traits t[]) {
     quant_set_x4(t, STRATA_TYPE_Q6_K, q6k_vec_dot_x4_avx512);
     quant_set_4xn(t, STRATA_TYPE_Q4_K, q4k_vec_dot_4xn_avx512);
     quant_set_4xn(t, STRATA_TYPE_Q6_K, q6k_vec_dot_4xn_avx512);
+    t[STRATA_TYPE_Q2_K].vec_dot = q2k_vec_dot_avx512;
+    t[STRATA_TYPE_Q3_K].vec_dot = q3k_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_Q2_K, q2k_vec_dot_x4_avx512);
+    quant_set_x4(t, STRATA_TYPE_Q3_K, q3k_vec_dot_x4_avx512);
+    quant_set_xn(t, STRATA_TYPE_Q2_K, q2k_vec_dot_n_avx512);
+    quant_set_xn(t, STRATA_TYPE_Q3_K, q3k_vec_dot_n_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q2_K, q2k_vec_dot_4xn_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q3_K, q3k_vec_dot_4xn_avx512);
 }
