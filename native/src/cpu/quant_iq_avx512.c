@@ -561,4 +561,5 @@ void quant_iq_avx512(quant_traits t[]) {
     /* IQ4_NL: its kernels live with the other 32-value blocks (quant_legacy_avx512.c) */
     t[STRATA_TYPE_IQ4_NL].vec_dot = quant_iq4nl_vec_dot_avx512;
     quant_set_x4(t, STRATA_TYPE_IQ4_NL, quant_iq4nl_vec_dot_x4_avx512);
+    quant_set_4xn(t, STRATA_TYPE_IQ4_NL, quant_iq4nl_vec_dot_4xn_avx512);
 }

@@ -207,6 +207,35 @@ ALWAYS_INLINE int32_t l_lo_sum(__m512i v) {
     return _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(0x00FF, v));
 }
 
+/* Blocks i0 .. nb - 1 (fewer than sixteen) of rows r < nr one at a time, in the scalar kernel's way:
+ * the block's exact integer sums, then its float expression added to lane (block mod 8). */
+ALWAYS_INLINE void l_tail(int kind, int64_t i0, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *y,
+                          float lanes[][8], int nr, __m512i lut) {
+    const int bytes = l_bytes(kind);
+    const __m512i offv = _mm512_set1_epi8((char)l_off(kind)), ones = _mm512_set1_epi8(1);
+    for (int64_t i = i0; i < nb; i++) {
+        const uint8_t *yb = y + i * 34;
+        const __m512i a = l_act_pair(yb, yb);
+        uint16_t hy;
+        memcpy(&hy, yb, 2);
+        const float da = quant_f16_lut[hy];
+        const __m512i c = l_affine(kind) ? _mm512_setzero_si512()
+                                         : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a));
+        const int32_t sas = l_affine(kind) ? l_lo_sum(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a)) : 0;
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *xb = w + (size_t)r * ws + i * bytes;
+            const int32_t s = l_lo_sum(_mm512_dpbusd_epi32(c, l_unpack(kind, xb, xb, lut), a));
+            uint16_t hd, hm;
+            memcpy(&hd, xb, 2);
+            memcpy(&hm, xb + 2, 2);
+            if (l_affine(kind))
+                lanes[r][i & 7] += (quant_f16_lut[hd] * da) * (float)s + (quant_f16_lut[hm] * da) * (float)sas;
+            else
+                lanes[r][i & 7] += (quant_f16_lut[hd] * da) * (float)s;
+        }
+    }
+}
+
 /* out[r] = vec_dot(n, w + r * ws, act) for r < nr (nr = 1 or 4, a constant after inlining). */
 ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, const uint8_t *y, float *out, int nr) {
     const int bytes = l_bytes(kind);
@@ -250,28 +279,73 @@ ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, cons
     }
     float lanes[4][8];
     for (int r = 0; r < nr; r++) _mm256_storeu_ps(lanes[r], acc[r]);
-    for (; i < nb; i++) {
-        const uint8_t *yb = y + i * 34;
-        const __m512i a = l_act_pair(yb, yb);
-        uint16_t hy;
-        memcpy(&hy, yb, 2);
-        const float da = quant_f16_lut[hy];
-        const __m512i c = l_affine(kind) ? _mm512_setzero_si512()
-                                         : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a));
-        const int32_t sas = l_affine(kind) ? l_lo_sum(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a)) : 0;
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *xb = w + (size_t)r * ws + i * bytes;
-            const int32_t s = l_lo_sum(_mm512_dpbusd_epi32(c, l_unpack(kind, xb, xb, lut), a));
-            uint16_t hd, hm;
-            memcpy(&hd, xb, 2);
-            memcpy(&hm, xb + 2, 2);
-            if (l_affine(kind))
-                lanes[r][i & 7] += (quant_f16_lut[hd] * da) * (float)s + (quant_f16_lut[hm] * da) * (float)sas;
-            else
-                lanes[r][i & 7] += (quant_f16_lut[hd] * da) * (float)s;
+    l_tail(kind, i, nb, w, ws, y, lanes, nr, lut);
+    for (int r = 0; r < nr; r++) out[r] = quant_sum8(lanes[r]);
+}
+
+/* Four rows x many activation rows (the prompt path): a group of sixteen blocks of the four rows is
+ * unpacked once (32 vectors of indices and the rows' scales) for all the tokens of the tile; per
+ * token the activation pairs and their offset sums are made once for the four rows. Every lane then
+ * sees exactly l_rows's operations in l_rows's order (the 256-bit lane sums of a (row, token) pair
+ * wait in memory between groups), so out[4 k + r] is bit for bit vec_dot(n, row r, act[k]). */
+ALWAYS_INLINE void l_4xn(int kind, int64_t n, const uint8_t *w, size_t ws, const void *const *act, int32_t n_act,
+                         float *out) {
+    const int bytes = l_bytes(kind);
+    const int64_t nb = n / QK4_0;
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i wi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(bytes));
+    const __m512i wi_m = _mm512_add_epi32(wi_d, _mm512_set1_epi32(2));
+    const __m512i yi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(34));
+    const __m512i offv = _mm512_set1_epi8((char)l_off(kind)), ones = _mm512_set1_epi8(1);
+    __m256 acc[QUANT_DOT_4XN_MAX][4]; /* [token][row]: lane sums */
+    __m512i u[4][8];                  /* [row][pair]: indices of blocks p and p + 8 of the group */
+    __m512 wd[4], wm[4];
+    for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
+        const int32_t tn = n_act - t0 < QUANT_DOT_4XN_MAX ? n_act - t0 : QUANT_DOT_4XN_MAX;
+        for (int32_t k = 0; k < tn; k++)
+            for (int r = 0; r < 4; r++) acc[k][r] = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 16 <= nb; i += 16) {
+            for (int r = 0; r < 4; r++) {
+                const uint8_t *xb = w + (size_t)r * ws + i * bytes;
+                for (int p = 0; p < 8; p++) u[r][p] = l_unpack(kind, xb + p * bytes, xb + (p + 8) * bytes, lut);
+                wd[r] = l_f16x16(xb, wi_d);
+                wm[r] = l_affine(kind) ? l_f16x16(xb, wi_m) : _mm512_setzero_ps();
+            }
+            for (int32_t k = 0; k < tn; k++) {
+                const uint8_t *yb = (const uint8_t *)act[t0 + k] + i * 34;
+                __m512i a[8], c[8];
+                for (int p = 0; p < 8; p++) {
+                    a[p] = l_act_pair(yb + p * 34, yb + (p + 8) * 34);
+                    c[p] = l_affine(kind) ? _mm512_setzero_si512()
+                                          : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a[p]));
+                }
+                __m512 sa = _mm512_setzero_ps();
+                if (l_affine(kind)) {
+                    __m512i s[8];
+                    for (int p = 0; p < 8; p++) s[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a[p]);
+                    sa = _mm512_cvtepi32_ps(reduce16_from8(s));
+                }
+                const __m512 yd = l_f16x16(yb, yi_d);
+                for (int r = 0; r < 4; r++) {
+                    __m512i v[8];
+                    for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(c[p], u[r][p], a[p]);
+                    const __m512 s = _mm512_cvtepi32_ps(reduce16_from8(v));
+                    __m512 t = _mm512_mul_ps(_mm512_mul_ps(wd[r], yd), s);
+                    if (l_affine(kind)) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(wm[r], yd), sa));
+                    acc[k][r] = _mm256_add_ps(acc[k][r], _mm512_castps512_ps256(t));
+                    acc[k][r] = _mm256_add_ps(acc[k][r], _mm512_extractf32x8_ps(t, 1));
+                }
+            }
+        }
+        for (int32_t k = 0; k < tn; k++) {
+            float lanes[4][8];
+            for (int r = 0; r < 4; r++) _mm256_storeu_ps(lanes[r], acc[k][r]);
+            l_tail(kind, i, nb, w, ws, act[t0 + k], lanes, 4, lut);
+            for (int r = 0; r < 4; r++) out[(size_t)(t0 + k) * 4 + r] = quant_sum8(lanes[r]);
         }
     }
-    for (int r = 0; r < nr; r++) out[r] = quant_sum8(lanes[r]);
 }
 
 #define L_KERNELS(name, kind)                                                                              \
@@ -282,6 +356,10 @@ ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, cons
     }                                                                                                      \
     static void name##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) { \
         l_rows(kind, n, w, ws, act, out, 4);                                                               \
+    }                                                                                                      \
+    static void name##_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act, \
+                                          float *out) {                                                    \
+        l_4xn(kind, n, w, ws, act, n_act, out);                                                            \
     }
 
 L_KERNELS(q4_0, L_Q4_0)
@@ -298,16 +376,24 @@ float quant_iq4nl_vec_dot_avx512(int64_t n, const void *w, const void *act) {
 void quant_iq4nl_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {
     l_rows(L_IQ4NL, n, w, ws, act, out, 4);
 }
+void quant_iq4nl_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
+                                    float *out) {
+    l_4xn(L_IQ4NL, n, w, ws, act, n_act, out);
+}
 
 void quant_legacy_avx512(quant_traits t[]) {
     quant_set_xn(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_n_avx512);
     quant_set_4xn(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_4xn_avx512);
     t[STRATA_TYPE_Q4_0].vec_dot = q4_0_vec_dot_avx512;
     quant_set_x4(t, STRATA_TYPE_Q4_0, q4_0_vec_dot_x4_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q4_0, q4_0_vec_dot_4xn_avx512);
     t[STRATA_TYPE_Q4_1].vec_dot = q4_1_vec_dot_avx512;
     quant_set_x4(t, STRATA_TYPE_Q4_1, q4_1_vec_dot_x4_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q4_1, q4_1_vec_dot_4xn_avx512);
     t[STRATA_TYPE_Q5_0].vec_dot = q5_0_vec_dot_avx512;
     quant_set_x4(t, STRATA_TYPE_Q5_0, q5_0_vec_dot_x4_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q5_0, q5_0_vec_dot_4xn_avx512);
     t[STRATA_TYPE_Q5_1].vec_dot = q5_1_vec_dot_avx512;
     quant_set_x4(t, STRATA_TYPE_Q5_1, q5_1_vec_dot_x4_avx512);
+    quant_set_4xn(t, STRATA_TYPE_Q5_1, q5_1_vec_dot_4xn_avx512);
 }
