@@ -189,6 +189,9 @@ void quant_k_avx512(quant_traits table[]);
 void quant_register_iq(quant_traits table[], int32_t simd);
 /* IQ4_NL's AVX2 dot lives with the other 32-value blocks (quant_legacy_avx2.c). */
 float quant_iq4nl_vec_dot_avx2(int64_t n, const void *w, const void *act);
+/* And its AVX-512 one- and four-row kernels (quant_legacy_avx512.c). */
+float quant_iq4nl_vec_dot_avx512(int64_t n, const void *w, const void *act);
+void quant_iq4nl_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, const void *act, float out[4]);
 void quant_iq_avx2(quant_traits table[]);
 void quant_iq_avx512(quant_traits table[]);
 

@@ -559,4 +559,7 @@ void quant_iq_avx512(quant_traits t[]) {
     quant_set_4xn(t, STRATA_TYPE_IQ3_XXS, iq3xxs_vec_dot_4xn_avx512);
     quant_set_4xn(t, STRATA_TYPE_IQ3_S, iq3s_vec_dot_4xn_avx512);
     quant_set_4xn(t, STRATA_TYPE_IQ2_XS, iq2xs_vec_dot_4xn_avx512);
+    /* IQ4_NL: its kernels live with the other 32-value blocks (quant_legacy_avx512.c) */
+    t[STRATA_TYPE_IQ4_NL].vec_dot = quant_iq4nl_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_IQ4_NL, quant_iq4nl_vec_dot_x4_avx512);
 }

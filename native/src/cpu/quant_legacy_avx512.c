@@ -6,13 +6,17 @@
  * the same fused multiply-adds into the same lanes, the same tail block and final tree — only with
  * each weight block loaded and sign-split once for four rows. So out[k] is bit for bit
  * vec_dot(n, w, act[k]); tests/test_quants.py checks that matmul equals matvec for Q8_0 too.
- * The other 32-value types keep their AVX2 kernels.
+ *
+ * Then the one-row and four-row kernels of Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (IQ4_NL's family,
+ * quant_iq_avx512.c, registers its pair), on the reduction order of quant_blocks.h.
  */
 #include <immintrin.h>
 #include <string.h>
 
 #include "common.h"
+#include "iq_tables.h"
 #include "quant_blocks.h"
+#include "quant_reduce16.h"
 #include "strata.h"
 
 static inline float f16_at(const uint8_t *p) {
@@ -139,7 +143,171 @@ static void q8_0_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const v
     }
 }
 
+/* ---- Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL: one and four weight rows against one activation row ---------
+ *
+ * The scalar kernel adds block i's float contribution to lane i mod 8 of eight sums, in block order.
+ * Here sixteen blocks go at once: vector p (p < 8) holds block p in its low 256 bits and block p + 8
+ * in its high ones, so that after the lane sums (reduce16_from8) lane k holds block k's exact integer
+ * sum. The sixteen contributions are then made with the scalar kernel's float expression, lane by
+ * lane, and added to the eight sums as two steps: blocks 0-7 first, then blocks 8-15 - the scalar
+ * kernel's order. Leftover blocks (n / 32 mod 16) go one at a time in the scalar way.
+ *
+ * Integers: dpbusd multiplies unsigned weight bytes by the signed activation bytes and sums four
+ * products per int32 lane exactly. The weights go in as their unsigned indices u (0..31, or the
+ * IQ4_NL table value + 128 <= 241); the symmetric types' offset (8, 16, 128) comes back as
+ * off * sum(a), which is made once per activation block (for all four rows) and put in the
+ * accumulator's start: dpbusd(-off sum a, u, a) = sum (u - off) a, the scalar kernel's integer. The
+ * affine types use sum(a) itself for their minimum. */
+
+enum { L_Q4_0, L_Q4_1, L_Q5_0, L_Q5_1, L_IQ4NL };
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+ALWAYS_INLINE int l_bytes(int kind) {
+    return kind == L_Q4_0 || kind == L_IQ4NL ? 18 : kind == L_Q4_1 ? 20 : kind == L_Q5_0 ? 22 : 24;
+}
+ALWAYS_INLINE int l_qs(int kind) { return kind == L_Q4_0 || kind == L_IQ4NL ? 2 : kind == L_Q4_1 ? 4 : kind == L_Q5_0 ? 6 : 8; }
+ALWAYS_INLINE int l_qh(int kind) { return kind == L_Q5_0 ? 2 : 4; }
+ALWAYS_INLINE int l_affine(int kind) { return kind == L_Q4_1 || kind == L_Q5_1; }
+ALWAYS_INLINE int l_off(int kind) { return kind == L_Q4_0 ? 8 : kind == L_Q5_0 ? 16 : 128; }
+
+/* The unsigned indices of blocks b0 (low 256 bits) and b1 (high), value j at byte j of its half:
+ * each half's 16 bytes twice, the second copy shifted down a nibble (values 16..31). */
+ALWAYS_INLINE __m512i l_unpack(int kind, const uint8_t *b0, const uint8_t *b1, __m512i lut) {
+    const __m512i z = _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + l_qs(kind))))),
+        _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + l_qs(kind)))), 1);
+    __m512i u = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+    if (kind == L_Q5_0 || kind == L_Q5_1) { /* bit j of qh is value j's fifth bit: a byte mask as it is */
+        uint32_t h0, h1;
+        memcpy(&h0, b0 + l_qh(kind), 4);
+        memcpy(&h1, b1 + l_qh(kind), 4);
+        u = _mm512_mask_add_epi8(u, (__mmask64)h0 | ((__mmask64)h1 << 32), u, _mm512_set1_epi8(0x10));
+    }
+    if (kind == L_IQ4NL) u = _mm512_shuffle_epi8(lut, u);
+    return u;
+}
+
+/* The activation bytes of blocks b0 (low) and b1 (high). */
+ALWAYS_INLINE __m512i l_act_pair(const uint8_t *b0, const uint8_t *b1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 2))),
+                              _mm256_loadu_si256((const __m256i *)(b1 + 2)), 1);
+}
+
+/* The f16 at byte offset `off` of sixteen consecutive blocks (idx_bytes: their offsets plus off), as
+ * floats. One gather of 4 bytes per block (it stays inside the block: off + 4 <= its bytes), then the
+ * hardware conversion, which is exact and equals quant_f16_lut for every non-NaN half (a NaN stays a
+ * NaN; its payload is not part of the contract). */
+ALWAYS_INLINE __m512 l_f16x16(const uint8_t *base, __m512i idx_bytes) {
+    return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(idx_bytes, (const void *)base, 1)));
+}
+
+/* Lane sum of the low 256 bits (one block) of an int32 vector. */
+ALWAYS_INLINE int32_t l_lo_sum(__m512i v) {
+    return _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(0x00FF, v));
+}
+
+/* out[r] = vec_dot(n, w + r * ws, act) for r < nr (nr = 1 or 4, a constant after inlining). */
+ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, const uint8_t *y, float *out, int nr) {
+    const int bytes = l_bytes(kind);
+    const int64_t nb = n / QK4_0;
+    /* IQ4_NL's table + 128 (wrapping byte add: the values are -127..113) */
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i wi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(bytes));
+    const __m512i wi_m = _mm512_add_epi32(wi_d, _mm512_set1_epi32(2));
+    const __m512i yi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(34));
+    const __m512i offv = _mm512_set1_epi8((char)l_off(kind)), ones = _mm512_set1_epi8(1);
+    __m256 acc[4];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        const uint8_t *yb = y + i * 34;
+        __m512i a[8], c[8];
+        for (int p = 0; p < 8; p++) {
+            a[p] = l_act_pair(yb + p * 34, yb + (p + 8) * 34);
+            c[p] = l_affine(kind) ? _mm512_setzero_si512()
+                                  : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a[p]));
+        }
+        __m512 sa = _mm512_setzero_ps();
+        if (l_affine(kind)) {
+            __m512i s[8];
+            for (int p = 0; p < 8; p++) s[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a[p]);
+            sa = _mm512_cvtepi32_ps(reduce16_from8(s));
+        }
+        const __m512 yd = l_f16x16(yb, yi_d);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *xb = w + (size_t)r * ws + i * bytes;
+            if (nr > 1) prefetch_block(xb + QUANT_PREFETCH_ROWS * ws, 16 * bytes);
+            __m512i v[8];
+            for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(c[p], l_unpack(kind, xb + p * bytes, xb + (p + 8) * bytes, lut), a[p]);
+            const __m512 s = _mm512_cvtepi32_ps(reduce16_from8(v));
+            __m512 t = _mm512_mul_ps(_mm512_mul_ps(l_f16x16(xb, wi_d), yd), s);
+            if (l_affine(kind)) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(l_f16x16(xb, wi_m), yd), sa));
+            acc[r] = _mm256_add_ps(acc[r], _mm512_castps512_ps256(t));
+            acc[r] = _mm256_add_ps(acc[r], _mm512_extractf32x8_ps(t, 1));
+        }
+    }
+    float lanes[4][8];
+    for (int r = 0; r < nr; r++) _mm256_storeu_ps(lanes[r], acc[r]);
+    for (; i < nb; i++) {
+        const uint8_t *yb = y + i * 34;
+        const __m512i a = l_act_pair(yb, yb);
+        uint16_t hy;
+        memcpy(&hy, yb, 2);
+        const float da = quant_f16_lut[hy];
+        const __m512i c = l_affine(kind) ? _mm512_setzero_si512()
+                                         : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a));
+        const int32_t sas = l_affine(kind) ? l_lo_sum(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a)) : 0;
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *xb = w + (size_t)r * ws + i * bytes;
+            const int32_t s = l_lo_sum(_mm512_dpbusd_epi32(c, l_unpack(kind, xb, xb, lut), a));
+            uint16_t hd, hm;
+            memcpy(&hd, xb, 2);
+            memcpy(&hm, xb + 2, 2);
+            if (l_affine(kind))
+                lanes[r][i & 7] += (quant_f16_lut[hd] * da) * (float)s + (quant_f16_lut[hm] * da) * (float)sas;
+            else
+                lanes[r][i & 7] += (quant_f16_lut[hd] * da) * (float)s;
+        }
+    }
+    for (int r = 0; r < nr; r++) out[r] = quant_sum8(lanes[r]);
+}
+
+#define L_KERNELS(name, kind)                                                                              \
+    static float name##_vec_dot_avx512(int64_t n, const void *w, const void *act) {                        \
+        float out;                                                                                         \
+        l_rows(kind, n, w, 0, act, &out, 1);                                                               \
+        return out;                                                                                        \
+    }                                                                                                      \
+    static void name##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) { \
+        l_rows(kind, n, w, ws, act, out, 4);                                                               \
+    }
+
+L_KERNELS(q4_0, L_Q4_0)
+L_KERNELS(q4_1, L_Q4_1)
+L_KERNELS(q5_0, L_Q5_0)
+L_KERNELS(q5_1, L_Q5_1)
+
+/* IQ4_NL's family (quant_iq_avx512.c) registers these; declared in quant_blocks.h. */
+float quant_iq4nl_vec_dot_avx512(int64_t n, const void *w, const void *act) {
+    float out;
+    l_rows(L_IQ4NL, n, w, 0, act, &out, 1);
+    return out;
+}
+void quant_iq4nl_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {
+    l_rows(L_IQ4NL, n, w, ws, act, out, 4);
+}
+
 void quant_legacy_avx512(quant_traits t[]) {
     quant_set_xn(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_n_avx512);
     quant_set_4xn(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_4xn_avx512);
+    t[STRATA_TYPE_Q4_0].vec_dot = q4_0_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_Q4_0, q4_0_vec_dot_x4_avx512);
+    t[STRATA_TYPE_Q4_1].vec_dot = q4_1_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_Q4_1, q4_1_vec_dot_x4_avx512);
+    t[STRATA_TYPE_Q5_0].vec_dot = q5_0_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_Q5_0, q5_0_vec_dot_x4_avx512);
+    t[STRATA_TYPE_Q5_1].vec_dot = q5_1_vec_dot_avx512;
+    quant_set_x4(t, STRATA_TYPE_Q5_1, q5_1_vec_dot_x4_avx512);
 }
