@@ -9,7 +9,8 @@
  *     activation row (masked negate), and maddubs + dpwssd multiply and scale (pairs at most
  *     2 * 127 * 127, no saturation).
  * All integers, exact: the block's A and its float expression are the scalar kernel's, so the bits
- * are the same. The other i-quants keep their AVX2 kernels.
+ * are the same. The grid types (IQ3_XXS, IQ3_S, IQ2_XS) use the many-rows form for every kernel,
+ * their magnitudes gathered from the grid once per block (section "grid types").
  */
 #include <immintrin.h>
 #include <string.h>
