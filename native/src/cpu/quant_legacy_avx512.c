@@ -1,5 +1,6 @@
 /*
- * quant_legacy_avx512.c — AVX-512 many-token kernel of Q8_0 weights (the prompt path).
+ * quant_legacy_avx512.c — AVX-512 (VNNI) kernels of the 32-value block types: the many-token kernels of
+ * Q8_0 weights (the prompt path), and all the kernels of Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL.
  *
  * Q8_0's one-row kernel is the base family's (cpu/quant_avx512.c, q8_0_rows_avx512). This kernel
  * runs exactly its operations for every activation row — the same pairs of blocks in 512-bit halves,
@@ -7,8 +8,9 @@
  * each weight block loaded and sign-split once for four rows. So out[k] is bit for bit
  * vec_dot(n, w, act[k]); tests/test_quants.py checks that matmul equals matvec for Q8_0 too.
  *
- * Then the one-row and four-row kernels of Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL (IQ4_NL's family,
- * quant_iq_avx512.c, registers its pair), on the reduction order of quant_blocks.h.
+ * Then the one-row, four-row and prompt (four rows x many tokens) kernels of Q4_0, Q4_1, Q5_0, Q5_1
+ * and IQ4_NL (IQ4_NL's family, quant_iq_avx512.c, registers its three), on the reduction order of
+ * quant_blocks.h: bit for bit the scalar kernels' results.
  */
 #include <immintrin.h>
 #include <string.h>
