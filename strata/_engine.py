@@ -161,7 +161,7 @@ class GenerateResult:
 
     tokens: list[int]
     finish_reason: Literal["stop", "length", "cancelled"]
-    prompt_tokens: int
+    prompt_tokens: int  # prompt tokens read (fewer when the prompt was cancelled part way)
     prompt_ms: float
     decode_ms: float
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -447,10 +447,14 @@ class Engine:
             finish = "stop"
         else:
             finish = "length"  # max_tokens, or the context is full
+        read = n
+        if finish == "cancelled" and after.prompt_tokens - before.prompt_tokens < n:
+            # cancelled while the prompt was read: the tokens read before the cancel (then forgotten)
+            read = min(n, after.prompt_done)
         return GenerateResult(
             tokens=tokens,
             finish_reason=finish,
-            prompt_tokens=n,
+            prompt_tokens=read,
             prompt_ms=after.prompt_ms - before.prompt_ms,
             decode_ms=after.decode_ms - before.decode_ms,
             top=top,

@@ -80,3 +80,17 @@ def test_bad_settings_are_refused_at_open(tiny: Path) -> None:
         Engine(tiny, EngineConfig(threads=-3))
     with pytest.raises(ValueError, match="--simd"):
         Engine(tiny, EngineConfig(simd="neon"))
+
+
+def test_a_prompt_cancelled_part_way_reports_the_tokens_it_read(tiny: Path) -> None:
+    from strata import EngineConfig
+
+    prompt = np.random.default_rng(3).integers(3, 2000, 300).tolist()
+    with Engine(tiny, EngineConfig(threads=1, prefill="64", max_context=512)) as eng:
+        seen: list[int] = []
+        r = eng.generate(prompt, max_tokens=8, on_prompt=lambda done, total: seen.append(done) or done >= 128)
+        assert r.finish_reason == "cancelled" and r.tokens == []
+        assert r.prompt_tokens == 128 == seen[-1]  # two chunks of 64 were read, then the cancel
+        assert eng.n_past == 0  # and forgotten
+        r = eng.generate(prompt, max_tokens=4, stop_at_eos=False)
+        assert r.finish_reason == "length" and r.prompt_tokens == 300
