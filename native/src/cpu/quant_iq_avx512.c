@@ -178,9 +178,8 @@ static void iq4xs_vec_dot_n_avx512(int64_t n, const void *w, const void *const *
             iq4xs_unpacked u[XN_CHUNK];
             for (int64_t c = 0; c < cn; c++) iq4xs_unpack(&x[c0 + c], lut, &u[c]);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m128 sum = _mm_loadu_ps(sums + k0);
                 for (int64_t c = 0; c < cn; c++) {
                     const iq4xs_unpacked *uc = &u[c];
@@ -244,9 +243,8 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                     dr[c][r] = quant_f16_lut[b->d];
                 }
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
@@ -261,7 +259,7 @@ static void iq4xs_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const 
                     }
                     const __m512 A = _mm512_cvtepi32_ps(reduce16(acc));
                     const __m512 dv = pairs_by_row(dr[c]);
-                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    const __m512 yv = token_scales(y, c);
                     sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(dv, yv), A));
                 }
                 sums[k0 / 4] = sum;
@@ -460,9 +458,8 @@ static inline __attribute__((always_inline)) void grid_vec_dot_n(int64_t n, cons
             grid_unpacked u[XN_CHUNK];
             for (int64_t c = 0; c < cn; c++) grid_unpack(w, c0 + c, &u[c], kind);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m128 sum = _mm_loadu_ps(sums + k0);
                 for (int64_t c = 0; c < cn; c++) {
                     const grid_unpacked *uc = &u[c];
@@ -495,9 +492,8 @@ static inline __attribute__((always_inline)) void grid_vec_dot_4xn(int64_t n, co
             for (int r = 0; r < 4; r++)
                 for (int64_t c = 0; c < cn; c++) grid_unpack((const uint8_t *)w + (size_t)r * ws, c0 + c, &u[r][c], kind);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
@@ -509,7 +505,7 @@ static inline __attribute__((always_inline)) void grid_vec_dot_4xn(int64_t n, co
                             for (int k = 0; k < 4; k++) acc[4 * r + k] = grid_step(acc[4 * r + k], &u[r][c], q, a[k]);
                     }
                     const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
-                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    const __m512 yv = token_scales(y, c);
                     __m512 s = _mm512_mul_ps(pairs_by_row(dd), yv);
                     if (kind != GRID_IQ3S) s = _mm512_mul_ps(s, _mm512_set1_ps(grid_pow2(kind)));
                     sum = _mm512_add_ps(sum, _mm512_mul_ps(s, _mm512_cvtepi32_ps(reduce16(acc))));

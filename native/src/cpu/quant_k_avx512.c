@@ -186,9 +186,8 @@ static void q4k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
             q4k_unpacked u[XN_CHUNK];
             for (int64_t c = 0; c < cn; c++) q4k_unpack(&x[c0 + c], &u[c]);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m128 sum = _mm_loadu_ps(sums + k0);
                 for (int64_t c = 0; c < cn; c++) {
                     const q4k_unpacked *uc = &u[c];
@@ -231,9 +230,8 @@ static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                 for (int64_t c = 0; c < cn; c++)
                     q4k_unpack((const block_q4_K *)((const uint8_t *)w + (size_t)r * ws) + c0 + c, &u[r][c]);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
@@ -247,19 +245,13 @@ static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                                     acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].w[q], a[k]), u[r][c].s[q]);
                     }
                     __m512i bl[8];
-                    for (int r = 0; r < 2; r++) {
-                        const __m512i mp =
-                            _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].mpair), u[r + 2][c].mpair, 1);
-                        for (int k = 0; k < 4; k++) {
-                            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[k][c].bsums);
-                            bl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(bs), mp);
-                        }
-                    }
+                    const __m256i f[4] = {u[0][c].mpair, u[1][c].mpair, u[2][c].mpair, u[3][c].mpair};
+                    bsum_pairs(f, y, c, bl);
                     const __m512 A = _mm512_cvtepi32_ps(reduce16(acc));
                     const __m512 B = _mm512_cvtepi32_ps(reduce16_from8(bl));
                     const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
                     const float dm[4] = {u[0][c].dmin, u[1][c].dmin, u[2][c].dmin, u[3][c].dmin};
-                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    const __m512 yv = token_scales(y, c);
                     const __m512 ta = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), A);
                     const __m512 tb = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dm), yv), B);
                     sum = _mm512_add_ps(sum, _mm512_sub_ps(ta, tb));
@@ -421,9 +413,8 @@ static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
             q6k_unpacked u[XN_CHUNK];
             for (int64_t c = 0; c < cn; c++) q6k_unpack(&x[c0 + c], &u[c]);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m128 sum = _mm_loadu_ps(sums + k0);
                 for (int64_t c = 0; c < cn; c++) {
                     const q6k_unpacked *uc = &u[c];
@@ -461,9 +452,8 @@ static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                 for (int64_t c = 0; c < cn; c++)
                     q6k_unpack((const block_q6_K *)((const uint8_t *)w + (size_t)r * ws) + c0 + c, &u[r][c]);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
@@ -477,17 +467,11 @@ static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                                     acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
                     }
                     __m512i cl[8];
-                    for (int r = 0; r < 2; r++) {
-                        const __m512i sc =
-                            _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].sc16), u[r + 2][c].sc16, 1);
-                        for (int k = 0; k < 4; k++) {
-                            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[k][c].bsums);
-                            cl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(bs), sc);
-                        }
-                    }
+                    const __m256i f[4] = {u[0][c].sc16, u[1][c].sc16, u[2][c].sc16, u[3][c].sc16};
+                    bsum_pairs(f, y, c, cl);
                     const __m512i Ai = _mm512_sub_epi32(reduce16(acc), _mm512_slli_epi32(reduce16_from8(cl), 5));
                     const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
-                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    const __m512 yv = token_scales(y, c);
                     const __m512 t = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(Ai));
                     sum = _mm512_add_ps(sum, t);
                 }
@@ -662,9 +646,8 @@ static inline __attribute__((always_inline)) void k16_vec_dot_n(int64_t n, const
             k16_unpacked u[XN_CHUNK];
             for (int64_t c = 0; c < cn; c++) k16_unpack(w, c0 + c, &u[c], q2);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m128 sum = _mm_loadu_ps(sums + k0);
                 for (int64_t c = 0; c < cn; c++) {
                     const k16_unpacked *uc = &u[c];
@@ -707,9 +690,8 @@ static inline __attribute__((always_inline)) void k16_vec_dot_4xn(int64_t n, con
             for (int r = 0; r < 4; r++)
                 for (int64_t c = 0; c < cn; c++) k16_unpack((const uint8_t *)w + (size_t)r * ws, c0 + c, &u[r][c], q2);
             for (int32_t k0 = 0; k0 < tn; k0 += 4) {
-                const int32_t kn = tn - k0 < 4 ? tn - k0 : 4;
                 const block_q8_K *y[4];
-                for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[t0 + k0 + (k < kn ? k : 0)] + c0;
+                q8k_rows4(act + t0 + k0, tn - k0, c0, y);
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
@@ -723,16 +705,11 @@ static inline __attribute__((always_inline)) void k16_vec_dot_4xn(int64_t n, con
                                     acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
                     }
                     __m512i cl[8];
-                    for (int r = 0; r < 2; r++) {
-                        const __m512i cv = _mm512_inserti64x4(_mm512_castsi256_si512(u[r][c].c16), u[r + 2][c].c16, 1);
-                        for (int k = 0; k < 4; k++) {
-                            const __m256i bs = _mm256_loadu_si256((const __m256i *)y[k][c].bsums);
-                            cl[4 * r + k] = _mm512_madd_epi16(_mm512_broadcast_i64x4(bs), cv);
-                        }
-                    }
+                    const __m256i f[4] = {u[0][c].c16, u[1][c].c16, u[2][c].c16, u[3][c].c16};
+                    bsum_pairs(f, y, c, cl);
                     const __m512i A = reduce16(acc), C = reduce16_from8(cl);
                     const float dd[4] = {u[0][c].d, u[1][c].d, u[2][c].d, u[3][c].d};
-                    const __m512 yv = pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+                    const __m512 yv = token_scales(y, c);
                     if (q2) {
                         const float dm[4] = {u[0][c].dmin, u[1][c].dmin, u[2][c].dmin, u[3][c].dmin};
                         const __m512 ta = _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(A));

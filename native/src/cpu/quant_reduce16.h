@@ -7,6 +7,9 @@
 #define STRATA_QUANT_REDUCE16_H
 
 #include <immintrin.h>
+#include <stdint.h>
+
+#include "quant_blocks.h"
 
 /* From the first level: a[p] holds in lanes 0-7 partials of pair p and in lanes 8-15 partials of
  * pair p + 8 (p < 8). Returns lane p = the sum of pair p's partials. */
@@ -48,6 +51,29 @@ static inline void store_pairs(float *out, __m512 sums, int32_t kn) {
     const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const __m512 t = _mm512_permutexvar_ps(idx, sums);
     _mm512_mask_storeu_ps(out, (__mmask16)(kn >= 4 ? 0xFFFF : (1u << (4 * kn)) - 1u), t);
+}
+
+/* The Q8_K blocks from c0 on of four activation rows act[0..3] for the four-token steps of the
+ * many-token kernels; with n < 4 real rows, the first stands in for the rest (their sums are never
+ * stored). */
+static inline void q8k_rows4(const void *const *act, int32_t n, int64_t c0, const block_q8_K *y[4]) {
+    for (int k = 0; k < 4; k++) y[k] = (const block_q8_K *)act[k < n ? k : 0] + c0;
+}
+
+/* Lane 4 r + k: the activation scale y.d of block c of token k. */
+static inline __m512 token_scales(const block_q8_K *const y[4], int64_t c) {
+    return pairs_by_token(_mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d));
+}
+
+/* The first reduction level (for reduce16_from8) of the 16 (row, token) sums of f[r] . bsums: f[r] holds
+ * row r's 16 int16 multipliers of the 16 block sums of block c (the minimums of Q4_K/Q5_K, the scales of
+ * Q3_K/Q6_K); out[4 r + k] (r < 2) has row r in lanes 0-7 and row r + 2 in lanes 8-15, token k. */
+static inline void bsum_pairs(const __m256i f[4], const block_q8_K *const y[4], int64_t c, __m512i out[8]) {
+    for (int k = 0; k < 4; k++) {
+        const __m512i bs = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[k][c].bsums));
+        for (int r = 0; r < 2; r++)
+            out[4 * r + k] = _mm512_madd_epi16(bs, _mm512_inserti64x4(_mm512_castsi256_si512(f[r]), f[r + 2], 1));
+    }
 }
 
 /* Prefetch the block of `bytes` at p (every cache line it touches) for the decode kernels: they
