@@ -77,6 +77,7 @@ struct cuda_state {
     int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
     int32_t fused;           /* decode's fused launches (STRATA_CUDA_DECODE=unfused: 0) */
     int32_t miss_policy;
+    int prompt;              /* the forward in progress reads a prompt chunk (cuda_forward) */
     int32_t kv_type;
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
     /* work buffers for up to cap tokens */
@@ -420,7 +421,7 @@ int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expe
 /* A decode step (not a prompt chunk, whatever its size): the decode shortcuts below (fused norm and
  * quantization, q/k/v quantized once, device routing, the graph) apply only here, so that prompt
  * chunks keep one code path whatever their T (the tensor-core products of use_mmq). */
-static int decoding(const strata_engine *e) { return e->stats.state != 1; /* 1: reading a prompt */ }
+static int decoding(const strata_engine *e) { return !e->gpu->prompt; }
 
 /* Decode, one token: y (+)= W x with the one-token kernel (x in W's activation type already). */
 static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const void *x,
@@ -438,7 +439,7 @@ static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int6
 static int use_mmq(strata_engine *e, int32_t type) {
     cuda_state *g = e->gpu;
     if (!g->mmq) g->mmq = trace_env_cuda_mmq() ? 1 : 2;
-    return g->mmq == 1 && e->stats.state == 1 /* reading a prompt (engine_prefill) */ && cuda_mmq_supported(type);
+    return g->mmq == 1 && g->prompt && cuda_mmq_supported(type);
 }
 
 /* The routed experts of layer l run on the tensor cores (all three matrices' types allow it). */
@@ -926,8 +927,10 @@ static void graph_capture(strata_engine *e) {
     }
 }
 
-strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int want_logits) {
+strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int prompt,
+                           int want_logits) {
     cuda_state *g = e->gpu;
+    g->prompt = prompt;
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
     STRATA_TRY(work_alloc(e, T));

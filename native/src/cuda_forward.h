@@ -19,7 +19,9 @@ strata_status cuda_forward_open(struct strata_engine *e, int32_t n_slots);
 int64_t cuda_forward_work_bytes(const struct strata_engine *e, int32_t T);
 void cuda_forward_close(struct strata_engine *e);
 /* Run T tokens at positions pos0.. through every layer; the logits of the last when want_logits. */
-strata_status cuda_forward(struct strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int want_logits);
+/* prompt: a chunk of a prompt (engine_prefill), not a decode step, whatever T is. */
+strata_status cuda_forward(struct strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int prompt,
+                           int want_logits);
 /* Slot of an expert in the device cache, or -1. */
 int32_t cuda_forward_slot_of(const struct strata_engine *e, int32_t layer, int32_t expert);
 /* Slots in the device cache. */

@@ -132,7 +132,7 @@ void chunk_buffers_free(strata_engine *e) { memset(&e->cb, 0, sizeof e->cb); }
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits) {
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
-    if (e->gpu) return cuda_forward(e, tokens, T, e->n_past, want_logits);
+    if (e->gpu) return cuda_forward(e, tokens, T, e->n_past, phase == MOE_PHASE_PREFILL, want_logits);
     chunk_buffers *cb = &e->cb;
     STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
     STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
