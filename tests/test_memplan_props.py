@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -84,17 +85,24 @@ def engine_settings(draw: st.DrawFn) -> tuple[dict[str, object], list[int]]:
     return cfg, lengths
 
 
+def open_engine(model: Path, cfg: EngineConfig, trace: Callable[[str], None] | None = None) -> Engine | None:
+    """The engine of a drawn setting, or None when the setting's budget cannot hold the plan: then the
+    error says which flag to change (checked here)."""
+    try:
+        return Engine(model, cfg, trace=trace)
+    except BudgetError as e:
+        assert re.search(r"--(vram-budget|expert-cache|max-context|lend-pct|host-ram-budget)", str(e)), str(e)
+        event("budget error")
+        return None
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(engine_settings())
 def test_every_request_is_served_with_its_own_layout(tiny: Path, setting: tuple[dict[str, object], list[int]]) -> None:
     cfg, lengths = setting
     lines: list[str] = []
-    try:
-        eng = Engine(tiny, EngineConfig(**cfg), trace=lines.append)  # type: ignore[arg-type]
-    except BudgetError as e:
-        # a budget that cannot hold the plan says how much and which flag to change
-        assert re.search(r"--(vram-budget|expert-cache|max-context|lend-pct|host-ram-budget)", str(e)), str(e)
-        event("budget error")
+    eng = open_engine(tiny, EngineConfig(**cfg), lines.append)  # type: ignore[arg-type]
+    if eng is None:
         return
     with eng:
         p = eng.plan
