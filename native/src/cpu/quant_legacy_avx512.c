@@ -238,6 +238,31 @@ ALWAYS_INLINE void l_tail(int kind, int64_t i0, int64_t nb, const uint8_t *w, si
     }
 }
 
+/* The activation side of a group of sixteen blocks at yb (blocks p and p + 8 in pair p): the pairs a,
+ * the integer start c of each pair's sums (minus the offset times the block sums for the symmetric
+ * types, 0 for the affine ones), and for the affine types the block sums as floats (lane per block). */
+ALWAYS_INLINE __m512 l_act_group(int kind, const uint8_t *yb, __m512i a[8], __m512i c[8]) {
+    const __m512i zero = _mm512_setzero_si512();
+    for (int p = 0; p < 8; p++) {
+        a[p] = l_act_pair(yb + p * 34, yb + (p + 8) * 34);
+        c[p] = l_affine(kind) ? zero
+                              : _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)l_off(kind)), a[p]));
+    }
+    if (!l_affine(kind)) return _mm512_setzero_ps();
+    __m512i s[8];
+    for (int p = 0; p < 8; p++) s[p] = _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(1), a[p]);
+    return _mm512_cvtepi32_ps(reduce16_from8(s));
+}
+
+/* acc + the group's float step (lane per block): (dw dy) s, plus (mw dy) sa for the affine types, the
+ * 16 lanes folded onto 8 (blocks p and p + 8 in one lane sum, as vec_dot adds them). */
+ALWAYS_INLINE __m256 l_add_group(int kind, __m256 acc, __m512 wd, __m512 wm, __m512 yd, __m512 s, __m512 sa) {
+    __m512 t = _mm512_mul_ps(_mm512_mul_ps(wd, yd), s);
+    if (l_affine(kind)) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(wm, yd), sa));
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(t));
+    return _mm256_add_ps(acc, _mm512_extractf32x8_ps(t, 1));
+}
+
 /* out[r] = vec_dot(n, w + r * ws, act) for r < nr (nr = 1 or 4, a constant after inlining). */
 ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, const uint8_t *y, float *out, int nr) {
     const int bytes = l_bytes(kind);
@@ -248,24 +273,13 @@ ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, cons
     const __m512i wi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(bytes));
     const __m512i wi_m = _mm512_add_epi32(wi_d, _mm512_set1_epi32(2));
     const __m512i yi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(34));
-    const __m512i offv = _mm512_set1_epi8((char)l_off(kind)), ones = _mm512_set1_epi8(1);
     __m256 acc[4];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= nb; i += 16) {
         const uint8_t *yb = y + i * 34;
         __m512i a[8], c[8];
-        for (int p = 0; p < 8; p++) {
-            a[p] = l_act_pair(yb + p * 34, yb + (p + 8) * 34);
-            c[p] = l_affine(kind) ? _mm512_setzero_si512()
-                                  : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a[p]));
-        }
-        __m512 sa = _mm512_setzero_ps();
-        if (l_affine(kind)) {
-            __m512i s[8];
-            for (int p = 0; p < 8; p++) s[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a[p]);
-            sa = _mm512_cvtepi32_ps(reduce16_from8(s));
-        }
+        const __m512 sa = l_act_group(kind, yb, a, c);
         const __m512 yd = l_f16x16(yb, yi_d);
         for (int r = 0; r < nr; r++) {
             const uint8_t *xb = w + (size_t)r * ws + i * bytes;
@@ -273,10 +287,8 @@ ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, cons
             __m512i v[8];
             for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(c[p], l_unpack(kind, xb + p * bytes, xb + (p + 8) * bytes, lut), a[p]);
             const __m512 s = _mm512_cvtepi32_ps(reduce16_from8(v));
-            __m512 t = _mm512_mul_ps(_mm512_mul_ps(l_f16x16(xb, wi_d), yd), s);
-            if (l_affine(kind)) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(l_f16x16(xb, wi_m), yd), sa));
-            acc[r] = _mm256_add_ps(acc[r], _mm512_castps512_ps256(t));
-            acc[r] = _mm256_add_ps(acc[r], _mm512_extractf32x8_ps(t, 1));
+            const __m512 wm = l_affine(kind) ? l_f16x16(xb, wi_m) : _mm512_setzero_ps();
+            acc[r] = l_add_group(kind, acc[r], l_f16x16(xb, wi_d), wm, yd, s, sa);
         }
     }
     float lanes[4][8];
@@ -299,7 +311,6 @@ ALWAYS_INLINE void l_4xn(int kind, int64_t n, const uint8_t *w, size_t ws, const
     const __m512i wi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(bytes));
     const __m512i wi_m = _mm512_add_epi32(wi_d, _mm512_set1_epi32(2));
     const __m512i yi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(34));
-    const __m512i offv = _mm512_set1_epi8((char)l_off(kind)), ones = _mm512_set1_epi8(1);
     __m256 acc[QUANT_DOT_4XN_MAX][4]; /* [token][row]: lane sums */
     __m512i u[4][8];                  /* [row][pair]: indices of blocks p and p + 8 of the group */
     __m512 wd[4], wm[4];
@@ -318,26 +329,13 @@ ALWAYS_INLINE void l_4xn(int kind, int64_t n, const uint8_t *w, size_t ws, const
             for (int32_t k = 0; k < tn; k++) {
                 const uint8_t *yb = (const uint8_t *)act[t0 + k] + i * 34;
                 __m512i a[8], c[8];
-                for (int p = 0; p < 8; p++) {
-                    a[p] = l_act_pair(yb + p * 34, yb + (p + 8) * 34);
-                    c[p] = l_affine(kind) ? _mm512_setzero_si512()
-                                          : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a[p]));
-                }
-                __m512 sa = _mm512_setzero_ps();
-                if (l_affine(kind)) {
-                    __m512i s[8];
-                    for (int p = 0; p < 8; p++) s[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a[p]);
-                    sa = _mm512_cvtepi32_ps(reduce16_from8(s));
-                }
+                const __m512 sa = l_act_group(kind, yb, a, c);
                 const __m512 yd = l_f16x16(yb, yi_d);
                 for (int r = 0; r < 4; r++) {
                     __m512i v[8];
                     for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(c[p], u[r][p], a[p]);
                     const __m512 s = _mm512_cvtepi32_ps(reduce16_from8(v));
-                    __m512 t = _mm512_mul_ps(_mm512_mul_ps(wd[r], yd), s);
-                    if (l_affine(kind)) t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(wm[r], yd), sa));
-                    acc[k][r] = _mm256_add_ps(acc[k][r], _mm512_castps512_ps256(t));
-                    acc[k][r] = _mm256_add_ps(acc[k][r], _mm512_extractf32x8_ps(t, 1));
+                    acc[k][r] = l_add_group(kind, acc[k][r], wd[r], wm[r], yd, s, sa);
                 }
             }
         }
