@@ -23,6 +23,22 @@
  *                  file (pageable copies) instead of through the ring of pinned staging buffers.
  *                  Read when the device cache is made.
  *
+ *   STRATA_CUDA_REGISTER "0": on --device cuda, do not page-lock the mapped model file; expert copies go
+ *                  through the staging ring (above) instead of straight from the mapping. Unset or any
+ *                  other value: the file is registered with the device (read-only) when the device
+ *                  supports it and the file fits in RAM, else the ring is used (the trace says which).
+ *                  Read when the device cache is made.
+ *
+ *   STRATA_CUDA_OVERLAP "0": on --device cuda, copy missed experts on the compute stream and run a layer's
+ *                  hits and misses together after every copy, as before the copy stream (same replies).
+ *                  Unset or any other value: copies run on their own stream; the hits' products start
+ *                  while the misses are copied, and a prompt's misses are copied in groups, each group's
+ *                  products running under the next group's copies. Read when the device cache is made.
+ *
+ *   STRATA_CUDA_MISS_SPLIT  under --miss auto on --device cuda, the share of a decode step's misses run on the
+ *                  host, from 0 to 1 ("0": copy them all, "1": run them all on the host), instead of the
+ *                  share computed from the measured copy and host rates. Read when the device cache is made.
+ *
  *   STRATA_CUDA_MMQ "0": on --device cuda, run prompt chunks' Q8_0 / Q4_0 / Q4_K / Q6_K products with the
  *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
  *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
@@ -82,4 +98,22 @@ int env_cuda_staging(void) {
 int trace_env_cuda_mmq(void) {
     const char *v = getenv("STRATA_CUDA_MMQ");
     return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_register(void) {
+    const char *v = getenv("STRATA_CUDA_REGISTER");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_overlap(void) {
+    const char *v = getenv("STRATA_CUDA_OVERLAP");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+double env_cuda_miss_split(void) {
+    const char *v = getenv("STRATA_CUDA_MISS_SPLIT");
+    if (!v || !v[0]) return -1.0;
+    char *end = NULL;
+    const double x = strtod(v, &end);
+    return end && *end == '\0' && x >= 0.0 && x <= 1.0 ? x : -1.0;
 }
