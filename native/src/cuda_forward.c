@@ -785,7 +785,7 @@ static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32
 /* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments.
  * The wave's pairs i = t * K + k are first bucketed by expert (one pass over sel, then each expert's
  * pairs in increasing i), so the work is O(T * K + E), not O(E * T * K). */
-enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3 };
+enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3, EXP_COPIED = 4 };
 static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, uint8_t *state,
                                    int32_t SEG, int32_t *n_out) {
     cuda_state *g = e->gpu;
@@ -871,8 +871,8 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
     return STRATA_OK;
 }
 
-/* Experts copied per wave of a prompt chunk when copies have their own stream: each group's products
- * run while the next group is copied. */
+/* Experts copied per wave of a prompt chunk (at least) when copies have their own stream: each group's
+ * products run while the next group is copied. */
 #define COPY_GROUP 16
 
 /* The segment tables of the experts marked WAVE, then their products: with the copy stream, after the
@@ -950,12 +950,8 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     uint8_t *state = g->exp_state;
     memset(state, EXP_IDLE, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
-    int32_t n_hit = 0, n_miss = 0;
-    for (int32_t ex = 0; ex < E; ex++)
-        if (state[ex] == EXP_PENDING) {
-            if (g->slot_of[l * E + ex] >= 0) n_hit++;
-            else n_miss++;
-        }
+    int32_t n_miss = 0;
+    for (int32_t ex = 0; ex < E; ex++) n_miss += state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0;
     /* the misses the host runs: all of them under --miss host, --miss auto's share of them */
     int32_t n_host = may_host ? host_share(g, n_miss) : 0;
     for (int32_t ex = 0, left = n_host; ex < E && left > 0; ex++)
@@ -965,43 +961,38 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
         }
     const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
     const int32_t cs = g->overlap ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE;
+    /* a prompt's misses in at most about four groups, so that the per-wave launches stay few */
+    const int32_t group = STRATA_MAX(COPY_GROUP, (n_miss - n_host + 3) / 4);
     int32_t wave = 0;        /* waves enqueued in this layer */
-    uint64_t prev_step = 0;  /* the step of the last wave, whose products may still run */
-    if (g->overlap && n_hit > 0 && n_miss > n_host) {
-        /* the hits first, as a wave of their own: their products run while the misses are copied */
-        g->step++;
-        for (int32_t ex = 0; ex < E; ex++)
-            if (state[ex] == EXP_PENDING && g->slot_of[l * E + ex] >= 0) {
-                state[ex] = EXP_WAVE;
-                g->last_use[g->slot_of[l * E + ex]] = g->step;
-            }
-        STRATA_TRY(run_wave(e, l, sel, T, SEG, 0));
-        prev_step = g->step;
-        wave++;
-    }
+    uint64_t prev_step = 0;  /* the step of the last waves, whose products may still run */
     for (int pending = 1; pending;) {
         if (wave > 0) {
             /* this wave rewrites the staging of the segment tables, so the last wave's upload must have
-             * left it. With the copy stream: that upload's event, which comes after the products of the
-             * wave before it, so the copies below overwrite no slot that a wave still reads, but the last
+             * left it. With the copy stream: that upload's event, which comes after the products of every
+             * earlier wave, so the copies below overwrite no slot that a wave still reads, but the last
              * one's (waited for on the device below). Without: the whole device. */
             if (g->overlap) DEV(e, cuda_event_wait(g->ctx, g->ev_tables));
             else DEV(e, cuda_sync(g->ctx));
         }
         g->step++;
         pending = 0;
+        int32_t n_wave_hits = 0;
         for (int32_t ex = 0; ex < E; ex++) {
             if (state[ex] != EXP_PENDING) continue;
             const int32_t s = g->slot_of[l * E + ex];
             if (s >= 0) {
                 state[ex] = EXP_WAVE;
                 g->last_use[s] = g->step;
+                n_wave_hits++;
             }
         }
+        /* with the copy stream, the first wave's hits run as a wave of their own, enqueued after the
+         * copies have started and before the copied experts' products, so that they run under the copies */
+        const int split = g->overlap && wave == 0 && n_wave_hits > 0;
         int32_t copied = 0, waited = 0;
         for (int32_t ex = 0; ex < E; ex++) {
             if (state[ex] != EXP_PENDING) continue;
-            if (g->overlap && T > 1 && copied == COPY_GROUP) { /* the rest copies under this group's products */
+            if (g->overlap && T > 1 && copied == group) { /* the rest copies under this group's products */
                 pending = 1;
                 break;
             }
@@ -1013,7 +1004,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
                 break;
             }
             if (g->overlap && wave > 0 && g->last_use[victim] >= prev_step && !waited) {
-                /* the last wave's products may still read this slot (the least recently used come first,
+                /* the last waves' products may still read this slot (the least recently used come first,
                  * so only a small cache gets here): the copies wait for them on the device */
                 DEV(e, cuda_stream_wait(g->ctx, g->ev_prod, CUDA_STREAM_COPY));
                 waited = 1;
@@ -1021,10 +1012,17 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
             STRATA_TRY(slot_fill(e, victim, l, ex, cs));
             g->last_use[victim] = g->step;
             e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
-            state[ex] = EXP_WAVE;
+            state[ex] = split ? EXP_COPIED : EXP_WAVE;
             copied++;
         }
         if (g->overlap && copied) DEV(e, cuda_event_record(g->ctx, g->ev_copy, CUDA_STREAM_COPY));
+        if (split && copied) {
+            STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
+            for (int32_t ex = 0; ex < E; ex++)
+                if (state[ex] == EXP_COPIED) state[ex] = EXP_WAVE;
+            DEV(e, cuda_event_wait(g->ctx, g->ev_tables)); /* the hits' tables have left the staging */
+            wave++;
+        }
         STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
         prev_step = g->step;
         wave++;
