@@ -116,6 +116,18 @@ def main() -> int:
             print(f"skipped {b}GiB {miss} {env}: {left(deadline):.0f} s left", flush=True)
             continue
         rows.append(run_row(path, b, miss, env, pp, tg, deadline))
+    for r in rows:
+        print(
+            r["budget"],
+            r["miss"],
+            r["env"],
+            f"open {r.get('open_s', 0):.1f} s:",
+            " / ".join(
+                ln
+                for ln in r["trace"]
+                if "store" in ln or "filled" in ln or "auto" in ln or "plan:" in ln[:6]
+            ),
+        )
     cols = [
         "budget",
         "miss",
