@@ -24,12 +24,18 @@
  * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
  * with one launch per token; the graph is dropped when the work buffers move.
  *
- * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) go through a
- * ring of STAGE_RING pinned buffers of one slot each: the pool's threads copy the expert's bytes from
- * the mapped file into a free buffer, and one DMA at full PCIe speed takes it to its slot, while the
- * host fills the next buffer (a buffer is reused once the event after its DMA has passed). A copy
- * straight from the mapping would be a pageable copy: a fraction of the bandwidth, with the host
- * blocked.
+ * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) come from the
+ * expert store (STRATA_CUDA_STORE, trace.c). By default a ring of STAGE_RING pinned buffers of one slot
+ * each: the pool's threads copy the expert's bytes from the mapped file into a free buffer, and one DMA
+ * at full PCIe speed takes it to its slot, while the host fills the next buffer (a buffer is reused
+ * once the event after its DMA has passed). A copy straight from the mapping would be a pageable copy:
+ * a fraction of the bandwidth, with the host blocked. The other stores need no host copy: the mapped
+ * file page-locked for the device, or every expert copied once at open into pinned host memory.
+ *
+ * Copies run on their own stream (CUDA_STREAM_COPY) and the products wait for them through events, so
+ * that a layer's hits run while its misses are copied (STRATA_CUDA_OVERLAP=0: all on the compute
+ * stream). Under --miss host or auto, a decode step's misses (all, or auto's share from the measured
+ * copy and host times) run on the host while the device runs the rest.
  */
 #include <math.h>
 #include <stdio.h>
@@ -101,10 +107,13 @@ struct cuda_state {
     int8_t mmq;              /* prompt products on the tensor cores: 0 not decided yet, 1 yes, 2 no */
     int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
     int32_t bucket_cap;
-    /* the expert store: the mapped file page-locked for the device, so that a slot is filled by DMAs
-     * straight from the mapping (reg_ptr NULL: through the ring above) */
+    /* the expert store (STRATA_CUDA_STORE): the mapped file page-locked for the device (reg_ptr), or every
+     * expert copied once into pinned host memory (arena); a slot is then filled by DMAs with no host
+     * copy. Neither: through the ring above. */
     void *reg_ptr;
-    size_t reg_bytes;
+    uint8_t *arena;          /* pinned [L * E, expert bytes]: gate | up | down of each expert, or NULL */
+    int32_t direct;          /* reg_ptr or arena: a copy needs no work from the host */
+    int32_t copy_group;      /* STRATA_CUDA_COPY_GROUP: least experts per copy group of a prompt, 0 = one */
     int32_t overlap;         /* copies on CUDA_STREAM_COPY, ordered by the events below (STRATA_CUDA_OVERLAP) */
     void *ev_copy;           /* copy stream: after the copies of the last wave */
     void *ev_prod;           /* compute stream: after the products of the last wave */
@@ -244,9 +253,12 @@ static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t e
     const uint8_t *src_g = L->gate_exps.data + ex * F * L->gate_exps.row_bytes;
     const uint8_t *src_u = L->up_exps.data + ex * F * L->up_exps.row_bytes;
     const uint8_t *src_d = L->down_exps.data + ex * D * L->down_exps.row_bytes;
-    if (g->reg_ptr) {
-        /* the mapping is page-locked: three DMAs straight from the file at full PCIe speed, nothing for
-         * the host to copy and nothing to wait for */
+    if (g->arena) {
+        /* pinned: one DMA at full PCIe speed, nothing for the host to copy and nothing to wait for */
+        const int64_t n = g->gate_bytes + g->up_bytes + g->down_bytes;
+        DEV(e, cuda_h2d(g->ctx, dst, g->arena + ((int64_t)l * e->hp.n_expert + ex) * n, (size_t)n, stream));
+    } else if (g->reg_ptr) {
+        /* the mapping is page-locked: three DMAs straight from the file, nothing for the host to copy */
         DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)g->gate_bytes, stream));
         DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, src_u, (size_t)g->up_bytes, stream));
         DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, src_d, (size_t)g->down_bytes, stream));
@@ -279,35 +291,65 @@ static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t e
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
                         float *scratch);
 
-/* The expert store: page-lock the mapped model file for the device (read-only), so that every expert
- * copy is a DMA straight from the mapping. Not when every expert is resident (nothing is copied after
- * the fill), when STRATA_CUDA_REGISTER=0, or when the file does not fit in the host RAM the plan may
- * use; a failed registration is not an error: the copies go through the staging ring. Says which. */
-static void store_register(strata_engine *e) {
+/* One expert's gate | up | down from the mapped file into its place in the arena (pool item = l * E + e). */
+static void arena_piece(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    strata_engine *e = ctx;
+    cuda_state *g = e->gpu;
+    const int64_t E = e->hp.n_expert, F = e->hp.n_ff_exp, D = e->hp.n_embd;
+    const layer_weights *L = &e->w.layers[item / E];
+    const int64_t ex = item % E, n = g->gate_bytes + g->up_bytes + g->down_bytes;
+    uint8_t *dst = g->arena + item * n;
+    memcpy(dst, L->gate_exps.data + ex * F * L->gate_exps.row_bytes, (size_t)g->gate_bytes);
+    memcpy(dst + g->gate_bytes, L->up_exps.data + ex * F * L->up_exps.row_bytes, (size_t)g->up_bytes);
+    memcpy(dst + g->gate_bytes + g->up_bytes, L->down_exps.data + ex * D * L->down_exps.row_bytes, (size_t)g->down_bytes);
+}
+
+/* The expert store (STRATA_CUDA_STORE, trace.c): "register" page-locks the mapped model file for the
+ * device (read-only); "arena" copies every routed expert once into pinned host memory. Either makes
+ * every expert copy a DMA with no host work. Not when every expert is resident (nothing is copied after
+ * the fill) or when the store does not fit in the host RAM the plan may use; a failure is not an error:
+ * the copies go through the staging ring. The trace says which store is in use and what it cost. */
+static void store_open(strata_engine *e) {
     cuda_state *g = e->gpu;
     const int64_t all = (int64_t)e->hp.n_layer * e->hp.n_expert;
-    const double gib = (double)e->file.size / (1 << 30);
+    const int64_t xb = g->gate_bytes + g->up_bytes + g->down_bytes;
+    const int store = env_cuda_store();
+    const int64_t bytes = store == 1 ? (int64_t)e->file.size : all * xb;
+    const double gib = (double)bytes / (1 << 30);
     char why[640];
     why[0] = 0;
-    if (g->n_slots >= all) {
+    if (store == 0) {
+        snprintf(why, sizeof why, "STRATA_CUDA_STORE is not register or arena");
+    } else if (g->n_slots >= all) {
         snprintf(why, sizeof why, "every expert is resident");
-    } else if (!env_cuda_register()) {
-        snprintf(why, sizeof why, "STRATA_CUDA_REGISTER=0");
-    } else if (e->plan.host_avail_bytes > 0 && (int64_t)e->file.size > e->plan.host_avail_bytes) {
-        snprintf(why, sizeof why, "the file (%.1f GiB) is larger than the host RAM the plan may use (%.1f GiB)", gib,
+    } else if (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes) {
+        snprintf(why, sizeof why, "%.1f GiB is more than the host RAM the plan may use (%.1f GiB)", gib,
                  (double)e->plan.host_avail_bytes / (1 << 30));
-    } else {
+    } else if (store == 1) {
         const double t0 = engine_now_ms();
         if (cuda_host_register(g->ctx, e->file.map, (size_t)e->file.size) == STRATA_OK) {
             g->reg_ptr = e->file.map;
-            g->reg_bytes = (size_t)e->file.size;
+            g->direct = 1;
             trace_emit(&e->trace, "cuda: expert store: the mapped file (%.1f GiB) registered with the device in %.0f ms; "
                        "experts are copied straight from it", gib, engine_now_ms() - t0);
             return;
         }
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
+    } else {
+        const double t0 = engine_now_ms();
+        if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->arena) == STRATA_OK) {
+            const double t1 = engine_now_ms();
+            pool_run(e->pool, all, arena_piece, e);
+            g->direct = 1;
+            trace_emit(&e->trace, "cuda: expert store: %.1f GiB of pinned host memory in %.0f ms, experts copied into it in "
+                       "%.0f ms", gib, t1 - t0, engine_now_ms() - t1);
+            return;
+        }
+        g->arena = NULL;
+        snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
     }
-    trace_emit(&e->trace, "cuda: expert store: the mapped file is not registered (%s); experts are copied %s", why,
+    trace_emit(&e->trace, "cuda: expert store: %s; experts are copied %s", why,
                env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
 }
 
@@ -415,8 +457,9 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     DEV(e, cuda_event_create(g->ctx, &g->ev_copy));
     DEV(e, cuda_event_create(g->ctx, &g->ev_prod));
     DEV(e, cuda_event_create(g->ctx, &g->ev_tables));
-    store_register(e);
-    if (!g->reg_ptr && env_cuda_staging())
+    g->copy_group = env_cuda_copy_group();
+    store_open(e);
+    if (!g->direct && env_cuda_staging())
         for (int i = 0; i < STAGE_RING; i++) {
             DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
             DEV(e, cuda_event_create(g->ctx, &g->ring_done[i]));
@@ -487,6 +530,8 @@ void cuda_forward_close(strata_engine *e) {
         /* before the file is unmapped (engine_close closes the file after this) */
         if (g->reg_ptr) cuda_host_unregister(g->ctx, g->reg_ptr);
         g->reg_ptr = NULL;
+        cuda_host_free(g->ctx, g->arena);
+        g->arena = NULL;
         cuda_ctx_destroy(g->ctx);
     }
     free(g->layers);
@@ -871,10 +916,6 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
     return STRATA_OK;
 }
 
-/* Experts copied per wave of a prompt chunk (at least) when copies have their own stream: each group's
- * products run while the next group is copied. */
-#define COPY_GROUP 16
-
 /* The segment tables of the experts marked WAVE, then their products: with the copy stream, after the
  * event of this wave's copies (when it copied any), and with events that say when the tables have left
  * the staging (ev_tables) and when the products are done (ev_prod). */
@@ -891,13 +932,16 @@ static strata_status run_wave(strata_engine *e, int32_t l, const int32_t *sel, i
     return STRATA_OK;
 }
 
-/* How many of a decode step's n_miss misses run on the host. --miss host: all. --miss auto: the n for
- * which n host runs and n_miss - n copies take about as long (they run at the same time), from the
- * measured time of each (STRATA_CUDA_MISS_SPLIT overrides); the reply is the same whatever n is. */
+/* How many of a decode step's n_miss misses run on the host. --miss host: all. --miss auto, from the
+ * measured time of each (STRATA_CUDA_MISS_SPLIT overrides): when a copy is a DMA alone (direct store),
+ * the n for which n host runs and n_miss - n copies take about as long, as they run at the same time;
+ * through the ring, the host is busy during a copy too, so all of them where the host is faster, else
+ * none. The reply is the same whatever n is. */
 static int32_t host_share(const cuda_state *g, int32_t n_miss) {
     if (g->miss_policy == STRATA_MISS_HOST || n_miss <= 0) return n_miss > 0 ? n_miss : 0;
     if (g->miss_split >= 0) return (int32_t)floor(g->miss_split * n_miss + 0.5);
     if (!(g->host_ms > 0) || !(g->copy_ms > 0)) return 0;
+    if (!g->direct) return g->host_ms < g->copy_ms ? n_miss : 0;
     int32_t best = 0;
     double best_t = n_miss * g->copy_ms;
     for (int32_t n = 1; n <= n_miss; n++) {
@@ -961,17 +1005,20 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
         }
     const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
     const int32_t cs = g->overlap ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE;
-    /* a prompt's misses in at most about four groups, so that the per-wave launches stay few */
-    const int32_t group = STRATA_MAX(COPY_GROUP, (n_miss - n_host + 3) / 4);
-    int32_t wave = 0;        /* waves enqueued in this layer */
-    uint64_t prev_step = 0;  /* the step of the last waves, whose products may still run */
-    for (int pending = 1; pending;) {
-        if (wave > 0) {
+    /* STRATA_CUDA_COPY_GROUP: a prompt's misses in groups (at most about four, so that the per-wave launches
+     * stay few), each copied under the last one's products; else one group */
+    const int32_t group = g->overlap && g->copy_group > 0 && T > 1
+                              ? STRATA_MAX(g->copy_group, (n_miss - n_host + 3) / 4)
+                              : INT32_MAX;
+    uint64_t prev_step = 0;  /* the step of the last iteration's waves, whose products may still run */
+    for (int pending = 1, iter = 0; pending; iter++) {
+        if (iter > 0) {
             /* this wave rewrites the staging of the segment tables, so the last wave's upload must have
-             * left it. With the copy stream: that upload's event, which comes after the products of every
+             * left it. With copy groups: that upload's event, which comes after the products of every
              * earlier wave, so the copies below overwrite no slot that a wave still reads, but the last
-             * one's (waited for on the device below). Without: the whole device. */
-            if (g->overlap) DEV(e, cuda_event_wait(g->ctx, g->ev_tables));
+             * one's (waited for on the device below). Else (a cache too small for one wave): the whole
+             * device, after which nothing is in flight. */
+            if (group < INT32_MAX) DEV(e, cuda_event_wait(g->ctx, g->ev_tables));
             else DEV(e, cuda_sync(g->ctx));
         }
         g->step++;
@@ -986,10 +1033,14 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
                 n_wave_hits++;
             }
         }
-        /* with the copy stream, the first wave's hits run as a wave of their own, enqueued after the
-         * copies have started and before the copied experts' products, so that they run under the copies */
-        const int split = g->overlap && wave == 0 && n_wave_hits > 0;
+        /* with the copy stream, the first wave's hits run as a wave of their own, so that they run under
+         * the copies: enqueued after the copies have started when a copy is a DMA alone (direct), before
+         * them when the host copies each expert into the ring first */
+        const int split = g->overlap && iter == 0 && n_wave_hits > 0 && n_miss > n_host;
         int32_t copied = 0, waited = 0;
+        if (split && !g->direct) {
+            STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
+        }
         for (int32_t ex = 0; ex < E; ex++) {
             if (state[ex] != EXP_PENDING) continue;
             if (g->overlap && T > 1 && copied == group) { /* the rest copies under this group's products */
@@ -1003,7 +1054,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
                 pending = 1;
                 break;
             }
-            if (g->overlap && wave > 0 && g->last_use[victim] >= prev_step && !waited) {
+            if (g->overlap && iter > 0 && g->last_use[victim] >= prev_step && !waited) {
                 /* the last waves' products may still read this slot (the least recently used come first,
                  * so only a small cache gets here): the copies wait for them on the device */
                 DEV(e, cuda_stream_wait(g->ctx, g->ev_prod, CUDA_STREAM_COPY));
@@ -1012,20 +1063,18 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
             STRATA_TRY(slot_fill(e, victim, l, ex, cs));
             g->last_use[victim] = g->step;
             e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
-            state[ex] = split ? EXP_COPIED : EXP_WAVE;
+            state[ex] = split && g->direct ? EXP_COPIED : EXP_WAVE;
             copied++;
         }
         if (g->overlap && copied) DEV(e, cuda_event_record(g->ctx, g->ev_copy, CUDA_STREAM_COPY));
-        if (split && copied) {
+        if (split && g->direct) {
             STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
             for (int32_t ex = 0; ex < E; ex++)
                 if (state[ex] == EXP_COPIED) state[ex] = EXP_WAVE;
-            DEV(e, cuda_event_wait(g->ctx, g->ev_tables)); /* the hits' tables have left the staging */
-            wave++;
         }
+        if (split) DEV(e, cuda_event_wait(g->ctx, g->ev_tables)); /* the hits' tables have left the staging */
         STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
         prev_step = g->step;
-        wave++;
     }
     if (n_host > 0) { /* decode: the missed experts on the host while the device runs the rest */
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;

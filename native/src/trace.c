@@ -23,17 +23,24 @@
  *                  file (pageable copies) instead of through the ring of pinned staging buffers.
  *                  Read when the device cache is made.
  *
- *   STRATA_CUDA_REGISTER "0": on --device cuda, do not page-lock the mapped model file; expert copies go
- *                  through the staging ring (above) instead of straight from the mapping. Unset or any
- *                  other value: the file is registered with the device (read-only) when the device
- *                  supports it and the file fits in RAM, else the ring is used (the trace says which).
- *                  Read when the device cache is made.
+ *   STRATA_CUDA_STORE  where --device cuda copies missed experts from. "ring" (default): the pool copies
+ *                  each expert from the mapped file into one of a few pinned staging buffers, then one DMA
+ *                  (or pageable copies with STRATA_CUDA_STAGING=0). "register": the mapped file is
+ *                  page-locked for the device (read-only) and experts are DMA'd straight from it.
+ *                  "arena": every routed expert is copied once at open into pinned host memory, and
+ *                  DMA'd from there. Both are used only when the file fits in the host RAM the plan
+ *                  may use and not every expert is resident; if either fails the ring is used; the trace
+ *                  says which store is in use and what it cost at open. Read when the device cache is made.
  *
  *   STRATA_CUDA_OVERLAP "0": on --device cuda, copy missed experts on the compute stream and run a layer's
- *                  hits and misses together after every copy, as before the copy stream (same replies).
- *                  Unset or any other value: copies run on their own stream; the hits' products start
- *                  while the misses are copied, and a prompt's misses are copied in groups, each group's
- *                  products running under the next group's copies. Read when the device cache is made.
+ *                  hits and misses together after every copy (same replies). Unset or any other value:
+ *                  copies run on their own stream, ordered by events, and a layer's hits run as their own
+ *                  launch while its misses are copied. Read when the device cache is made.
+ *
+ *   STRATA_CUDA_COPY_GROUP  N > 0: with the copy stream, a prompt chunk's misses of one layer are copied in
+ *                  groups of at least N experts (at most about four groups), each group's products
+ *                  running while the next group is copied (same replies). Unset or 0: one group.
+ *                  Read when the device cache is made.
  *
  *   STRATA_CUDA_MISS_SPLIT  under --miss auto on --device cuda, the share of a decode step's misses run on the
  *                  host, from 0 to 1 ("0": copy them all, "1": run them all on the host), instead of the
@@ -100,9 +107,17 @@ int trace_env_cuda_mmq(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
-int env_cuda_register(void) {
-    const char *v = getenv("STRATA_CUDA_REGISTER");
-    return !(v && strcmp(v, "0") == 0);
+int env_cuda_store(void) {
+    const char *v = getenv("STRATA_CUDA_STORE");
+    if (v && strcmp(v, "register") == 0) return 1;
+    if (v && strcmp(v, "arena") == 0) return 2;
+    return 0;
+}
+
+int env_cuda_copy_group(void) {
+    const char *v = getenv("STRATA_CUDA_COPY_GROUP");
+    const int n = v ? atoi(v) : 0;
+    return n > 0 ? n : 0;
 }
 
 int env_cuda_overlap(void) {

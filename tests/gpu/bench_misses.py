@@ -105,9 +105,12 @@ def main() -> int:
             plan += [
                 (b, "copy", {}, [512, 4096], 128),
                 (b, "auto", {}, [512, 4096], 128),
-                (b, "host", {"STRATA_CUDA_REGISTER": "0"}, [], 128),
+                (b, "host", {}, [], 128),
+                (b, "copy", {"STRATA_CUDA_STORE": "arena"}, [512, 4096], 128),
+                (b, "auto", {"STRATA_CUDA_STORE": "arena"}, [], 128),
+                (b, "copy", {"STRATA_CUDA_STORE": "arena", "STRATA_CUDA_COPY_GROUP": "16"}, [512, 4096], 0),
                 (b, "copy", {"STRATA_CUDA_OVERLAP": "0"}, [512], 64),
-                (b, "copy", {"STRATA_CUDA_REGISTER": "0"}, [512], 64),
+                (b, "copy", {"STRATA_CUDA_STORE": "register"}, [512], 64),
             ]
         else:
             plan += [(b, "auto", {}, [512, 4096], 128)]
