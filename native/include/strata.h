@@ -400,6 +400,14 @@ STRATA_API strata_status strata_cuda_mmq(int32_t type, const void *w, int32_t n_
 /* The host's bit-exact mirror of that product for one token (runs everywhere). */
 STRATA_API strata_status strata_cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols,
                                                 const float *x, float *y);
+/* One expert's decode miss on the host, as --miss host runs it: out[D] = down(swiglu(gate x, up x)) with
+ * the device's bits, at the kernel level of strata_simd_set, rows split over n_threads threads. It runs
+ * reps times (>= 1); *median_us (may be NULL) gets the median microseconds of one run. gate and up hold
+ * [F, D] of their types, down [D, F]; D and F whole blocks of the types (runs everywhere). */
+STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type,
+                                                   const void *up, int32_t down_type, const void *down, int64_t D,
+                                                   int64_t F, const float *x, float *out, int32_t n_threads,
+                                                   int32_t reps, double *median_us);
 
 /* The prompt-chunk attention on the tensor cores, on host buffers, as strata_cuda_attention: k, v [n_pos,
  * Hkv*hd] f32 are stored into a cache of kv_type whose rows after n_pos hold NaNs (which must not be

@@ -206,12 +206,18 @@ strata_status cuda_flash_attention(cuda_ctx *ctx, int32_t kv_type, const float *
 /* ---- host mirror ------------------------------------------------------------------------------- */
 
 /* Bit-exact host copy of the device matvec for one token: y[r] = W[r, :] . x (same operation
- * sequence as the device kernel). Used to run a decode miss on the host. */
+ * sequence as the device kernel), at the kernel level of strata_simd_set (tests; allocates). */
 void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
-/* One expert on the host, bit-exact with the device: out[D] = down(swiglu(gate x, up x)).
- * scratch: 2 * F floats. */
-void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
-                        int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch);
+/* Floats of scratch cuda_mirror_expert needs: g and u [2F], then the prepared activations. */
+int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F);
+/* One expert on the host, bit-exact with the device: out[D] = down(swiglu(gate x, up x)), at kernel
+ * level simd (SCALAR, AVX2 or AVX512; the CPU must have it). x is prepared once for gate and up,
+ * whose rows the pool splits together (pool NULL: this thread), then down's. No allocation.
+ * scratch: cuda_mirror_scratch_floats(D, F) floats. */
+struct pool;
+void cuda_mirror_expert(struct pool *p, int32_t simd, const void *gate, int32_t gate_type, const void *up,
+                        int32_t up_type, const void *down, int32_t down_type, int64_t D, int64_t F, const float *x,
+                        float *out, float *scratch);
 /* Bit-exact host copy of cuda_mmq for one token (Q8_0 / Q4_0 / Q4_K / Q6_K weights): y[r] = W[r, :] . x. */
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */

@@ -93,7 +93,8 @@ struct cuda_state {
     void *stage;             /* pinned host staging */
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
-    float *host_tmp;         /* pinned [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
+    float *host_tmp;         /* pinned [D + K * D + cuda_mirror_scratch_floats(D, F)]: a decode miss run on the host
+                              * (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
@@ -340,7 +341,8 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
     /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
-    DEV(e, cuda_host_alloc(g->ctx, (size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float), (void **)&g->host_tmp));
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)(D + hp->n_expert_used * D + cuda_mirror_scratch_floats(D, F)) * sizeof(float),
+                          (void **)&g->host_tmp));
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
     DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
@@ -629,65 +631,16 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 
 /* ---- decode misses on the host ------------------------------------------------------------------ */
 
-#define MIRROR_ROWS 32 /* rows per item of a parallel host matvec */
-
-/* Up to two matrices whose rows the pool splits: rows [0, n0) of m[0], then those of m[1]. */
-typedef struct mirror_job {
-    struct {
-        int32_t type;
-        const uint8_t *w; /* [rows, row_bytes] */
-        int64_t row_bytes, rows, cols;
-        const float *x; /* [cols] */
-        float *y;       /* [rows] */
-    } m[2];
-    int n_mat;
-} mirror_job;
-
-static void mirror_rows(void *ctx, int64_t item, int thread) {
-    (void)thread;
-    const mirror_job *j = ctx;
-    int64_t r0 = item * MIRROR_ROWS;
-    int i = 0;
-    const int64_t items0 = (j->m[0].rows + MIRROR_ROWS - 1) / MIRROR_ROWS;
-    if (j->n_mat > 1 && item >= items0) {
-        i = 1;
-        r0 = (item - items0) * MIRROR_ROWS;
-    }
-    const int64_t n = j->m[i].rows - r0 < MIRROR_ROWS ? j->m[i].rows - r0 : MIRROR_ROWS;
-    /* a row's bits do not depend on the rows computed with it: any split gives cuda_mirror_matvec's */
-    cuda_mirror_matvec(j->m[i].type, j->m[i].w + r0 * j->m[i].row_bytes, n, j->m[i].cols, j->m[i].x, j->m[i].y + r0);
-}
-
-/* cuda_mirror_expert for expert ex of layer W on the engine's threads: out[D] from x[D]; scratch [2F]. */
+/* cuda_mirror_expert for expert ex of layer W on the engine's threads, at the engine's kernel level:
+ * out[D] from x[D]; scratch: cuda_mirror_scratch_floats(D, F) floats. */
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
                         float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
-    float *gv = scratch, *uv = scratch + F;
-    mirror_job j = {.n_mat = 2};
-    j.m[0].type = W->gate_exps.type;
-    j.m[0].w = W->gate_exps.data + ex * F * W->gate_exps.row_bytes;
-    j.m[0].row_bytes = W->gate_exps.row_bytes;
-    j.m[0].rows = F;
-    j.m[0].cols = D;
-    j.m[0].x = x;
-    j.m[0].y = gv;
-    j.m[1] = j.m[0];
-    j.m[1].type = W->up_exps.type;
-    j.m[1].w = W->up_exps.data + ex * F * W->up_exps.row_bytes;
-    j.m[1].row_bytes = W->up_exps.row_bytes;
-    j.m[1].y = uv;
-    const int64_t items = (F + MIRROR_ROWS - 1) / MIRROR_ROWS;
-    pool_run(e->pool, 2 * items, mirror_rows, &j);
-    for (int64_t i = 0; i < F; i++) gv[i] = gq_swiglu(gv[i], uv[i]); /* cuda_mirror_expert's order */
-    mirror_job d = {.n_mat = 1};
-    d.m[0].type = W->down_exps.type;
-    d.m[0].w = W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes;
-    d.m[0].row_bytes = W->down_exps.row_bytes;
-    d.m[0].rows = D;
-    d.m[0].cols = F;
-    d.m[0].x = gv;
-    d.m[0].y = out;
-    pool_run(e->pool, (D + MIRROR_ROWS - 1) / MIRROR_ROWS, mirror_rows, &d);
+    const int32_t simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
+    cuda_mirror_expert(e->pool, simd, W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
+                       W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
+                       W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F, x, out,
+                       scratch);
 }
 
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
