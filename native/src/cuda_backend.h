@@ -45,7 +45,9 @@ strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *w
 void cuda_free(cuda_ctx *ctx, void *dptr);
 /* Device memory held through cuda_alloc now, and the most held since the context was created. */
 void cuda_mem_held(const cuda_ctx *ctx, int64_t *now, int64_t *peak);
-/* Page-lock host memory (e.g. the mapped model file) so that copies from it run at full PCIe speed. */
+/* Page-lock host memory (e.g. the mapped model file) as read-only for the device, so that copies from
+ * it run at full PCIe speed without a staging copy. Fails (a status and a message, the context still
+ * usable) when the device cannot register read-only memory or the pages cannot be locked. */
 strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes);
 void cuda_host_unregister(cuda_ctx *ctx, void *ptr);
 strata_status cuda_host_alloc(cuda_ctx *ctx, size_t bytes, void **ptr);
@@ -65,6 +67,9 @@ strata_status cuda_sync(cuda_ctx *ctx);
 strata_status cuda_event_create(cuda_ctx *ctx, void **ev);
 strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream);
 strata_status cuda_event_wait(cuda_ctx *ctx, void *ev);
+/* Work enqueued on `stream` after this call waits until the event's last record has passed (the host
+ * does not wait). */
+strata_status cuda_stream_wait(cuda_ctx *ctx, void *ev, int32_t stream);
 void cuda_event_free(void *ev);
 
 /* CUDA Graphs: record what is enqueued on the compute stream between begin and end (nothing runs),

@@ -39,6 +39,7 @@ strata_status cuda_capture_begin(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVIC
 strata_status cuda_event_create(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_record(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_wait(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+strata_status cuda_stream_wait(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 void cuda_event_free(void *x) { (void)x; }
 strata_status cuda_capture_end(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 strata_status cuda_graph_launch(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
