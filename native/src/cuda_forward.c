@@ -106,6 +106,7 @@ struct cuda_state {
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
     int32_t ring_next;
     int8_t mmq;              /* prompt products on the tensor cores: 0 not decided yet, 1 yes, 2 no */
+    int8_t flash;            /* prompt attention on the tensor cores: 0 not decided yet, 1 yes, 2 no */
     int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
     int32_t bucket_cap;
     /* the expert store (STRATA_CUDA_STORE): the mapped file page-locked for the device (reg_ptr), or every
@@ -635,6 +636,16 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
     return matvec(e, type, w, rows, D, g->xn, D, y, rows, T, 0);
 }
 
+/* Whether a prompt chunk's attention runs on the tensor cores (cuda_flash_attention): in every prompt
+ * chunk, 1-token chunks included, for the caches and head dims it covers; decode keeps cuda_attention.
+ * STRATA_CUDA_FLASH=0 turns it off (trace.c). */
+static int use_flash(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (!g->flash) g->flash = trace_env_cuda_flash() ? 1 : 2;
+    return g->flash == 1 && !decoding(e) &&
+           cuda_flash_attention_supported(g->kv_type, e->hp.n_head, e->hp.n_head_kv, e->hp.head_dim);
+}
+
 static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
@@ -671,8 +682,12 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
     DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, T, hp->n_head, hp->n_head_kv, hp->head_dim,
                              pos0, hp->rope_theta, hp->rms_eps, g->pos_arg));
     DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0, g->pos_arg));
-    DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head, hp->n_head_kv,
-                          hp->head_dim, pos0, g->pos_arg));
+    if (use_flash(e)) /* every prompt chunk, whatever its T: one expression per query position */
+        DEV(e, cuda_flash_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head,
+                                    hp->n_head_kv, hp->head_dim, pos0, g->pos_arg));
+    else
+        DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head,
+                              hp->n_head_kv, hp->head_dim, pos0, g->pos_arg));
     /* x += Wo att */
     return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, T, 1);
 }

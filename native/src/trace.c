@@ -50,8 +50,14 @@
  *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
  *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
  *
+ *   STRATA_CUDA_FLASH "0": on --device cuda, run prompt chunks' attention with the decode kernel
+ *                  (cuda/attention.cu, one query per block) instead of the tensor-core kernel
+ *                  (cuda/flash_attn.cu, f16 KV with head dim 32, 64 or 128; other caches always take the
+ *                  decode kernel). Any other value, or unset: the tensor-core kernel. Read at the first
+ *                  prompt.
+ *
  * STRATA_TRACE and the STRATA_CUDA_* switches of the decode path are read when an engine is opened, not
- * per line; STRATA_CUDA_MMQ at the first prompt.
+ * per line; STRATA_CUDA_MMQ and STRATA_CUDA_FLASH at the first prompt.
  */
 #include "trace.h"
 
@@ -131,4 +137,9 @@ double env_cuda_miss_split(void) {
     char *end = NULL;
     const double x = strtod(v, &end);
     return end && *end == '\0' && x >= 0.0 && x <= 1.0 ? x : -1.0;
+}
+
+int trace_env_cuda_flash(void) {
+    const char *v = getenv("STRATA_CUDA_FLASH");
+    return !(v && strcmp(v, "0") == 0);
 }

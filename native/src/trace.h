@@ -34,5 +34,7 @@ int env_cuda_overlap(void);
 double env_cuda_miss_split(void);
 /* 0 when STRATA_CUDA_MMQ=0 asks for the matrix-vector kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_mmq(void);
+/* 0 when STRATA_CUDA_FLASH=0 asks for the decode attention kernel in prompt chunks, else 1 (see trace.c). */
+int trace_env_cuda_flash(void);
 
 #endif
