@@ -139,7 +139,7 @@ def test_levels_equal_scalar_bits(name, level, level_reset):
 
 def _extreme_cases(name: str, rows: int, cols: int, rng: np.random.Generator):
     """(label, weight bytes, x): all-zero rows, quant bytes all 0xFF / 0x80 with finite scales,
-    largest scales, +-127 activations, and scale fields that are NaN."""
+    largest scales, +-127 activations, scale fields that are NaN, activations at rounding ties, inf, NaN."""
     w, _ = random_rows(name, rows, cols, rng)
     w = np.ascontiguousarray(w)
     nb = w.size // ({"Q8_0": 34, "Q4_0": 18, "Q4_K": 144, "Q6_K": 210}[name])
@@ -165,6 +165,17 @@ def _extreme_cases(name: str, rows: int, cols: int, rng: np.random.Generator):
     yield "negative scales", with_bytes(0x7F, -0.02), ones
     yield "NaN scales", with_bytes(0xFF, float("nan")), wide
     yield "random, +-127 x", w, ones
+    # 8-bit activations at a tie: a block whose largest |x| is 127 has scale 1, so x * (1/d) is x itself
+    ties = rng.standard_normal(cols).astype(np.float32)
+    for i, v in enumerate(
+        [127.0, 2.5, -3.5, 0.5, -0.5, np.nextafter(np.float32(0.5), np.float32(0)), -126.5]
+    ):
+        ties[i::32] = v
+    yield "half-way x", w, ties
+    for label, v in (("inf in x", np.inf), ("NaN in x", np.nan)):
+        bad = wide.copy()
+        bad[37] = v
+        yield label, w, bad
 
 
 @pytest.mark.asan
@@ -317,3 +328,38 @@ def test_expert_rejects_bad_shapes():
     assert _run_expert(types, mats, 512, 256, x, 1)[0] == 0
     assert _run_expert(types, mats, 512, 96, x, 1)[0] == 1  # F is not whole Q4_K blocks of 256
     assert _run_expert(types, mats, 512, 256, x, 0)[0] == 1  # no threads
+
+
+def _swiglu(level: str, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    fp = ctypes.POINTER(ctypes.c_float)
+    _engine.simd_set(level)
+    out = g.copy()
+    assert C.strata_cuda_mirror_swiglu(out.ctypes.data_as(fp), u.ctypes.data_as(fp), len(out)) == 0
+    return out
+
+
+@pytest.mark.asan
+@pytest.mark.parametrize("level", _levels())
+def test_swiglu_levels(level, level_reset):
+    """The expert's SwiGLU (with the device's own e^x) at each level: the scalar bits over the whole range,
+    the clamps at -87 / 88 of e^x's argument, signed zeros, subnormals, inf and NaN."""
+    rng = np.random.default_rng(16)
+    edges = [87.0, 88.0, -87.0, -88.0, 0.0, -0.0, 1e-40, -1e-40, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38]
+    near = [np.nextafter(np.float32(e), np.float32(t)) for e in (87, 88, -87, -88) for t in (-1e3, 1e3)]
+    g = np.concatenate(
+        [
+            np.linspace(-100, 100, 4001),
+            rng.standard_normal(997) * 30,
+            edges,
+            near,
+            np.linspace(86.5, 88.5, 333),
+        ]
+    ).astype(np.float32)
+    u = rng.standard_normal(len(g)).astype(np.float32)
+    want = _swiglu("scalar", g, u)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u
+    ok = np.isfinite(g) & (np.abs(g) < 80)
+    assert np.abs(want[ok] - ref[ok]).max() <= 1e-5 * np.abs(ref[ok]).max()
+    _assert_same_bits(_swiglu(level, g, u), want, f"swiglu {level}")
+    assert C.strata_cuda_mirror_swiglu(g.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None, 4) == 1

@@ -77,19 +77,18 @@ static int arrange(mirror_x *px, int32_t simd) {
         /* qp: Q4_0 on AVX-512 multiplies 4 blocks' low nibbles (values 0..15 of each) in one vector and
          * their high nibbles (16..31) in the next; everything else is in value order */
         const int q4 = px->type == STRATA_TYPE_Q4_0;
-        for (int64_t t = 0; t < S; t++)
-            for (int i = 0; i < 256; i++) {
-                int src = i;
-                if (q4 && simd == STRATA_SIMD_AVX512) {
-                    const int hk = i >> 7, part = (i >> 6) & 1, c = (i >> 4) & 3, k = i & 15;
-                    src = (4 * hk + c) * 32 + 16 * part + k;
+        if (q4 && simd == STRATA_SIMD_AVX512)
+            for (int64_t t = 0; t < S; t++)
+                for (int i = 0; i < 256; i += 16) {
+                    const int hk = i >> 7, part = (i >> 6) & 1, c = (i >> 4) & 3;
+                    memcpy(px->qp + t * 256 + i, px->q + t * 256 + (4 * hk + c) * 32 + 16 * part, 16);
                 }
-                px->qp[t * 256 + i] = px->q[t * 256 + src];
-            }
+        else
+            memcpy(px->qp, px->q, (size_t)(S * 256));
         /* corr: the kernels multiply unsigned weight bytes u = w + off (Q8_0 on AVX-512: w ^ 0x80, so
          * off = 128; Q4_0: the nibble, off = 8); subtracting off * sum(x) per 4 values makes it exact */
         const int32_t off = q4 ? 8 : (simd == STRATA_SIMD_AVX512 ? 128 : 0);
-        for (int64_t i = 0; i < S * 64; i++) {
+        for (int64_t i = 0; i < S * 64 && off; i++) {
             const int8_t *q = px->qp + 4 * i;
             px->corr[i] = -off * ((int32_t)q[0] + q[1] + q[2] + q[3]);
         }
@@ -127,7 +126,14 @@ void mirror_prepare(mirror_x *px, void *ws, int32_t simd, int32_t type, const fl
     px->dl = (float *)p;
     p += up64(c / 2);
     px->xt = (float *)p;
-    if (px->int8) quantize_q8(x, cols, px->q, px->d);
+    if (px->int8) {
+        if (simd == STRATA_SIMD_AVX512)
+            mirror_quantize_avx512(x, cols, px->q, px->d);
+        else if (simd == STRATA_SIMD_AVX2)
+            mirror_quantize_avx2(x, cols, px->q, px->d);
+        else
+            quantize_q8(x, cols, px->q, px->d);
+    }
     px->simd = STRATA_SIMD_SCALAR;
     if ((simd == STRATA_SIMD_AVX512 || simd == STRATA_SIMD_AVX2) && arrange(px, simd)) px->simd = simd;
 }
@@ -304,6 +310,16 @@ static void job_run(pool *p, mirror_job *j) {
     for (int64_t i = 0; i < items; i++) job_rows(j, i, 0);
 }
 
+/* g[i] = gq_swiglu(g[i], u[i]) at level simd */
+static void swiglu(int32_t simd, float *g, const float *u, int64_t n) {
+    if (simd == STRATA_SIMD_AVX512)
+        mirror_swiglu_avx512(g, u, n);
+    else if (simd == STRATA_SIMD_AVX2)
+        mirror_swiglu_avx2(g, u, n);
+    else
+        for (int64_t i = 0; i < n; i++) g[i] = gq_swiglu(g[i], u[i]);
+}
+
 int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F) {
     return 2 * F + (int64_t)((2 * mirror_x_bytes(D) + mirror_x_bytes(F) + 3) / 4);
 }
@@ -333,7 +349,7 @@ void cuda_mirror_expert(pool *p, int32_t simd, const void *gate, int32_t gate_ty
     j.m[1].rows = F;
     j.m[1].y = u;
     job_run(p, &j);
-    for (int64_t i = 0; i < F; i++) g[i] = gq_swiglu(g[i], u[i]);
+    swiglu(simd, g, u, F);
     mirror_prepare(&xh, ws + 2 * mirror_x_bytes(D), simd, down_type, g, F);
     mirror_job d = {.n_mat = 1};
     d.m[0].px = &xh;
@@ -392,4 +408,10 @@ done:
     free(t);
     pool_destroy(p);
     return s;
+}
+
+strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n) {
+    if (!g || !u || n < 0) return STRATA_ERR_INVALID_ARGUMENT;
+    swiglu(current_level(), g, u, n);
+    return STRATA_OK;
 }
