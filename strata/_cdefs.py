@@ -51,6 +51,7 @@ __all__ = [
     "strata_cuda_mirror_expert",
     "strata_cuda_mirror_matvec",
     "strata_cuda_mirror_mmq",
+    "strata_cuda_mirror_swiglu",
     "strata_cuda_mmq",
     "strata_cuda_router_topk",
     "strata_decode",
@@ -661,3 +662,8 @@ def strata_cuda_mirror_expert(
     reps: int,
     median_us: Any,
 ) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n);
+@c_function("strata_cuda_mirror_swiglu", [POINTER(c_float), POINTER(c_float), c_int64], c_int32)
+def strata_cuda_mirror_swiglu(g: Any, u: Any, n: int) -> int: ...

@@ -408,6 +408,9 @@ STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void
                                                    const void *up, int32_t down_type, const void *down, int64_t D,
                                                    int64_t F, const float *x, float *out, int32_t n_threads,
                                                    int32_t reps, double *median_us);
+/* g[i] = silu(g[i]) * u[i] over n values with the device's bits (its own e^x), at the kernel level of
+ * strata_simd_set: the host mirror's SwiGLU between an expert's gate/up and down (runs everywhere). */
+STRATA_API strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n);
 
 #ifdef __cplusplus
 }
