@@ -626,8 +626,8 @@ def strata_cuda_attention(
 
 # STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type,
 #                                                    const void *up, int32_t down_type, const void *down, int64_t D,
-#                                                    int64_t F, const float *x, float *out, int32_t n_threads,
-#                                                    int32_t reps, double *median_us);
+#                                                    int64_t F, int32_t n_experts, const float *x, float *out,
+#                                                    int32_t n_threads, int32_t reps, double *median_us);
 @c_function(
     "strata_cuda_mirror_expert",
     [
@@ -639,6 +639,7 @@ def strata_cuda_attention(
         c_void_p,
         c_int64,
         c_int64,
+        c_int32,
         POINTER(c_float),
         POINTER(c_float),
         c_int32,
@@ -656,6 +657,7 @@ def strata_cuda_mirror_expert(
     down: Any,
     D: int,
     F: int,
+    n_experts: int,
     x: Any,
     out: Any,
     n_threads: int,
