@@ -47,6 +47,7 @@ __all__ = [
     "strata_cuda_attention",
     "strata_cuda_available",
     "strata_cuda_bench_matvec",
+    "strata_cuda_flash_attention",
     "strata_cuda_matvec",
     "strata_cuda_mirror_expert",
     "strata_cuda_mirror_matvec",
@@ -669,3 +670,38 @@ def strata_cuda_mirror_expert(
 # STRATA_API strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n);
 @c_function("strata_cuda_mirror_swiglu", [POINTER(c_float), POINTER(c_float), c_int64], c_int32)
 def strata_cuda_mirror_swiglu(g: Any, u: Any, n: int) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const float *k,
+#                                                      const float *v, int32_t n_pos, int32_t T, int32_t H,
+#                                                      int32_t Hkv, int32_t hd, int32_t pos_on_device, float *out);
+@c_function(
+    "strata_cuda_flash_attention",
+    [
+        c_int32,
+        POINTER(c_float),
+        POINTER(c_float),
+        POINTER(c_float),
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        POINTER(c_float),
+    ],
+    c_int32,
+)
+def strata_cuda_flash_attention(
+    kv_type: int,
+    q: Any,
+    k: Any,
+    v: Any,
+    n_pos: int,
+    T: int,
+    H: int,
+    Hkv: int,
+    hd: int,
+    pos_on_device: int,
+    out: Any,
+) -> int: ...

@@ -413,6 +413,15 @@ STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void
  * strata_simd_set: the host mirror's SwiGLU between an expert's gate/up and down (runs everywhere). */
 STRATA_API strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n);
 
+/* The prompt-chunk attention on the tensor cores, on host buffers, as strata_cuda_attention: k, v [n_pos,
+ * Hkv*hd] f32 are stored into a cache of kv_type whose rows after n_pos hold NaNs (which must not be
+ * read), then the T queries q [T, H*hd] at positions n_pos-T .. n_pos-1 attend over it into out [T, H*hd].
+ * UNSUPPORTED for what the kernel does not cover (it runs an f16 cache with head dim 32, 64 or 128);
+ * DEVICE when there is no CUDA device. */
+STRATA_API strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const float *k, const float *v,
+                                                     int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                                                     int32_t pos_on_device, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -45,7 +45,9 @@ strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *w
 void cuda_free(cuda_ctx *ctx, void *dptr);
 /* Device memory held through cuda_alloc now, and the most held since the context was created. */
 void cuda_mem_held(const cuda_ctx *ctx, int64_t *now, int64_t *peak);
-/* Page-lock host memory (e.g. the mapped model file) so that copies from it run at full PCIe speed. */
+/* Page-lock host memory (e.g. the mapped model file) as read-only for the device, so that copies from
+ * it run at full PCIe speed without a staging copy. Fails (a status and a message, the context still
+ * usable) when the device cannot register read-only memory or the pages cannot be locked. */
 strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes);
 void cuda_host_unregister(cuda_ctx *ctx, void *ptr);
 strata_status cuda_host_alloc(cuda_ctx *ctx, size_t bytes, void **ptr);
@@ -65,6 +67,9 @@ strata_status cuda_sync(cuda_ctx *ctx);
 strata_status cuda_event_create(cuda_ctx *ctx, void **ev);
 strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream);
 strata_status cuda_event_wait(cuda_ctx *ctx, void *ev);
+/* Work enqueued on `stream` after this call waits until the event's last record has passed (the host
+ * does not wait). */
+strata_status cuda_stream_wait(cuda_ctx *ctx, void *ev, int32_t stream);
 void cuda_event_free(void *ev);
 
 /* CUDA Graphs: record what is enqueued on the compute stream between begin and end (nothing runs),
@@ -192,6 +197,16 @@ strata_status cuda_moe_combine(cuda_ctx *ctx, const float *e, const float *weigh
                                int32_t K, int32_t D);
 /* y += x over n values. */
 strata_status cuda_add(cuda_ctx *ctx, float *y, const float *x, int64_t n);
+
+/* Causal attention of a prompt chunk on the tensor cores (flash_attn.cu): the same contract as
+ * cuda_attention (T queries at positions pos0.. over the cache, out [T, H*hd]), for an f16 cache and head
+ * dims 32, 64, 128 (cuda_flash_attention_supported). A query's result depends only on its position and
+ * the cache, never on T or pos0; it is not cuda_attention's float expression, so the engine uses it for
+ * every prompt chunk and cuda_attention for decode. */
+int32_t cuda_flash_attention_supported(int32_t kv_type, int32_t H, int32_t Hkv, int32_t hd);
+strata_status cuda_flash_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
+                                   const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                                   int32_t pos0, const int32_t *pos_dev);
 
 /* ---- host mirror ------------------------------------------------------------------------------- */
 
