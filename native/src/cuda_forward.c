@@ -326,7 +326,7 @@ static void store_open(strata_engine *e) {
     char why[640];
     why[0] = 0;
     if (store == 0) {
-        snprintf(why, sizeof why, "STRATA_CUDA_STORE is not register or arena");
+        snprintf(why, sizeof why, "the default store (STRATA_CUDA_STORE=register or arena picks another)");
     } else if (g->n_slots >= all) {
         snprintf(why, sizeof why, "every expert is resident");
     } else if (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes) {
