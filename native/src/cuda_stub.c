@@ -39,6 +39,7 @@ strata_status cuda_capture_begin(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVIC
 strata_status cuda_event_create(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_record(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_wait(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+strata_status cuda_stream_wait(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 void cuda_event_free(void *x) { (void)x; }
 strata_status cuda_capture_end(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 strata_status cuda_graph_launch(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
@@ -138,6 +139,15 @@ strata_status cuda_moe_combine(cuda_ctx *c, const float *e, const float *w, floa
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n) { (void)c; (void)y; (void)x; (void)n; return STRATA_ERR_DEVICE; }
+int32_t cuda_flash_attention_supported(int32_t kt, int32_t H, int32_t Hkv, int32_t hd) {
+    (void)kt; (void)H; (void)Hkv; (void)hd;
+    return 0;
+}
+strata_status cuda_flash_attention(cuda_ctx *c, int32_t kt, const float *q, const void *kc, const void *vc, float *o,
+                                   int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t p, const int32_t *pd) {
+    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)T; (void)H; (void)Hkv; (void)hd; (void)p; (void)pd;
+    return STRATA_ERR_DEVICE;
+}
 #else
 typedef int strata_cuda_stub_unused; /* ISO C forbids an empty translation unit */
 #endif
