@@ -195,3 +195,45 @@ def test_a_log_that_is_not_full_starts_at_the_top() -> None:
             assert log.scroll_y == log.max_scroll_y > 0
 
     asyncio.run(run())
+
+
+def test_one_layout_markdown_lays_out_and_draws_like_textuals_while_it_grows() -> None:
+    from textual.containers import VerticalScroll
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    from strata_tui.widgets._one_layout import OneLayoutMarkdown
+
+    text = (
+        "# Title\n\nSome **bold** text that wraps " + "word " * 40 + "\n\n- one\n- two\n  - nested\n\n"
+        "```python\nfor i in range(3):\n    print(i)  # " + "x" * 80 + "\n```\n\n> quoted " + "q " * 30 + "\n\n"
+        "| a | b |\n|---|---|\n| 1 | 2 |\n\nThe end " + "z " * 50
+    )
+    pieces = [text[i : i + 11] for i in range(0, len(text), 11)]
+
+    def picture(md: Widget) -> list[tuple[str, Region, list[str]]]:
+        # every widget of the document: its kind, where it is, and the text it draws there
+        out = []
+        for w in [md, *md.query("*")]:
+            lines = [s.text for s in w.render_lines(Region(0, 0, w.size.width, w.size.height))]
+            out.append((type(w).__name__, w.region, lines))
+        return out
+
+    async def grow(cls: type[Widget]) -> list[list[tuple[str, Region, list[str]]]]:
+        md = cls()
+        seen = []
+        async with _One(VerticalScroll(md)).run_test(size=(70, 30)) as pilot:
+            for i in range(0, len(pieces), 6):
+                await md.append("".join(pieces[i : i + 6]))  # type: ignore[attr-defined]
+                await pilot.pause(0.1)
+                seen.append(picture(md))
+        return seen
+
+    async def run() -> None:
+        theirs = await grow(Markdown)
+        ours = await grow(OneLayoutMarkdown)
+        assert len(ours) == len(theirs) > 5
+        for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert [(k.replace("OneLayout", ""), r, t) for k, r, t in a] == b, f"differs after draw {step}"
+
+    asyncio.run(run())

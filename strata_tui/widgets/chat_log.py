@@ -4,23 +4,27 @@ from __future__ import annotations
 
 from textual.containers import VerticalScroll
 
+from ._one_layout import OneLayout
 from .message_view import MessageView
 
 __all__ = ["ChatLog"]
 
 
-class ChatLog(VerticalScroll):
+class ChatLog(VerticalScroll, OneLayout):
     """Messages, oldest first. While it is scrolled to the end it stays there as replies grow;
     scrolling up (to read) stops that until it is scrolled back to the end.
 
     Following is Textual's anchor: the layout pass itself keeps the end in view, so a reply that
     grows is laid out, scrolled and painted in one frame (a scroll after the layout, in a later turn,
-    would paint the whole conversation a second time for every draw). Scrolling up releases the
-    anchor and scrolling back to the end takes it again (Textual does both). The anchor is only held
-    while the messages overflow the view: an anchored log that is not full would push its messages
-    to the bottom."""
+    would paint the whole conversation a second time for every draw; OneLayout spares the second
+    layout). Scrolling up releases the anchor and scrolling back to the end takes it again (Textual
+    does both). The anchor is only held while the messages overflow the view: an anchored log that
+    is not full would push its messages to the bottom."""
 
-    def watch_virtual_size(self) -> None:
+    def _size_settled(self) -> None:
+        self._hold_anchor_while_full()
+
+    def watch_virtual_size(self) -> None:  # where OneLayout does not apply
         self._hold_anchor_while_full()
 
     def on_resize(self) -> None:

@@ -13,6 +13,7 @@ from textual.widgets import Collapsible, Markdown, Static
 
 from ..client import Delta
 from ..store import StoredMessage
+from ._one_layout import OneLayout, OneLayoutMarkdown, OneLayoutStatic
 
 __all__ = ["MessageView"]
 
@@ -22,7 +23,7 @@ _FORCE_CHARS = 4 * _SEAL_CHARS  # ... or here, wherever that is
 _LABELS = {"user": "You", "assistant": "Assistant", "error": "Error", "note": "strata"}
 
 
-class MessageView(Vertical, can_focus=True):
+class MessageView(Vertical, OneLayout, can_focus=True):
     """A message in the conversation. Focus it (Tab, or click) to copy, edit or regenerate it."""
 
     DEFAULT_CSS = "MessageView { height: auto; }"
@@ -70,11 +71,11 @@ class MessageView(Vertical, can_focus=True):
             title=self._reasoning_title(), collapsed=not self._streaming, classes="reasoning-box"
         ) as c:
             c.display = bool(self.reasoning)
-            yield Static(self.reasoning, classes="reasoning", markup=False)
+            yield OneLayoutStatic(self.reasoning, classes="reasoning", markup=False)
         if self.role in ("user", "error", "note"):
             yield Static(self.content, classes="body", markup=False)
         else:
-            yield Markdown(self.content, classes="body")
+            yield OneLayoutMarkdown(self.content, classes="body")
         footer = Static(self._footer_text, classes="footer", markup=False)
         footer.display = bool(self._footer_text)
         yield footer
@@ -115,7 +116,7 @@ class MessageView(Vertical, can_focus=True):
 
     async def _new_segment(self, head: str = "") -> None:
         md = self._live_md()
-        await self.mount(Markdown(head, classes="body"), after=md)
+        await self.mount(OneLayoutMarkdown(head, classes="body"), after=md)
         self._live_text = head
 
     async def _append_content(self, text: str) -> None:
@@ -145,12 +146,12 @@ class MessageView(Vertical, can_focus=True):
         live.update(self._live_reasoning)
         if len(self._live_reasoning) >= _SEAL_CHARS:
             self._live_reasoning = ""
-            await parts[-1].parent.mount(Static("", classes="reasoning", markup=False), after=live)  # type: ignore[union-attr]
+            await parts[-1].parent.mount(OneLayoutStatic("", classes="reasoning", markup=False), after=live)  # type: ignore[union-attr]
 
     async def end_stream(self) -> None:
         if self._forced:
             bodies = list(self.query(".body").results(Markdown))
-            await self.mount(Markdown(self.content, classes="body"), after=bodies[-1])
+            await self.mount(OneLayoutMarkdown(self.content, classes="body"), after=bodies[-1])
             for b in bodies:
                 await b.remove()
             self._forced = False
