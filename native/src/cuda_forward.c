@@ -773,10 +773,11 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 /* ---- decode misses on the host ------------------------------------------------------------------ */
 
 /* Experts ex[0..n) of layer W on the host with the device's bits (cuda_mirror_experts), on the engine's
- * threads at its kernel level: out[k * D ..] from x[D], all of them in two pool runs (gates and ups,
- * then downs). scratch: cuda_mirror_scratch_floats(D, F, n) floats (host_tmp has them for n <= K). */
+ * threads at its kernel level: out[k][0..D) from x[D], all of them in two pool runs (gates and ups,
+ * then downs), x prepared once. scratch: cuda_mirror_scratch_floats(D, F, n) floats (host_tmp after
+ * its D + K * D has them for n <= K). */
 static void host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
-                         float *out, float *scratch) {
+                         float *const *out, float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
     const int32_t simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
     const void *gw[CUDA_MIRROR_MAX_EXPERTS], *uw[CUDA_MIRROR_MAX_EXPERTS], *dw[CUDA_MIRROR_MAX_EXPERTS];
@@ -788,14 +789,14 @@ static void host_experts(strata_engine *e, const layer_weights *W, const int32_t
             dw[k] = W->down_exps.data + (int64_t)ex[i0 + k] * D * W->down_exps.row_bytes;
         }
         cuda_mirror_experts(e->pool, simd, m, gw, W->gate_exps.type, uw, W->up_exps.type, dw, W->down_exps.type, D,
-                            F, x, out + i0 * D, D, scratch);
+                            F, x, out + i0, scratch);
     }
 }
 
 /* One expert of layer W on the host: out[D] from x[D]; scratch: cuda_mirror_scratch_floats(D, F, 1) floats. */
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
                         float *scratch) {
-    host_experts(e, W, &ex, 1, x, out, scratch);
+    host_experts(e, W, &ex, 1, x, &out, scratch);
 }
 
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
