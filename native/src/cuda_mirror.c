@@ -94,9 +94,12 @@ static int arrange(mirror_x *px, int32_t simd) {
         }
         return 1;
     }
-    if (px->type != STRATA_TYPE_Q4_K && px->type != STRATA_TYPE_Q6_K) return 0;
-    /* vector element e (0..31): byte e % 16 of the per-value vector, low nibble for e < 16 */
-    for (int e = 0; e < 32; e++) {
+    const int kq = px->type == STRATA_TYPE_Q4_K || px->type == STRATA_TYPE_Q6_K;
+    if (!kq && px->type != STRATA_TYPE_F32 && px->type != STRATA_TYPE_F16 && px->type != STRATA_TYPE_BF16) return 0;
+    /* F32 / F16 / BF16: vector element e is lane e. K-quants: element e (0..31) is byte e % 16 of the
+     * per-value vector, its low nibble for e < 16 */
+    for (int e = 0; e < 32 && !kq; e++) px->lane_of[e] = e;
+    for (int e = 0; e < 32 && kq; e++) {
         px->lane_of[e] = lane_of_piece(px->type, piece_of(simd, e & 15), e >> 4);
         /* Q4_K: one scale per sub-block (lane / 4); Q6_K: one per 16 values (lane / 2) */
         px->sidx[e] = px->type == STRATA_TYPE_Q4_K ? px->lane_of[e] >> 2 : px->lane_of[e] >> 1;

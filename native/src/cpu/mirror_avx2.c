@@ -205,11 +205,53 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
     }
 }
 
+/* F32, F16, BF16: a step's 256 weights are widened to floats in value order (exact conversions), then
+ * gathered per value index v from that buffer: element l of vector v is lane l's value v. */
+static void rows_float(const mirror_x *px, const uint8_t *w, int64_t rows, float *y) {
+    const int64_t G = px->cols / 32, S = G / 8, rb = gq_row_bytes(px->type, px->cols);
+    const int64_t es = px->type == STRATA_TYPE_F32 ? 4 : 2;
+    const __m256i idx = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
+    float buf[256] __attribute__((aligned(32)));
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * rb;
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t t = 0; t < S; t++) {
+            const uint8_t *src = row + t * 256 * es;
+            for (int k = 0; k < 32; k++) {
+                __m256 v;
+                if (px->type == STRATA_TYPE_F32)
+                    v = _mm256_loadu_ps((const float *)(const void *)(src + 32 * k));
+                else if (px->type == STRATA_TYPE_F16)
+                    v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 16 * k)));
+                else
+                    v = _mm256_castsi256_ps(
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 16 * k))), 16));
+                _mm256_store_ps(buf + 8 * k, v);
+            }
+            const float *xt = px->xt + t * 256;
+            for (int v = 0; v < 8; v++)
+                for (int k = 0; k < 4; k++) {
+                    const __m256 wv = _mm256_i32gather_ps(buf + 64 * k + v, idx, 4);
+                    a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(wv, _mm256_loadu_ps(xt + 32 * v + 8 * k)));
+                }
+        }
+        if (8 * S < G) {
+            float acc[32];
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(acc + 8 * k, a[k]);
+            y[r] = mirror_finish_row(px, row, 8 * S, acc);
+        } else {
+            y[r] = reduce32(a[0], a[1], a[2], a[3]);
+        }
+    }
+}
+
 void mirror_rows_avx2(const mirror_x *px, const void *w, int64_t rows, float *y) {
     if (px->int8)
         rows_int8(px, (const uint8_t *)w, rows, y);
-    else
+    else if (px->type == STRATA_TYPE_Q4_K || px->type == STRATA_TYPE_Q6_K)
         rows_kquant(px, (const uint8_t *)w, rows, y);
+    else
+        rows_float(px, (const uint8_t *)w, rows, y);
 }
 
 /* ---- the serial steps of an expert: x's 8-bit quantization and SwiGLU, with the scalar bits ---------- */
