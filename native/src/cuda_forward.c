@@ -76,6 +76,10 @@ struct cuda_state {
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
     int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
     int32_t fused;           /* decode's fused launches (STRATA_CUDA_DECODE=unfused: 0) */
+    int32_t fast;            /* latency-tuned decode kernels, same bits (STRATA_CUDA_FAST=0: 0) */
+    int32_t pdl;             /* decode kernels with programmatic dependent launch (STRATA_CUDA_PDL=0: 0) */
+    int32_t fuse2;           /* the second round of decode fusions (STRATA_CUDA_FUSE=0: 0) */
+    int32_t xn_q8;           /* act holds xn's 8-bit row (the last norm_matvec wrote it) */
     int32_t miss_policy;
     int prompt;              /* the forward in progress reads a prompt chunk (cuda_forward) */
     int32_t kv_type;
@@ -331,6 +335,10 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     g->n_slots = (int32_t)n_slots;
     g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST ? STRATA_MISS_HOST : STRATA_MISS_COPY;
     g->fused = env_cuda_fused();
+    g->fast = env_cuda_fast();
+    g->pdl = env_cuda_pdl();
+    g->fuse2 = env_cuda_fuse2();
+    cuda_ctx_set_decode(g->ctx, g->fast, 0);
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
@@ -478,14 +486,55 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
                                  int64_t rows, float *y, int32_t T) {
     cuda_state *g = e->gpu;
     const int32_t D = e->hp.n_embd;
+    g->xn_q8 = 0;
+    if (g->fused && g->fuse2 && decoding(e) && T == 1 && type == STRATA_TYPE_F32 && D % 32 == 0 && D <= 4096) {
+        /* the F32 router: norm, product and xn's 8-bit row (for the experts) in one launch */
+        DEV(e, cuda_norm_matvec_f32(g->ctx, x, nw, g->xn, g->act, (const float *)w, rows, D, e->hp.rms_eps, y));
+        g->xn_q8 = 1;
+        return STRATA_OK;
+    }
     if (g->fused && decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
+        g->xn_q8 = 1;
         if (T == 1) return matvec1(e, type, w, rows, D, g->act, y, 0);
         DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
         return STRATA_OK;
     }
     DEV(e, cuda_rmsnorm(g->ctx, x, nw, g->xn, T, D, e->hp.rms_eps));
     return matvec(e, type, w, rows, D, g->xn, D, y, rows, T, 0);
+}
+
+/* Decode, one token, after q, k and v: q/k norm and RoPE, the KV-cache store, attention and x += Wo att.
+ * With the second round of fusions: RoPE and the store in one launch, and attention writing att's
+ * 8-bit row for Wo (the same bits as the separate launches). */
+static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t pos0) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const dev_layer *dl = &g->layers[l];
+    const int32_t hd = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
+    const int64_t D = hp->n_embd, QD = (int64_t)H * hd, KD = (int64_t)Hkv * hd;
+    const int hd_ok = hd == 32 || hd == 64 || hd == 128 || hd == 256;
+    if (g->fuse2 && hd_ok) {
+        DEV(e, cuda_qk_norm_rope_store(g->ctx, g->q, g->k, g->v, dl->q_norm, dl->k_norm, 1, H, Hkv, hd, pos0,
+                                       hp->rope_theta, hp->rms_eps, g->pos_arg, g->kv_type, dl->k_cache, dl->v_cache));
+    } else {
+        DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, 1, H, Hkv, hd, pos0, hp->rope_theta,
+                                 hp->rms_eps, g->pos_arg));
+        DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, 1, (int32_t)KD, pos0,
+                             g->pos_arg));
+    }
+    if (!g->fast) {
+        DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, 1, H, Hkv, hd, pos0,
+                              g->pos_arg));
+        return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
+    }
+    /* att's 8-bit row straight from attention when Wo takes 8-bit activations */
+    const int q8 = g->fuse2 && hd_ok && cuda_act_type(W->wo.type) == STRATA_TYPE_Q8_0;
+    DEV(e, cuda_attention_decode(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, q8 ? g->act : NULL,
+                                 g->act_row, 1, H, Hkv, hd, pos0, g->pos_arg));
+    if (q8) return matvec1(e, W->wo.type, dl->wo, D, QD, g->act, g->x, 1);
+    return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
 }
 
 static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
@@ -509,6 +558,7 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
         const int64_t r3[3] = {QD, KD, KD};
         float *const y3[3] = {g->q, g->k, g->v};
         DEV(e, cuda_matvec3(g->ctx, W->wq.type, w3, r3, D, xin, y3, 0));
+        return attention_decode_tail(e, l, pos0);
     } else if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at &&
                cuda_act_type(W->wv.type) == at) {
         /* q, k and v read the same quantized activations: normed and quantized once */
@@ -595,12 +645,16 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
     const int32_t gt = W->gate_exps.type, dt = W->down_exps.type;
     const void *xin = g->xn;
     if (cuda_act_type(gt) != STRATA_TYPE_F32) {
-        /* act holds xn's 8-bit rows when the router took the same activations (norm_matvec) */
-        if (cuda_act_type(W->router.type) != cuda_act_type(gt))
-            DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
+        /* act holds xn's 8-bit row when norm_matvec wrote it with the router's product */
+        if (!g->xn_q8) DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
         xin = g->act;
     }
     DEV(e, cuda_expert_gate_up(g->ctx, gt, wg, wu, F, D, xin, g->h, K));
+    if (g->fast && g->fuse2 && cuda_act_type(dt) == STRATA_TYPE_Q8_0 && F % 32 == 0) {
+        /* h quantized inside the down product's launch */
+        DEV(e, cuda_expert_down_combine_hq(g->ctx, dt, wd, D, F, g->h, F, g->wsel, g->x, K));
+        return STRATA_OK;
+    }
     const void *hin = g->h;
     int64_t hs = F;
     if (cuda_act_type(dt) != STRATA_TYPE_F32) {
@@ -920,6 +974,14 @@ static void graph_capture(strata_engine *e) {
     if (s == STRATA_OK) {
         g->graph_state = 1;
         trace_emit(&e->trace, "cuda: decode step captured as a graph");
+    } else if (g->pdl) {
+        /* a driver that does not take programmatic launches into a graph: capture without them */
+        trace_emit(&e->trace, "cuda: decode step with programmatic launches not captured (%s); again without",
+                   e->err.msg);
+        err_clear(&e->err);
+        g->pdl = 0;
+        cuda_ctx_set_decode(g->ctx, g->fast, 0);
+        graph_capture(e);
     } else {
         g->graph_state = -1;
         trace_emit(&e->trace, "cuda: decode step not captured (%s); running it launch by launch", e->err.msg);
@@ -931,6 +993,8 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
                            int want_logits) {
     cuda_state *g = e->gpu;
     g->prompt = prompt;
+    /* programmatic dependent launch only in decode (the prompt's kernels do not wait for it) */
+    cuda_ctx_set_decode(g->ctx, g->fast, g->pdl && !prompt);
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
     STRATA_TRY(work_alloc(e, T));

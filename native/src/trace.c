@@ -27,6 +27,20 @@
  *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
  *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
  *
+ *   STRATA_CUDA_FAST "0": on --device cuda, use the first decode kernels (RMSNorm, router top-k, the
+ *                  one-token products, attention) instead of their latency-tuned versions, which give
+ *                  the same bits with more loads in flight. Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_PDL "0": on --device cuda, launch decode kernels plainly instead of with programmatic
+ *                  dependent launch (each may start, and load its weights, while the one before it
+ *                  finishes). Same replies. Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_FUSE "0": on --device cuda, decode without the second round of fused launches (the
+ *                  ffn norm inside an F32 router product, which also quantizes the normed token for
+ *                  the experts; q/k norm, RoPE and the KV-cache store in one launch; attention writing
+ *                  the 8-bit row for the output projection). Same replies. Read when the device cache
+ *                  is filled.
+ *
  * STRATA_TRACE and the STRATA_CUDA_* switches of the decode path are read when an engine is opened, not
  * per line; STRATA_CUDA_MMQ at the first prompt.
  */
@@ -81,5 +95,20 @@ int env_cuda_staging(void) {
 
 int trace_env_cuda_mmq(void) {
     const char *v = getenv("STRATA_CUDA_MMQ");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_fast(void) {
+    const char *v = getenv("STRATA_CUDA_FAST");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_pdl(void) {
+    const char *v = getenv("STRATA_CUDA_PDL");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_fuse2(void) {
+    const char *v = getenv("STRATA_CUDA_FUSE");
     return !(v && strcmp(v, "0") == 0);
 }

@@ -55,10 +55,15 @@ __device__ __forceinline__ void load_vec(const uint8_t *__restrict__ cache, int6
     }
 }
 
-template <int E, int KVT>
+/* B: rows whose loads are in flight together (the sums' order does not depend on it). Q8OUT: warp 0 also
+ * writes the output row quantized to 8 bits per block of 32 into q8 (row t at q8 + t * q8_stride, the
+ * layout and bits of cuda_quantize_act for Q8_0 over H * hd values), for the output projection. */
+template <int E, int KVT, int B, bool Q8OUT>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
 k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, int H, int Hkv, int pos0,
-            const int32_t *pos_dev) {
+            const int32_t *pos_dev, uint8_t *q8, int64_t q8_stride) {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     if (pos_dev) pos0 = *pos_dev;
     const int hd = 32 * E, kv_dim = Hkv * hd;
     const int t = blockIdx.x / H, h = blockIdx.x % H;
@@ -80,13 +85,13 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
         const int n = min(ATT_TILE, npos - p0); /* warp-uniform */
         /* scores: lane i keeps the score of position p0 + i */
         float s_mine = -INFINITY;
-        for (int i0 = 0; i0 < n; i0 += ATT_BATCH) {
-            float kv[ATT_BATCH][E];
+        for (int i0 = 0; i0 < n; i0 += B) {
+            float kv[B][E];
 #pragma unroll
-            for (int j = 0; j < ATT_BATCH; j++)
+            for (int j = 0; j < B; j++)
                 if (i0 + j < n) load_vec<E, KVT>(kc, p0 + i0 + j, kv_dim, off, kv[j]);
 #pragma unroll
-            for (int j = 0; j < ATT_BATCH; j++) {
+            for (int j = 0; j < B; j++) {
                 if (i0 + j < n) {
                     float s = 0.0f;
 #pragma unroll
@@ -107,13 +112,13 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
         float ot[E];
 #pragma unroll
         for (int e = 0; e < E; e++) ot[e] = 0.0f;
-        for (int i0 = 0; i0 < n; i0 += ATT_BATCH) {
-            float vv[ATT_BATCH][E];
+        for (int i0 = 0; i0 < n; i0 += B) {
+            float vv[B][E];
 #pragma unroll
-            for (int j = 0; j < ATT_BATCH; j++)
+            for (int j = 0; j < B; j++)
                 if (i0 + j < n) load_vec<E, KVT>(vc, p0 + i0 + j, kv_dim, off, vv[j]);
 #pragma unroll
-            for (int j = 0; j < ATT_BATCH; j++) {
+            for (int j = 0; j < B; j++) {
                 if (i0 + j < n) {
                     const float pj = __shfl_sync(0xffffffffu, pe, i0 + j);
 #pragma unroll
@@ -150,8 +155,26 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
             for (int e = 0; e < E; e++) O[e] = __fadd_rn(O[e], __fmul_rn(so[w][lane * E + e], c));
         }
         float *orow = out + ((int64_t)t * H + h) * hd + lane * E;
+        float res[E];
 #pragma unroll
-        for (int e = 0; e < E; e++) orow[e] = O[e] / L;
+        for (int e = 0; e < E; e++) {
+            res[e] = O[e] / L;
+            orow[e] = res[e];
+        }
+        if (Q8OUT) { /* the 32 / E lanes of a block of 32 values: cu_q8_block's expression */
+            float amax = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++) amax = fmaxf(amax, fabsf(res[e]));
+#pragma unroll
+            for (int x = 1; x < 32 / E; x <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, x));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            const int64_t cols = (int64_t)H * hd, col0 = (int64_t)h * hd + lane * E;
+            uint8_t *qr = q8 + (int64_t)t * q8_stride;
+#pragma unroll
+            for (int e = 0; e < E; e++) qr[col0 + e] = (uint8_t)(int8_t)roundf(__fmul_rn(res[e], id));
+            if (lane % (32 / E) == 0) ((float *)(qr + cols))[col0 >> 5] = __half2float(__float2half_rn(d));
+        }
     }
 }
 
@@ -171,9 +194,9 @@ extern "C" strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const fl
 #define ATT_CASE(EE)                                                                                            \
     case EE:                                                                                                    \
         if (kv_type == STRATA_KV_F16)                                                                           \
-            k_attention<EE, STRATA_KV_F16><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev); \
+            k_attention<EE, STRATA_KV_F16, ATT_BATCH, false><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev, NULL, 0); \
         else                                                                                                    \
-            k_attention<EE, STRATA_KV_INT8><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev); \
+            k_attention<EE, STRATA_KV_INT8, ATT_BATCH, false><<<(unsigned)blocks, ATT_WARPS * 32, 0, s>>>(q, kc, vc, out, H, Hkv, pos0, pos_dev, NULL, 0); \
         break;
     switch (hd / 32) {
         ATT_CASE(1)
@@ -186,5 +209,41 @@ extern "C" strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const fl
     }
 #undef ATT_CASE
     CU_LAUNCHED(ctx, "attention");
+    return STRATA_OK;
+}
+
+/* Decode attention (ctx->fast): the kernel above with more rows in flight (the same bits), launched with
+ * cu_launch, and with q8 given, the output also quantized for the output projection. */
+extern "C" strata_status cuda_attention_decode(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
+                                               const void *v_cache, float *out, void *q8, int64_t q8_stride, int32_t T,
+                                               int32_t H, int32_t Hkv, int32_t hd, int32_t pos0,
+                                               const int32_t *pos_dev) {
+    if (T <= 0) return STRATA_OK;
+    if (hd % 32 || hd > 256 || Hkv <= 0 || H % Hkv) return cuda_attention(ctx, kv_type, q, k_cache, v_cache, out, T, H, Hkv, hd, pos0, pos_dev);
+    const dim3 grid((unsigned)((int64_t)T * H)), block(ATT_WARPS * 32);
+    const uint8_t *kc = (const uint8_t *)k_cache, *vc = (const uint8_t *)v_cache;
+    uint8_t *qq = (uint8_t *)q8;
+    cudaError_t e = cudaSuccess;
+#define ATD(EE, BB)                                                                                              \
+    if (kv_type == STRATA_KV_F16)                                                                                \
+        e = qq ? cu_launch(ctx, k_attention<EE, STRATA_KV_F16, BB, true>, grid, block, 0, q, kc, vc, out, (int)H,  \
+                           (int)Hkv, (int)pos0, pos_dev, qq, q8_stride)                                          \
+               : cu_launch(ctx, k_attention<EE, STRATA_KV_F16, BB, false>, grid, block, 0, q, kc, vc, out, (int)H, \
+                           (int)Hkv, (int)pos0, pos_dev, qq, q8_stride);                                         \
+    else                                                                                                         \
+        e = qq ? cu_launch(ctx, k_attention<EE, STRATA_KV_INT8, BB, true>, grid, block, 0, q, kc, vc, out, (int)H, \
+                           (int)Hkv, (int)pos0, pos_dev, qq, q8_stride)                                          \
+               : cu_launch(ctx, k_attention<EE, STRATA_KV_INT8, BB, false>, grid, block, 0, q, kc, vc, out, (int)H, \
+                           (int)Hkv, (int)pos0, pos_dev, qq, q8_stride);
+    switch (hd / 32) {
+    case 1: ATD(1, 32) break;
+    case 2: ATD(2, 32) break;
+    case 4: ATD(4, 16) break;
+    case 8: ATD(8, 8) break;
+    default:
+        return cuda_attention(ctx, kv_type, q, k_cache, v_cache, out, T, H, Hkv, hd, pos0, pos_dev);
+    }
+#undef ATD
+    CU_TRY(ctx, e, "launching attention");
     return STRATA_OK;
 }
