@@ -192,12 +192,16 @@ strata_status cuda_kv_store(cuda_ctx *ctx, int32_t kv_type, const float *k, cons
 strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
                              const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
                              int32_t pos0, const int32_t *pos_dev);
-/* Decode: cuda_attention's result (the same bits; launched for programmatic dependent launch), and when
- * q8 is not NULL the output rows also quantized as cuda_quantize_act does for Q8_0 (row t at
- * q8 + t * q8_stride bytes), for the output projection. */
+/* Decode, one query (at position pos0, or *pos_dev): causal attention over the cache into out [H * hd], and
+ * when q8 is not NULL its row quantized as cuda_quantize_act does for Q8_0 (q8_stride unused for one row).
+ * Up to 256 positions the result has cuda_attention's bits; beyond, the positions are split over S blocks
+ * per head (S from 1 to 64, fixed by the caller) whose states are merged in split order, so the bits
+ * depend on the position and S only. part: device scratch of H * S * (hd + 2) floats; cnt: H device ints,
+ * 0 before the first call (each call leaves them at 0). Launched with cu_launch (programmatic launch). */
 strata_status cuda_attention_decode(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
-                                    const void *v_cache, float *out, void *q8, int64_t q8_stride, int32_t T, int32_t H,
-                                    int32_t Hkv, int32_t hd, int32_t pos0, const int32_t *pos_dev);
+                                    const void *v_cache, float *out, void *q8, int64_t q8_stride, int32_t H,
+                                    int32_t Hkv, int32_t hd, int32_t pos0, const int32_t *pos_dev, float *part,
+                                    int32_t *cnt, int32_t S);
 /* Router: softmax over E logits, top-K, weights renormalized to sum 1.
  * logits [T, E] -> ids [T, K] (best first), weights [T, K]. */
 strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,

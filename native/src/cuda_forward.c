@@ -80,6 +80,9 @@ struct cuda_state {
     int32_t pdl;             /* decode kernels with programmatic dependent launch (STRATA_CUDA_PDL=0: 0) */
     int32_t fuse2;           /* the second round of decode fusions (STRATA_CUDA_FUSE=0: 0) */
     int32_t xn_q8;           /* act holds xn's 8-bit row (the last norm_matvec wrote it) */
+    int32_t att_splits;      /* decode attention's splits per head beyond 256 positions (S) */
+    float *att_part;         /* device [H, S, hd + 2]: the splits' states */
+    int32_t *att_cnt;        /* device [H]: splits finished (back to 0 after each call) */
     int32_t miss_policy;
     int prompt;              /* the forward in progress reads a prompt chunk (cuda_forward) */
     int32_t kv_type;
@@ -135,6 +138,13 @@ static strata_status check_type(strata_engine *e, const wview *w, const char *na
 
 /* ---- open / close ------------------------------------------------------------------------------ */
 
+/* Splits per head of decode attention beyond 256 positions: about 128 blocks in all, at most 8 (a shape
+ * fact, so the reply does not depend on anything else). */
+static int32_t att_splits(int32_t H) {
+    const int32_t s = 128 / (H > 0 ? H : 1);
+    return s < 1 ? 1 : (s > 8 ? 8 : s);
+}
+
 int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const hparams *hp = &e->hp;
     const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
@@ -143,7 +153,8 @@ int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const int64_t hact = cuda_act_row_bytes(STRATA_TYPE_Q8_0, F) + 64;
     const int64_t f = 4;
     /* + the decode step's expert address table and position (when every expert is resident) */
-    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256;
+    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256 +
+                                  (int64_t)hp->n_head * (att_splits(hp->n_head) * (hp->head_dim + 2) + 1) * 4 + 512;
     return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
            hp->n_vocab * f + 4 * (T * K + E) * 16 + decode_tables;
 }
@@ -339,6 +350,11 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     g->pdl = env_cuda_pdl();
     g->fuse2 = env_cuda_fuse2();
     cuda_ctx_set_decode(g->ctx, g->fast, 0);
+    g->att_splits = att_splits(hp->n_head);
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
+                      "decode attention's split states"));
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * 4, (void **)&g->att_cnt, "decode attention's counters"));
+    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)hp->n_head * 4));
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
@@ -390,7 +406,7 @@ void cuda_forward_close(strata_engine *e) {
                              dl->router, dl->k_cache, dl->v_cache};
                 for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
             }
-        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->att_part, g->att_cnt, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
                      g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
                      g->seg_tok, g->seg_out};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
@@ -532,7 +548,7 @@ static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t 
     /* att's 8-bit row straight from attention when Wo takes 8-bit activations */
     const int q8 = g->fuse2 && hd_ok && cuda_act_type(W->wo.type) == STRATA_TYPE_Q8_0;
     DEV(e, cuda_attention_decode(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, q8 ? g->act : NULL,
-                                 g->act_row, 1, H, Hkv, hd, pos0, g->pos_arg));
+                                 g->act_row, H, Hkv, hd, pos0, g->pos_arg, g->att_part, g->att_cnt, g->att_splits));
     if (q8) return matvec1(e, W->wo.type, dl->wo, D, QD, g->act, g->x, 1);
     return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
 }

@@ -152,10 +152,10 @@ strata_status cuda_qk_norm_rope_store(cuda_ctx *c, float *q, float *k, const flo
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_attention_decode(cuda_ctx *c, int32_t kt, const float *q, const void *kc, const void *vc, float *o,
-                                    void *q8, int64_t qs, int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0,
-                                    const int32_t *pd) {
-    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)q8; (void)qs; (void)T; (void)H; (void)Hkv; (void)hd;
-    (void)pos0; (void)pd;
+                                    void *q8, int64_t qs, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0,
+                                    const int32_t *pd, float *part, int32_t *cnt, int32_t S) {
+    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)q8; (void)qs; (void)H; (void)Hkv; (void)hd;
+    (void)pos0; (void)pd; (void)part; (void)cnt; (void)S;
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_expert_down_combine_hq(cuda_ctx *c, int32_t t, const void *const *wd, int64_t D, int64_t F,
