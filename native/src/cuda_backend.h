@@ -37,10 +37,19 @@ int32_t cuda_device_present(void);
 strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len);
 void cuda_ctx_destroy(cuda_ctx *ctx);
 const char *cuda_ctx_error(const cuda_ctx *ctx);
-/* Decode options of a context (a new one has fast = 1, pdl = 0): fast picks the latency-tuned kernels
- * (the same bits as the plain ones); pdl launches the decode kernels with programmatic dependent launch
- * (each may start while the one before it finishes). */
+/* Decode options of a context (a new one has fast = CUDA_FAST_ALL, pdl = 0): fast, a mask of the
+ * CUDA_FAST_* below, picks latency-tuned kernels (the same bits as the plain ones); pdl launches the
+ * decode kernels with programmatic dependent launch (each may start while the one before it finishes). */
 void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl);
+enum {
+    CUDA_FAST_NORM = 1,       /* RMSNorm */
+    CUDA_FAST_ROUTER = 2,     /* router top-k */
+    CUDA_FAST_MATVEC3 = 4,    /* one-token products (q/k/v, Wo, the output head) */
+    CUDA_FAST_GATE_UP = 8,    /* the experts' gate, up and SwiGLU */
+    CUDA_FAST_DOWN = 16,      /* the experts' down and weighted sum */
+    CUDA_FAST_ATTENTION = 32, /* decode attention (cuda_attention_decode, used by the engine) */
+    CUDA_FAST_ALL = 63
+};
 /* name of the device, e.g. "NVIDIA H200" */
 const char *cuda_ctx_device_name(const cuda_ctx *ctx);
 strata_status cuda_mem_info(cuda_ctx *ctx, int64_t *free_bytes, int64_t *total_bytes);

@@ -53,6 +53,9 @@ typedef struct exp_ptrs {
     const void *gate, *up, *down;
 } exp_ptrs;
 
+/* the second round of decode fusions (STRATA_CUDA_FUSE, trace.c) */
+enum { FUSE_ROUTER = 1, FUSE_ROPE_STORE = 2, FUSE_ATT_Q8 = 4, FUSE_DOWN_Q8 = 8, FUSE_ALL = 15 };
+
 #define STAGE_RING 4          /* pinned staging buffers for expert copies */
 #define STAGE_PIECE (1 << 19) /* bytes per item of the parallel host copy */
 
@@ -76,9 +79,9 @@ struct cuda_state {
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
     int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
     int32_t fused;           /* decode's fused launches (STRATA_CUDA_DECODE=unfused: 0) */
-    int32_t fast;            /* latency-tuned decode kernels, same bits (STRATA_CUDA_FAST=0: 0) */
+    int32_t fast;            /* latency-tuned decode kernels, CUDA_FAST_* bits (STRATA_CUDA_FAST) */
     int32_t pdl;             /* decode kernels with programmatic dependent launch (STRATA_CUDA_PDL=0: 0) */
-    int32_t fuse2;           /* the second round of decode fusions (STRATA_CUDA_FUSE=0: 0) */
+    int32_t fuse2;           /* the second round of decode fusions, FUSE_* bits (STRATA_CUDA_FUSE) */
     int32_t xn_q8;           /* act holds xn's 8-bit row (the last norm_matvec wrote it) */
     int32_t att_splits;      /* decode attention's splits per head beyond 256 positions (S) */
     float *att_part;         /* device [H, S, hd + 2]: the splits' states */
@@ -350,7 +353,7 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     g->pdl = env_cuda_pdl();
     g->fuse2 = env_cuda_fuse2();
     cuda_ctx_set_decode(g->ctx, g->fast, 0);
-    g->att_splits = att_splits(hp->n_head);
+    g->att_splits = env_cuda_att_split() ? att_splits(hp->n_head) : 1;
     DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
                       "decode attention's split states"));
     DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * 4, (void **)&g->att_cnt, "decode attention's counters"));
@@ -503,7 +506,8 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
     cuda_state *g = e->gpu;
     const int32_t D = e->hp.n_embd;
     g->xn_q8 = 0;
-    if (g->fused && g->fuse2 && decoding(e) && T == 1 && type == STRATA_TYPE_F32 && D % 32 == 0 && D <= 4096) {
+    if (g->fused && (g->fuse2 & FUSE_ROUTER) && decoding(e) && T == 1 && type == STRATA_TYPE_F32 && D % 32 == 0 &&
+        D <= 4096) {
         /* the F32 router: norm, product and xn's 8-bit row (for the experts) in one launch */
         DEV(e, cuda_norm_matvec_f32(g->ctx, x, nw, g->xn, g->act, (const float *)w, rows, D, e->hp.rms_eps, y));
         g->xn_q8 = 1;
@@ -531,7 +535,7 @@ static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t 
     const int32_t hd = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
     const int64_t D = hp->n_embd, QD = (int64_t)H * hd, KD = (int64_t)Hkv * hd;
     const int hd_ok = hd == 32 || hd == 64 || hd == 128 || hd == 256;
-    if (g->fuse2 && hd_ok) {
+    if ((g->fuse2 & FUSE_ROPE_STORE) && hd_ok) {
         DEV(e, cuda_qk_norm_rope_store(g->ctx, g->q, g->k, g->v, dl->q_norm, dl->k_norm, 1, H, Hkv, hd, pos0,
                                        hp->rope_theta, hp->rms_eps, g->pos_arg, g->kv_type, dl->k_cache, dl->v_cache));
     } else {
@@ -540,13 +544,13 @@ static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t 
         DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, 1, (int32_t)KD, pos0,
                              g->pos_arg));
     }
-    if (!g->fast) {
+    if (!(g->fast & CUDA_FAST_ATTENTION)) {
         DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, 1, H, Hkv, hd, pos0,
                               g->pos_arg));
         return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
     }
     /* att's 8-bit row straight from attention when Wo takes 8-bit activations */
-    const int q8 = g->fuse2 && hd_ok && cuda_act_type(W->wo.type) == STRATA_TYPE_Q8_0;
+    const int q8 = (g->fuse2 & FUSE_ATT_Q8) && hd_ok && cuda_act_type(W->wo.type) == STRATA_TYPE_Q8_0;
     DEV(e, cuda_attention_decode(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, q8 ? g->act : NULL,
                                  g->act_row, H, Hkv, hd, pos0, g->pos_arg, g->att_part, g->att_cnt, g->att_splits));
     if (q8) return matvec1(e, W->wo.type, dl->wo, D, QD, g->act, g->x, 1);
@@ -666,7 +670,7 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
         xin = g->act;
     }
     DEV(e, cuda_expert_gate_up(g->ctx, gt, wg, wu, F, D, xin, g->h, K));
-    if (g->fast && g->fuse2 && cuda_act_type(dt) == STRATA_TYPE_Q8_0 && F % 32 == 0) {
+    if ((g->fuse2 & FUSE_DOWN_Q8) && cuda_act_type(dt) == STRATA_TYPE_Q8_0 && F % 32 == 0) {
         /* h quantized inside the down product's launch */
         DEV(e, cuda_expert_down_combine_hq(g->ctx, dt, wd, D, F, g->h, F, g->wsel, g->x, K));
         return STRATA_OK;

@@ -26,11 +26,13 @@ int env_cuda_fused(void);
 int env_cuda_staging(void);
 /* 0 when STRATA_CUDA_MMQ=0 asks for the matrix-vector kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_mmq(void);
-/* 0 when STRATA_CUDA_FAST=0 asks for the first decode kernels instead of the latency-tuned ones. */
+/* STRATA_CUDA_FAST: the mask of latency-tuned decode kernel families (CUDA_FAST_*; unset: all, 63). */
 int env_cuda_fast(void);
 /* 0 when STRATA_CUDA_PDL=0 asks for decode kernels without programmatic dependent launch. */
 int env_cuda_pdl(void);
-/* 0 when STRATA_CUDA_FUSE=0 asks for decode without the second round of fused launches (trace.c). */
+/* STRATA_CUDA_FUSE: the mask of the second round of decode fusions (unset: all, 15; trace.c). */
 int env_cuda_fuse2(void);
+/* 0 when STRATA_CUDA_ATT_SPLIT=0 asks for decode attention in one block per head (trace.c). */
+int env_cuda_att_split(void);
 
 #endif

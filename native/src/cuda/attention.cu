@@ -219,7 +219,7 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
 }
 
 /* Decode (one query, cuda_attention_decode), grid H * S blocks (query head h, split s), with cu_launch.
- * Up to ATT_WARPS tiles (256 positions): block s = 0 alone, warp w on tile w, merged as k_attention does
+ * Up to ATT_WARPS tiles (256 positions), or with S = 1: block s = 0 alone, warp w on tile w, merged as k_attention does
  * (the same bits); the other blocks return. Beyond: warp w of split s takes tiles s * NW + w + k * S * NW,
  * each block merges its warps in order into a partial state (part[h][s]: m, l, o[hd]), and the last
  * block of the head to finish (a counter per head, cnt[h], put back to 0 by that block) merges the S
@@ -236,7 +236,7 @@ k_attention_dec(const float *q, const uint8_t *kc, const uint8_t *vc, float *out
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int npos = pos0 + 1;
     const int ntile = (npos + ATT_TILE - 1) / ATT_TILE;
-    const bool split = ntile > ATT_WARPS; /* block-uniform */
+    const bool split = ntile > ATT_WARPS && S > 1; /* block-uniform */
     if (!split && sp > 0) return;
     const int off = (h / (H / Hkv)) * hd + lane * E;
     const float scale = 1.0f / sqrtf((float)hd);

@@ -48,7 +48,7 @@ strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t 
         return s;
     }
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
-    ctx->fast = 1;
+    ctx->fast = CUDA_FAST_ALL;
     *out = ctx;
     return STRATA_OK;
 }
@@ -70,7 +70,7 @@ void cuda_ctx_destroy(cuda_ctx *ctx) {
 
 void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl) {
     if (!ctx) return;
-    ctx->fast = fast != 0;
+    ctx->fast = fast & CUDA_FAST_ALL;
     ctx->pdl = pdl != 0;
     ctx->pdl_hold = 0;
 }

@@ -816,7 +816,7 @@ strata_status cuda_matvec3(cuda_ctx *ctx, int32_t type, const void *const w[3], 
     if (total <= 0) return STRATA_OK;
     const int64_t rb = gq_row_bytes(type, cols);
     cudaStream_t s = CU_COMPUTE(ctx);
-    const int fast = ctx->fast;
+    const int fast = ctx->fast & CUDA_FAST_MATVEC3;
 #define M3_CASE(TY)                                                                                          \
     case TY:                                                                                                 \
         if (fast)                                                                                            \
@@ -850,7 +850,7 @@ strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const
     dim3 grid(cu_blocks(F, MV_WARPS), (unsigned)K);
     const uint8_t *const *G = (const uint8_t *const *)wg, *const *U = (const uint8_t *const *)wu;
     cudaStream_t s = CU_COMPUTE(ctx);
-    const int fast = ctx->fast;
+    const int fast = ctx->fast & CUDA_FAST_GATE_UP;
 #define GU_CASE(TY)                                                                                    \
     case TY:                                                                                           \
         if (fast)                                                                                      \
@@ -885,7 +885,7 @@ strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *
     const uint8_t *const *W = (const uint8_t *const *)wd;
     const size_t shm = (size_t)DC_ROWS * K * sizeof(float);
     cudaStream_t s = CU_COMPUTE(ctx);
-    const int fast = ctx->fast;
+    const int fast = ctx->fast & CUDA_FAST_DOWN;
 #define DC_CASE(TY)                                                                                              \
     case TY:                                                                                                     \
         if (fast)                                                                                                \

@@ -175,7 +175,7 @@ strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, in
                                float *weights) {
     if (T <= 0) return STRATA_OK;
     if (K <= 0 || K > E) return STRATA_ERR_INVALID_ARGUMENT;
-    if (ctx->fast && E <= 32 * RT_MAXE && K <= 32) {
+    if ((ctx->fast & CUDA_FAST_ROUTER) && E <= 32 * RT_MAXE && K <= 32) {
         CU_TRY(ctx, cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits,
                               (int)T, (int)E, (int)K, ids, weights, (const void *const *)NULL, (const void **)NULL, 0,
                               (int32_t *)NULL, (int32_t *)NULL, (int64_t)0),
@@ -193,7 +193,7 @@ strata_status cuda_router_topk_segments(cuda_ctx *ctx, const float *logits, int3
                                         int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
     if (T <= 0) return STRATA_OK;
     if (K <= 0 || K > E || (int64_t)T * K > seg_cap || (int64_t)T * K > seg_half) return STRATA_ERR_INVALID_ARGUMENT;
-    if (ctx->fast && E <= 32 * RT_MAXE && K <= 32) {
+    if ((ctx->fast & CUDA_FAST_ROUTER) && E <= 32 * RT_MAXE && K <= 32) {
         CU_TRY(ctx, cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits,
                               (int)T, (int)E, (int)K, ids, weights, table, seg_w, (int)seg_cap, seg_tok, seg_out,
                               seg_half),

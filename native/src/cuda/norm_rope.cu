@@ -253,7 +253,7 @@ extern "C" {
 
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
-    if (ctx->fast && D <= NORM_THREADS * NORM_MAXV) {
+    if ((ctx->fast & CUDA_FAST_NORM) && D <= NORM_THREADS * NORM_MAXV) {
         CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<false>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)NULL,
                               (int64_t)0, (int)D, eps),
                "launching rmsnorm");
@@ -268,7 +268,7 @@ strata_status cuda_rmsnorm_q8(cuda_ctx *ctx, const float *x, const float *w, flo
                              int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
     if (D % 32) return STRATA_ERR_INVALID_ARGUMENT;
-    if (ctx->fast && D <= NORM_THREADS * NORM_MAXV) {
+    if ((ctx->fast & CUDA_FAST_NORM) && D <= NORM_THREADS * NORM_MAXV) {
         CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<true>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)q,
                               (int64_t)q_stride, (int)D, eps),
                "launching rmsnorm and quantization");
