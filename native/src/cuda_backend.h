@@ -147,6 +147,14 @@ strata_status cuda_expert_down_combine_hq(cuda_ctx *ctx, int32_t type, const voi
  * bits), in one launch. D a multiple of 32, at most 4096 (else STRATA_ERR_INVALID_ARGUMENT). */
 strata_status cuda_norm_matvec_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q, const float *w,
                                   int64_t rows, int32_t D, float eps, float *y);
+/* Decode, one token, every expert resident: cuda_norm_matvec_f32 (logits [E]) followed by
+ * cuda_router_topk_segments for T = 1, in one launch (the last of its blocks to finish routes), the same
+ * bits. cnt: a device int at 0 (left at 0). E <= 256, K <= 32, D as for cuda_norm_matvec_f32. */
+strata_status cuda_norm_router_topk_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q,
+                                        const float *w, int32_t E, int32_t D, float eps, float *logits, int32_t K,
+                                        int32_t *ids, float *weights, const void *const *table, const void **seg_w,
+                                        int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half,
+                                        int32_t *cnt);
 /* Decode: cuda_qk_norm_rope followed by cuda_kv_store (of the rotated k and of v) in one launch, the same
  * bits; head dims 32, 64, 128 or 256 (else STRATA_ERR_UNSUPPORTED). */
 strata_status cuda_qk_norm_rope_store(cuda_ctx *ctx, float *q, float *k, const float *v, const float *q_norm,

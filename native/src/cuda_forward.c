@@ -54,7 +54,7 @@ typedef struct exp_ptrs {
 } exp_ptrs;
 
 /* the second round of decode fusions (STRATA_CUDA_FUSE, trace.c) */
-enum { FUSE_ROUTER = 1, FUSE_ROPE_STORE = 2, FUSE_ATT_Q8 = 4, FUSE_DOWN_Q8 = 8, FUSE_ALL = 15 };
+enum { FUSE_ROUTER = 1, FUSE_ROPE_STORE = 2, FUSE_ATT_Q8 = 4, FUSE_DOWN_Q8 = 8, FUSE_ROUTER_TOPK = 16 };
 
 #define STAGE_RING 4          /* pinned staging buffers for expert copies */
 #define STAGE_PIECE (1 << 19) /* bytes per item of the parallel host copy */
@@ -85,7 +85,8 @@ struct cuda_state {
     int32_t xn_q8;           /* act holds xn's 8-bit row (the last norm_matvec wrote it) */
     int32_t att_splits;      /* decode attention's splits per head beyond 256 positions (S) */
     float *att_part;         /* device [H, S, hd + 2]: the splits' states */
-    int32_t *att_cnt;        /* device [H]: splits finished (back to 0 after each call) */
+    int32_t *att_cnt;        /* device [H + 1]: splits finished per head, then the router's blocks finished
+                              * (each back to 0 after its launch) */
     int32_t miss_policy;
     int prompt;              /* the forward in progress reads a prompt chunk (cuda_forward) */
     int32_t kv_type;
@@ -157,7 +158,7 @@ int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const int64_t f = 4;
     /* + the decode step's expert address table and position (when every expert is resident) */
     const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256 +
-                                  (int64_t)hp->n_head * (att_splits(hp->n_head) * (hp->head_dim + 2) + 1) * 4 + 512;
+                                  (int64_t)hp->n_head * (att_splits(hp->n_head) * (hp->head_dim + 2) + 1) * 4 + 4 + 512;
     return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
            hp->n_vocab * f + 4 * (T * K + E) * 16 + decode_tables;
 }
@@ -356,8 +357,8 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     g->att_splits = env_cuda_att_split() ? att_splits(hp->n_head) : 1;
     DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
                       "decode attention's split states"));
-    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * 4, (void **)&g->att_cnt, "decode attention's counters"));
-    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)hp->n_head * 4));
+    DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
+    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
@@ -863,12 +864,24 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
-    if (T == 1 && g->ptr_dev && decoding(e)) { /* every expert resident: route on the device, no round trip */
-        const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
-        DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+    const int on_device = T == 1 && g->ptr_dev && decoding(e); /* every expert resident: no round trip */
+    const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+    if (on_device && g->fused && (g->fuse2 & FUSE_ROUTER_TOPK) && W->router.type == STRATA_TYPE_F32 && D % 32 == 0 &&
+        D <= 4096 && E <= 256 && K <= 32) {
+        /* the ffn norm, the router's product and its top-k in one launch */
+        DEV(e, cuda_norm_router_topk_f32(g->ctx, g->x, dl->ffn_norm, g->xn, g->act, (const float *)dl->router, E, D,
+                                         hp->rms_eps, g->router, K, g->sel, g->wsel,
                                          (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
-                                         g->seg_tok, g->seg_out, half));
+                                         g->seg_tok, g->seg_out, half, g->att_cnt + hp->n_head));
+        g->xn_q8 = 1;
+    } else {
+        STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
+        if (on_device)
+            DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+                                             (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
+                                             g->seg_tok, g->seg_out, half));
+    }
+    if (on_device) {
         e->stats.lookups += (uint64_t)T * K;
         e->stats.hits += (uint64_t)T * K;
         if (g->fused && W->gate_exps.type == W->up_exps.type && K <= 32)

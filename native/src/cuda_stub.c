@@ -163,6 +163,14 @@ strata_status cuda_expert_down_combine_hq(cuda_ctx *c, int32_t t, const void *co
     (void)c; (void)t; (void)wd; (void)D; (void)F; (void)h; (void)hs; (void)w; (void)y; (void)K;
     return STRATA_ERR_DEVICE;
 }
+strata_status cuda_norm_router_topk_f32(cuda_ctx *c, const float *x, const float *nw, float *xn, void *q,
+                                        const float *w, int32_t E, int32_t D, float eps, float *lg, int32_t K,
+                                        int32_t *ids, float *wt, const void *const *tb, const void **sw, int32_t sc,
+                                        int32_t *st, int32_t *so, int64_t sh, int32_t *cnt) {
+    (void)c; (void)x; (void)nw; (void)xn; (void)q; (void)w; (void)E; (void)D; (void)eps; (void)lg; (void)K; (void)ids;
+    (void)wt; (void)tb; (void)sw; (void)sc; (void)st; (void)so; (void)sh; (void)cnt;
+    return STRATA_ERR_DEVICE;
+}
 #else
 typedef int strata_cuda_stub_unused; /* ISO C forbids an empty translation unit */
 #endif

@@ -42,9 +42,10 @@
  *                  ffn norm inside an F32 router product, which also quantizes the normed token for
  *                  the experts; q/k norm, RoPE and the KV-cache store in one launch; attention writing
  *                  the 8-bit row for the output projection; the experts' hidden state quantized inside
- *                  the down product). Same replies. A number keeps the fusions of its bits: 1 router,
- *                  2 RoPE + store, 4 attention's 8-bit row, 8 down (unset: 15, all). Read when the
- *                  device cache is filled.
+ *                  the down product; with every expert resident, the router's top-k in the same launch
+ *                  as its product). Same replies. A number keeps the fusions of its bits: 1 router and
+ *                  norm, 2 RoPE + store, 4 attention's 8-bit row, 8 down, 16 router top-k (unset: 31,
+ *                  all). Read when the device cache is filled.
  *
  *   STRATA_CUDA_ATT_SPLIT "0": on --device cuda, decode attention beyond 256 positions in one block per
  *                  head (the prompt kernel's order) instead of split over several blocks per head
@@ -122,7 +123,7 @@ int env_cuda_pdl(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
-int env_cuda_fuse2(void) { return env_mask("STRATA_CUDA_FUSE", 15); }
+int env_cuda_fuse2(void) { return env_mask("STRATA_CUDA_FUSE", 31); }
 
 int env_cuda_att_split(void) {
     const char *v = getenv("STRATA_CUDA_ATT_SPLIT");

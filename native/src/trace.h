@@ -30,7 +30,7 @@ int trace_env_cuda_mmq(void);
 int env_cuda_fast(void);
 /* 0 when STRATA_CUDA_PDL=0 asks for decode kernels without programmatic dependent launch. */
 int env_cuda_pdl(void);
-/* STRATA_CUDA_FUSE: the mask of the second round of decode fusions (unset: all, 15; trace.c). */
+/* STRATA_CUDA_FUSE: the mask of the second round of decode fusions (unset: all, 31; trace.c). */
 int env_cuda_fuse2(void);
 /* 0 when STRATA_CUDA_ATT_SPLIT=0 asks for decode attention in one block per head (trace.c). */
 int env_cuda_att_split(void);

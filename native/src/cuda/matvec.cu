@@ -11,6 +11,7 @@
  * processed alone or with others, and cuda_mirror_matvec reproduces it on the host.
  */
 #include "common.cuh"
+#include "router_topk.cuh"
 #include "../group_dequant.h"
 
 #define MV_WARPS 4 /* rows per block */
@@ -603,9 +604,13 @@ __global__ void k_expert_down_combine_hq(const uint8_t *const *__restrict__ wd, 
 #define NRM_THREADS 256
 #define NRM_MAXV 16
 #define NRM_PF 8
+/* TOPK: the router's top-k too, in the launch's last block to finish (cnt: a device counter at 0, put
+ * back to 0 by that block): cu_router_topk_warp on the logits, the bits of k_router_topk_fast. */
+template <bool TOPK>
 __global__ void __launch_bounds__(NRM_THREADS)
 k_norm_matvec_f32(const float *x, const float *nw, float *xn, uint8_t *q, const float *W, int64_t rows, int D,
-                  float eps, float *y) {
+                  float eps, float *y, int K, int32_t *ids, float *weights, const void *const *table,
+                  const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half, int *cnt) {
     __shared__ __align__(16) float xs[NRM_THREADS * NRM_MAXV];
     __shared__ float sh[NRM_THREADS];
     cu_pdl_trigger();
@@ -670,7 +675,7 @@ k_norm_matvec_f32(const float *x, const float *nw, float *xn, uint8_t *q, const 
         }
     }
     __syncthreads();
-    if (r >= rows) return;
+    if (r < rows) {
     float acc = 0.0f;
     for (int64_t g0 = lane >> 2; g0 < G; g0 += 8 * NRM_PF) {
         if (g0 != (lane >> 2)) { /* later batches (rows longer than 8 * NRM_PF groups) */
@@ -705,6 +710,21 @@ k_norm_matvec_f32(const float *x, const float *nw, float *xn, uint8_t *q, const 
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
     if (lane == 0) y[r] = acc;
+    }
+    if (TOPK) {
+        __shared__ int last;
+        __threadfence(); /* this block's logits are visible before the counter says so */
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(cnt, 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (warp == 0) {
+            cu_router_topk_warp<true>(y, 0, (int)rows, K, lane, ids, weights, table, seg_w, seg_cap, seg_tok, seg_out,
+                                      seg_half);
+            if (lane == 0) *cnt = 0; /* for the next launch (stream-ordered after this one) */
+        }
+    }
 }
 
 template <int TOK>
@@ -934,9 +954,26 @@ strata_status cuda_norm_matvec_f32(cuda_ctx *ctx, const float *x, const float *n
     if (rows <= 0) return STRATA_OK;
     if (D % 32 || D > NRM_THREADS * NRM_MAXV) return STRATA_ERR_INVALID_ARGUMENT;
     const unsigned blocks = cu_blocks(rows, NRM_THREADS / 32);
-    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32, dim3(blocks), dim3(NRM_THREADS), 0, x, nw, xn, (uint8_t *)q, w, rows,
-                          (int)D, eps, y),
+    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<false>, dim3(blocks), dim3(NRM_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
+                          rows, (int)D, eps, y, 0, (int32_t *)NULL, (float *)NULL, (const void *const *)NULL,
+                          (const void **)NULL, 0, (int32_t *)NULL, (int32_t *)NULL, (int64_t)0, (int *)NULL),
            "launching rmsnorm and router product");
+    return STRATA_OK;
+}
+
+strata_status cuda_norm_router_topk_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q,
+                                        const float *w, int32_t E, int32_t D, float eps, float *logits, int32_t K,
+                                        int32_t *ids, float *weights, const void *const *table, const void **seg_w,
+                                        int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half,
+                                        int32_t *cnt) {
+    if (D % 32 || D > NRM_THREADS * NRM_MAXV || E <= 0 || E > 32 * RT_MAXE || K <= 0 || K > 32 || K > E ||
+        K > seg_cap || K > seg_half)
+        return STRATA_ERR_INVALID_ARGUMENT;
+    const unsigned blocks = cu_blocks(E, NRM_THREADS / 32);
+    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<true>, dim3(blocks), dim3(NRM_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
+                          (int64_t)E, (int)D, eps, logits, (int)K, ids, weights, table, seg_w, (int)seg_cap, seg_tok,
+                          seg_out, seg_half, (int *)cnt),
+           "launching rmsnorm, router product and top-k");
     return STRATA_OK;
 }
 

@@ -1,6 +1,7 @@
 /* moe.cu — router top-k, SwiGLU, the weighted combine of expert outputs, residual add.
  * Legend: T tokens, E experts, K experts used per token, D model dim. */
 #include "common.cuh"
+#include "router_topk.cuh"
 #include "../group_dequant.h"
 
 #define RT_WARPS 4 /* tokens per block of the router */
@@ -75,11 +76,7 @@ k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *wei
 }
 
 /* Latency-tuned k_router_topk (ctx->fast, E <= 32 * RT_MAXE, K <= 32): the same picks and the same
- * weight bits. Each lane loads its logits once into registers (the plain kernel reads them again in
- * every round, one dependent round trip per value); every lane then knows each round's pick and
- * logit, so every lane forms the same exp(l - max) and the same sum in k order, and lane k writes
- * pick k, its weight and its segment entries (instead of lane 0 writing all of them one by one). */
-#define RT_MAXE 8
+ * weight bits (cu_router_topk_warp, router_topk.cuh). */
 __global__ void __launch_bounds__(RT_WARPS * 32)
 k_router_topk_fast(const float *logits, int T, int E, int K, int32_t *ids, float *weights, const void *const *table,
                    const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
@@ -88,66 +85,8 @@ k_router_topk_fast(const float *logits, int T, int E, int K, int32_t *ids, float
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * RT_WARPS + (threadIdx.x >> 5);
     if (t >= T) return;
-    const float *lg = logits + (int64_t)t * E;
-    float lv[RT_MAXE];
-#pragma unroll
-    for (int j = 0; j < RT_MAXE; j++) {
-        const int e = lane + 32 * j;
-        lv[j] = e < E ? lg[e] : 0.0f;
-    }
-    int pi = -1;
-    float pv = 0.0f, mx = 0.0f, sum = 0.0f, my_ex = 0.0f;
-    int my_id = -1;
-    for (int k = 0; k < K; k++) {
-        int best = -1;
-        float bv = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < RT_MAXE; j++) {
-            const int e = lane + 32 * j;
-            if (e < E) {
-                const float v = lv[j];
-                const bool eligible = pi < 0 || v < pv || (v == pv && e > pi);
-                if (eligible && (best < 0 || v > bv)) {
-                    best = e;
-                    bv = v;
-                }
-            }
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const int ob = __shfl_xor_sync(0xffffffffu, best, off);
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
-                best = ob;
-                bv = ov;
-            }
-        }
-        pi = best;
-        pv = bv;
-        if (k == 0) mx = bv;
-        const float ex = expf(bv - mx);
-        sum = __fadd_rn(sum, ex);
-        if (lane == k) {
-            my_id = best;
-            my_ex = ex;
-        }
-    }
-    if (lane < K) {
-        const int k = lane;
-        ids[(int64_t)t * K + k] = my_id;
-        weights[(int64_t)t * K + k] = my_ex / sum;
-        if (table) {
-            const int64_t j = (int64_t)t * K + k;
-            const void *const *p = table + (int64_t)my_id * 3;
-            seg_w[j] = p[0];
-            seg_w[seg_cap + j] = p[1];
-            seg_w[2 * (int64_t)seg_cap + j] = p[2];
-            seg_tok[j] = t;
-            seg_out[j] = (int32_t)j;
-            seg_tok[seg_half + j] = (int32_t)j;
-            seg_out[seg_half + j] = (int32_t)j;
-        }
-    }
+    cu_router_topk_warp<false>(logits + (int64_t)t * E, t, E, K, lane, ids, weights, table, seg_w, seg_cap, seg_tok,
+                               seg_out, seg_half);
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float *h, int64_t n) {
