@@ -47,7 +47,9 @@ __all__ = [
     "strata_cuda_attention",
     "strata_cuda_available",
     "strata_cuda_bench_matvec",
+    "strata_cuda_flash_attention",
     "strata_cuda_matvec",
+    "strata_cuda_mirror_expert",
     "strata_cuda_mirror_matvec",
     "strata_cuda_mirror_mmq",
     "strata_cuda_mmq",
@@ -608,6 +610,81 @@ def strata_cuda_router_topk(
     c_int32,
 )
 def strata_cuda_attention(
+    kv_type: int,
+    q: Any,
+    k: Any,
+    v: Any,
+    n_pos: int,
+    T: int,
+    H: int,
+    Hkv: int,
+    hd: int,
+    pos_on_device: int,
+    out: Any,
+) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type,
+#                                                    const void *up, int32_t down_type, const void *down, int64_t D,
+#                                                    int64_t F, const float *x, float *out, int32_t n_threads,
+#                                                    int32_t reps, double *median_us);
+@c_function(
+    "strata_cuda_mirror_expert",
+    [
+        c_int32,
+        c_void_p,
+        c_int32,
+        c_void_p,
+        c_int32,
+        c_void_p,
+        c_int64,
+        c_int64,
+        POINTER(c_float),
+        POINTER(c_float),
+        c_int32,
+        c_int32,
+        POINTER(c_double),
+    ],
+    c_int32,
+)
+def strata_cuda_mirror_expert(
+    gate_type: int,
+    gate: Any,
+    up_type: int,
+    up: Any,
+    down_type: int,
+    down: Any,
+    D: int,
+    F: int,
+    x: Any,
+    out: Any,
+    n_threads: int,
+    reps: int,
+    median_us: Any,
+) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const float *k,
+#                                                      const float *v, int32_t n_pos, int32_t T, int32_t H,
+#                                                      int32_t Hkv, int32_t hd, int32_t pos_on_device, float *out);
+@c_function(
+    "strata_cuda_flash_attention",
+    [
+        c_int32,
+        POINTER(c_float),
+        POINTER(c_float),
+        POINTER(c_float),
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        c_int32,
+        POINTER(c_float),
+    ],
+    c_int32,
+)
+def strata_cuda_flash_attention(
     kv_type: int,
     q: Any,
     k: Any,

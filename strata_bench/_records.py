@@ -84,7 +84,16 @@ def summarize(samples: Sequence[float]) -> dict[str, float]:
 
 
 def git_state(path: str | os.PathLike[str] | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the git tree that holds ``path`` (this package by default); (None, None) outside one."""
+    """(commit, dirty) of the git tree that holds ``path`` (this package by default); (None, None) outside one.
+
+    ``STRATA_BENCH_COMMIT`` (``COMMIT`` or ``COMMIT+dirty``) overrides it: for a copy of a tree whose git
+    metadata is not its own (a tree sent to another machine without its history), the sender says which
+    commit it is.
+    """
+    given = os.environ.get("STRATA_BENCH_COMMIT", "").strip()
+    if given:
+        commit, _, flag = given.partition("+")
+        return commit, flag == "dirty"
     where = Path(path) if path else Path(__file__).resolve().parent
     try:
         commit = subprocess.run(

@@ -13,6 +13,7 @@ from strata_bench._records import (
     RecordWriter,
     base_record,
     flatten,
+    git_state,
     llama_test_name,
     read_records,
     summarize,
@@ -54,6 +55,16 @@ def test_record_is_self_describing() -> None:
         assert key in rec
     assert rec["time_utc"].endswith("Z")
     assert rec["commit"] is None or len(rec["commit"]) == 40
+
+
+def test_commit_given_by_the_sender_wins_over_git(monkeypatch, tmp_path) -> None:
+    # a tree copied to another machine with someone else's .git: the sender names the commit
+    monkeypatch.setenv("STRATA_BENCH_COMMIT", "0123abcd+dirty")
+    assert git_state() == ("0123abcd", True)
+    monkeypatch.setenv("STRATA_BENCH_COMMIT", "fedc9876")
+    assert git_state(tmp_path) == ("fedc9876", False)
+    monkeypatch.delenv("STRATA_BENCH_COMMIT")
+    assert git_state(tmp_path) == (None, None)  # not a git tree
 
 
 def test_writer_appends_and_reader_skips_a_torn_last_line(tmp_path) -> None:

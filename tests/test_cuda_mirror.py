@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from strata import _cdefs as C
+from strata import _engine
 from tests.gpu._cuda_util import random_rows
 from tests.gpu.test_cuda_kernels import TYPES, _quantized_activations
 
@@ -72,3 +73,247 @@ def test_mmq_mirror_matches_reference(name):
     assert np.abs(y - ym).max() <= 1e-5 * np.abs(ym).max()
     # only the weight types whose activations are 8-bit blocks
     assert _mirror(C.strata_cuda_mirror_mmq, TYPES["F16"], w, rows, cols, x)[0] == 1
+
+
+# ---- the SIMD levels of the mirror (--miss host runs the engine's level) ----------------------------
+
+_SIMD_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"]  # F16: no SIMD kernel, the levels fall back to scalar
+_BITS = np.uint32
+
+
+def _levels() -> list[str]:
+    """The SIMD levels this CPU runs, besides scalar."""
+    feats = set(_engine.cpu_features().split())
+    out = []
+    if {"avx2", "fma", "f16c"} <= feats:
+        out.append("avx2")
+        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni"} <= feats:
+            out.append("avx512")
+    return out
+
+
+@pytest.fixture
+def level_reset():
+    yield
+    _engine.simd_set("auto")
+
+
+def _at_level(level: str, type_: int, w: np.ndarray, rows: int, cols: int, x: np.ndarray) -> np.ndarray:
+    _engine.simd_set(level)
+    st, y = _mirror(C.strata_cuda_mirror_matvec, type_, w, rows, cols, x)
+    assert st == 0
+    return y
+
+
+def _assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Bit for bit; a NaN only has to be a NaN where the reference has one (payloads are not kept)."""
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan), f"{what}: NaN rows differ"
+    bad = np.nonzero(got.view(_BITS)[~nan] != want.view(_BITS)[~nan])[0]
+    assert bad.size == 0, (
+        f"{what}: {bad.size} rows differ in their bits; first row {np.arange(len(want))[~nan][bad[0]]}: "
+        f"{got[~nan][bad[0]]!r} vs {want[~nan][bad[0]]!r}"
+    )
+
+
+def _cols_for(name: str) -> list[int]:
+    # 8-bit types: a partial last step (288 = one step + one block; 800 = 3 steps + 1) and whole steps
+    return [768, 2048] if name in ("Q4_K", "Q6_K", "F16") else [288, 800, 2048]
+
+
+@pytest.mark.asan
+@pytest.mark.parametrize("level", _levels())
+@pytest.mark.parametrize("name", _SIMD_TYPES)
+def test_levels_equal_scalar_bits(name, level, level_reset):
+    """Each SIMD level gives the scalar mirror's bits (so the device's), odd row counts, partial steps."""
+    rng = np.random.default_rng(11)
+    for cols in _cols_for(name):
+        rows = 13
+        w, _ = random_rows(name, rows, cols, rng)
+        w = np.ascontiguousarray(w)
+        x = (rng.standard_normal(cols) * rng.uniform(0.01, 30.0)).astype(np.float32)
+        want = _at_level("scalar", TYPES[name], w, rows, cols, x)
+        got = _at_level(level, TYPES[name], w, rows, cols, x)
+        _assert_same_bits(got, want, f"{name} {level} cols={cols}")
+
+
+def _extreme_cases(name: str, rows: int, cols: int, rng: np.random.Generator):
+    """(label, weight bytes, x): all-zero rows, quant bytes all 0xFF / 0x80 with finite scales,
+    largest scales, +-127 activations, and scale fields that are NaN."""
+    w, _ = random_rows(name, rows, cols, rng)
+    w = np.ascontiguousarray(w)
+    nb = w.size // ({"Q8_0": 34, "Q4_0": 18, "Q4_K": 144, "Q6_K": 210}[name])
+    blocks = w.reshape(nb, -1)
+    scale_at = {"Q8_0": [0], "Q4_0": [0], "Q4_K": [0, 2], "Q6_K": [208]}[name]
+    ones = np.where(rng.random(cols) < 0.5, -1.0, 1.0).astype(np.float32)  # every 8-bit value is +-127
+    wide = (rng.standard_normal(cols) * 1e3).astype(np.float32)
+
+    def with_bytes(fill: int, scale: float | None) -> np.ndarray:
+        b = np.full_like(blocks, fill)
+        for s in scale_at:
+            if scale is None:
+                b[:, s : s + 2] = blocks[:, s : s + 2]
+            else:
+                b[:, s : s + 2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
+        return b.reshape(w.shape)
+
+    yield "zero rows", np.zeros_like(w), wide
+    yield "zero x", w, np.zeros(cols, dtype=np.float32)
+    yield "bytes 0xFF", with_bytes(0xFF, None), ones
+    yield "bytes 0x80", with_bytes(0x80, None), ones
+    yield "largest scales", with_bytes(0x80, 65504.0), wide
+    yield "negative scales", with_bytes(0x7F, -0.02), ones
+    yield "NaN scales", with_bytes(0xFF, float("nan")), wide
+    yield "random, +-127 x", w, ones
+
+
+@pytest.mark.asan
+@pytest.mark.parametrize("level", _levels())
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+def test_levels_extreme_blocks(name, level, level_reset):
+    rng = np.random.default_rng(12)
+    rows, cols = 5, (512 if name in ("Q4_K", "Q6_K") else 288)
+    for label, w, x in _extreme_cases(name, rows, cols, rng):
+        want = _at_level("scalar", TYPES[name], w, rows, cols, x)
+        got = _at_level(level, TYPES[name], w, rows, cols, x)
+        _assert_same_bits(got, want, f"{name} {level} {label}")
+
+
+def _device_order(wx: np.ndarray, n_groups: int) -> np.ndarray:
+    """The device's order of a row's float32 sums. wx(g, s) -> [rows] is lane (4 (g % 8) + s)'s addend
+    for block g; lanes accumulate their blocks g = l / 4, l / 4 + 8, ... in order, then the butterfly."""
+    rows = wx(0, 0).shape[0]
+    a = np.zeros((rows, 32), dtype=np.float32)
+    for g in range(n_groups):
+        for s in range(4):
+            lane = 4 * (g % 8) + s
+            a[:, lane] = wx(g, s, a[:, lane])
+    for off in (16, 8, 4, 2, 1):
+        a = a + a[:, np.arange(32) ^ off]
+    return a[:, 0]
+
+
+def _q8_act(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The device's 8-bit activations: values (rounded half away from zero) and f16-rounded scales."""
+    b = x.reshape(-1, 32).astype(np.float32)
+    d = (np.abs(b).max(axis=1) / np.float32(127)).astype(np.float32)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), 0).astype(np.float32)
+    v = (b * inv[:, None]).astype(np.float64)
+    q = np.sign(v) * (np.floor(np.abs(v)) + (np.abs(v) - np.floor(np.abs(v)) >= 0.5))
+    return q.astype(np.int64), d.astype(np.float16).astype(np.float32)
+
+
+def _reference(
+    name: str, w: np.ndarray, dense: np.ndarray, x: np.ndarray, order: str = "device"
+) -> np.ndarray:
+    """NumPy float32 copy of the device kernel, written from its description (not from the C code).
+    order="rowwise" is the same arithmetic summed block after block in one accumulator: a wrong order."""
+    rows, cols = dense.shape
+    G = cols // 32
+    if name in ("Q8_0", "Q4_0"):
+        q, dx = _q8_act(x)
+        bb = 34 if name == "Q8_0" else 18
+        dw = w.reshape(rows, G, bb)[:, :, :2].copy().view(np.float16)[:, :, 0].astype(np.float32)
+        # integer weights recovered exactly from the dequantized values (gguf-py's) and the scale
+        wi = np.rint(dense.reshape(rows, G, 32).astype(np.float64) / dw[:, :, None].astype(np.float64))
+        wi = np.where(dw[:, :, None] != 0, wi, 0).astype(np.int64)
+        qg = q.reshape(G, 32)
+
+        def add(g, s, a=None):
+            isum = (wi[:, g, 8 * s : 8 * s + 8] * qg[g, 8 * s : 8 * s + 8]).sum(axis=1).astype(np.float32)
+            t = (dw[:, g] * dx[g]).astype(np.float32) * isum
+            return t if a is None else (a + t).astype(np.float32)
+    else:
+        dv = dense.reshape(rows, G, 4, 8)
+        xv = x.reshape(G, 4, 8)
+
+        def add(g, s, a=None):
+            acc = np.zeros(rows, dtype=np.float32) if a is None else a
+            for v in range(8):
+                acc = (acc + dv[:, g, s, v] * xv[g, s, v]).astype(np.float32)
+            return acc
+
+    if order == "device":
+        return _device_order(add, G)
+    acc = np.zeros(rows, dtype=np.float32)
+    for g in range(G):
+        for s in range(4):
+            acc = add(g, s, acc)
+    return acc
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+def test_mirror_order_is_the_devices(name, level_reset):
+    """The mirror (every level) equals an independent NumPy copy of the device's order bit for bit, and
+    the data tells orders apart: summing the same addends row-wise gives other bits."""
+    rng = np.random.default_rng(13)
+    rows, cols = 24, 1024
+    w, dense = random_rows(name, rows, cols, rng)
+    w = np.ascontiguousarray(w)
+    x = rng.standard_normal(cols).astype(np.float32)
+    want = _reference(name, w, dense, x)
+    for level in ["scalar", *_levels()]:
+        _assert_same_bits(_at_level(level, TYPES[name], w, rows, cols, x), want, f"{name} {level}")
+    wrong = _reference(name, w, dense, x, order="rowwise")
+    assert np.abs(wrong - want).max() <= 1e-4 * np.abs(want).max()  # the same sum ...
+    assert (wrong.view(_BITS) != want.view(_BITS)).sum() >= rows // 4  # ... in other bits
+
+
+def _expert(types: tuple[str, str, str], D: int, F: int, rng: np.random.Generator):
+    g, gd = random_rows(types[0], F, D, rng)
+    u, ud = random_rows(types[1], F, D, rng)
+    d, dd = random_rows(types[2], D, F, rng)
+    return [np.ascontiguousarray(a) for a in (g, u, d)], (gd, ud, dd)
+
+
+def _run_expert(types, mats, D, F, x, threads, reps=1):
+    fp = ctypes.POINTER(ctypes.c_float)
+    out = np.full(D, np.nan, dtype=np.float32)
+    us = ctypes.c_double(0.0)
+    vp = [m.ctypes.data_as(ctypes.c_void_p) for m in mats]
+    st = C.strata_cuda_mirror_expert(
+        TYPES[types[0]], vp[0], TYPES[types[1]], vp[1], TYPES[types[2]], vp[2], D, F,
+        x.ctypes.data_as(fp), out.ctypes.data_as(fp), threads, reps, ctypes.byref(us),
+    )  # fmt: skip
+    return st, out, us.value
+
+
+@pytest.mark.asan
+@pytest.mark.parametrize("types", [("Q8_0",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("Q4_0", "Q8_0", "Q4_0")])
+def test_expert_levels_and_threads(types, level_reset):
+    """One expert as --miss host runs it: the same bits at every level and thread count, and the
+    right values (float64 reference of down(silu(gate x) * up x), 8-bit activations where the types use them)."""
+    rng = np.random.default_rng(14)
+    D, F = 512, 256
+    mats, dense = _expert(types, D, F, rng)
+    x = rng.standard_normal(D).astype(np.float32)
+    _engine.simd_set("scalar")
+    st, want, _ = _run_expert(types, mats, D, F, x, 1)
+    assert st == 0
+    for level in ["scalar", *_levels()]:
+        _engine.simd_set(level)
+        for threads in (1, 2):
+            st, got, _ = _run_expert(types, mats, D, F, x, threads)
+            assert st == 0
+            _assert_same_bits(got, want, f"{types} {level} {threads} threads")
+    q8 = [t in ("Q8_0", "Q4_0") for t in types]
+    xa = _quantized_activations(x[None, :])[0] if q8[0] else x
+    gv = dense[0].astype(np.float64) @ xa.astype(np.float64)
+    uv = dense[1].astype(np.float64) @ (_quantized_activations(x[None, :])[0] if q8[1] else x).astype(
+        np.float64
+    )
+    h = (gv / (1 + np.exp(-gv)) * uv).astype(np.float32)
+    ha = _quantized_activations(h[None, :])[0] if q8[2] else h
+    ref = dense[2].astype(np.float64) @ ha.astype(np.float64)
+    err = np.linalg.norm(want - ref) / np.linalg.norm(ref)
+    assert err < 1e-3, f"{types}: relative error {err:.2e}"
+
+
+def test_expert_rejects_bad_shapes():
+    rng = np.random.default_rng(15)
+    types = ("Q4_K", "Q4_K", "Q4_K")
+    mats, _ = _expert(types, 512, 256, rng)
+    x = np.zeros(512, dtype=np.float32)
+    assert _run_expert(types, mats, 512, 256, x, 1)[0] == 0
+    assert _run_expert(types, mats, 512, 96, x, 1)[0] == 1  # F is not whole Q4_K blocks of 256
+    assert _run_expert(types, mats, 512, 256, x, 0)[0] == 1  # no threads

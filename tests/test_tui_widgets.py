@@ -138,7 +138,7 @@ def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
             await log.add(view)
             # a big jump of content at once (a fast model between two draws) is still followed
             await view.append(Delta(content="\n\n".join(f"paragraph {i}" for i in range(60))))
-            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            await pilot.pause(0.3)  # laid out in the frames that follow
             log.follow()
             await pilot.pause(0.1)
             assert log.scroll_y == log.max_scroll_y > 0
@@ -146,7 +146,7 @@ def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
             log.scroll_to(y=0, animate=False)
             await pilot.pause()
             await view.append(Delta(content="\n\nmore text"))
-            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            await pilot.pause(0.3)  # laid out in the frames that follow
             log.follow()
             await pilot.pause(0.1)
             assert log.scroll_y == 0
@@ -154,7 +154,7 @@ def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
             log.scroll_end(animate=False)
             await pilot.pause()
             await view.append(Delta(content="\n\n" + "\n\n".join(f"tail {i}" for i in range(20))))
-            await pilot.pause(0.3)  # the Markdown stream draws in its own task
+            await pilot.pause(0.3)  # laid out in the frames that follow
             log.follow()
             await pilot.pause(0.1)
             assert log.scroll_y == log.max_scroll_y

@@ -400,6 +400,23 @@ STRATA_API strata_status strata_cuda_mmq(int32_t type, const void *w, int32_t n_
 /* The host's bit-exact mirror of that product for one token (runs everywhere). */
 STRATA_API strata_status strata_cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols,
                                                 const float *x, float *y);
+/* One expert's decode miss on the host, as --miss host runs it: out[D] = down(swiglu(gate x, up x)) with
+ * the device's bits, at the kernel level of strata_simd_set, rows split over n_threads threads. It runs
+ * reps times (>= 1); *median_us (may be NULL) gets the median microseconds of one run. gate and up hold
+ * [F, D] of their types, down [D, F]; D and F whole blocks of the types (runs everywhere). */
+STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type,
+                                                   const void *up, int32_t down_type, const void *down, int64_t D,
+                                                   int64_t F, const float *x, float *out, int32_t n_threads,
+                                                   int32_t reps, double *median_us);
+
+/* The prompt-chunk attention on the tensor cores, on host buffers, as strata_cuda_attention: k, v [n_pos,
+ * Hkv*hd] f32 are stored into a cache of kv_type whose rows after n_pos hold NaNs (which must not be
+ * read), then the T queries q [T, H*hd] at positions n_pos-T .. n_pos-1 attend over it into out [T, H*hd].
+ * UNSUPPORTED for what the kernel does not cover (it runs an f16 cache with head dim 32, 64 or 128);
+ * DEVICE when there is no CUDA device. */
+STRATA_API strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const float *k, const float *v,
+                                                     int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                                                     int32_t pos_on_device, float *out);
 
 #ifdef __cplusplus
 }

@@ -58,7 +58,9 @@ strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *w
 void cuda_free(cuda_ctx *ctx, void *dptr);
 /* Device memory held through cuda_alloc now, and the most held since the context was created. */
 void cuda_mem_held(const cuda_ctx *ctx, int64_t *now, int64_t *peak);
-/* Page-lock host memory (e.g. the mapped model file) so that copies from it run at full PCIe speed. */
+/* Page-lock host memory (e.g. the mapped model file) as read-only for the device, so that copies from
+ * it run at full PCIe speed without a staging copy. Fails (a status and a message, the context still
+ * usable) when the device cannot register read-only memory or the pages cannot be locked. */
 strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes);
 void cuda_host_unregister(cuda_ctx *ctx, void *ptr);
 strata_status cuda_host_alloc(cuda_ctx *ctx, size_t bytes, void **ptr);
@@ -78,6 +80,9 @@ strata_status cuda_sync(cuda_ctx *ctx);
 strata_status cuda_event_create(cuda_ctx *ctx, void **ev);
 strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream);
 strata_status cuda_event_wait(cuda_ctx *ctx, void *ev);
+/* Work enqueued on `stream` after this call waits until the event's last record has passed (the host
+ * does not wait). */
+strata_status cuda_stream_wait(cuda_ctx *ctx, void *ev, int32_t stream);
 void cuda_event_free(void *ev);
 
 /* CUDA Graphs: record what is enqueued on the compute stream between begin and end (nothing runs),
@@ -240,15 +245,31 @@ strata_status cuda_moe_combine(cuda_ctx *ctx, const float *e, const float *weigh
 /* y += x over n values. */
 strata_status cuda_add(cuda_ctx *ctx, float *y, const float *x, int64_t n);
 
+/* Causal attention of a prompt chunk on the tensor cores (flash_attn.cu): the same contract as
+ * cuda_attention (T queries at positions pos0.. over the cache, out [T, H*hd]), for an f16 cache and head
+ * dims 32, 64, 128 (cuda_flash_attention_supported). A query's result depends only on its position and
+ * the cache, never on T or pos0; it is not cuda_attention's float expression, so the engine uses it for
+ * every prompt chunk and cuda_attention for decode. */
+int32_t cuda_flash_attention_supported(int32_t kv_type, int32_t H, int32_t Hkv, int32_t hd);
+strata_status cuda_flash_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
+                                   const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                                   int32_t pos0, const int32_t *pos_dev);
+
 /* ---- host mirror ------------------------------------------------------------------------------- */
 
 /* Bit-exact host copy of the device matvec for one token: y[r] = W[r, :] . x (same operation
- * sequence as the device kernel). Used to run a decode miss on the host. */
+ * sequence as the device kernel), at the kernel level of strata_simd_set (tests; allocates). */
 void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
-/* One expert on the host, bit-exact with the device: out[D] = down(swiglu(gate x, up x)).
- * scratch: 2 * F floats. */
-void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
-                        int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch);
+/* Floats of scratch cuda_mirror_expert needs: g and u [2F], then the prepared activations. */
+int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F);
+/* One expert on the host, bit-exact with the device: out[D] = down(swiglu(gate x, up x)), at kernel
+ * level simd (SCALAR, AVX2 or AVX512; the CPU must have it). x is prepared once for gate and up,
+ * whose rows the pool splits together (pool NULL: this thread), then down's. No allocation.
+ * scratch: cuda_mirror_scratch_floats(D, F) floats. */
+struct pool;
+void cuda_mirror_expert(struct pool *p, int32_t simd, const void *gate, int32_t gate_type, const void *up,
+                        int32_t up_type, const void *down, int32_t down_type, int64_t D, int64_t F, const float *x,
+                        float *out, float *scratch);
 /* Bit-exact host copy of cuda_mmq for one token (Q8_0 / Q4_0 / Q4_K / Q6_K weights): y[r] = W[r, :] . x. */
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */

@@ -24,12 +24,18 @@
  * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
  * with one launch per token; the graph is dropped when the work buffers move.
  *
- * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) go through a
- * ring of STAGE_RING pinned buffers of one slot each: the pool's threads copy the expert's bytes from
- * the mapped file into a free buffer, and one DMA at full PCIe speed takes it to its slot, while the
- * host fills the next buffer (a buffer is reused once the event after its DMA has passed). A copy
- * straight from the mapping would be a pageable copy: a fraction of the bandwidth, with the host
- * blocked.
+ * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) come from the
+ * expert store (STRATA_CUDA_STORE, trace.c). By default a ring of STAGE_RING pinned buffers of one slot
+ * each: the pool's threads copy the expert's bytes from the mapped file into a free buffer, and one DMA
+ * at full PCIe speed takes it to its slot, while the host fills the next buffer (a buffer is reused
+ * once the event after its DMA has passed). A copy straight from the mapping would be a pageable copy:
+ * a fraction of the bandwidth, with the host blocked. The other stores need no host copy: the mapped
+ * file page-locked for the device, or every expert copied once at open into pinned host memory.
+ *
+ * Copies run on their own stream (CUDA_STREAM_COPY) and the products wait for them through events, so
+ * that a layer's hits run while its misses are copied (STRATA_CUDA_OVERLAP=0: all on the compute
+ * stream). Under --miss host or auto, a decode step's misses (all, or auto's share from the measured
+ * copy and host times) run on the host while the device runs the rest.
  */
 #include <math.h>
 #include <stdio.h>
@@ -104,14 +110,30 @@ struct cuda_state {
     void *stage;             /* pinned host staging */
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
-    float *host_tmp;         /* pinned [D + K * D + 2 * F]: a decode miss run on the host (xn, outputs, scratch) */
+    float *host_tmp;         /* pinned [D + K * D + cuda_mirror_scratch_floats(D, F)]: a decode miss run on the host
+                              * (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
     int32_t ring_next;
     int8_t mmq;              /* prompt products on the tensor cores: 0 not decided yet, 1 yes, 2 no */
+    int8_t flash;            /* prompt attention on the tensor cores: 0 not decided yet, 1 yes, 2 no */
     int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
     int32_t bucket_cap;
+    /* the expert store (STRATA_CUDA_STORE): the mapped file page-locked for the device (reg_ptr), or every
+     * expert copied once into pinned host memory (arena); a slot is then filled by DMAs with no host
+     * copy. Neither: through the ring above. */
+    void *reg_ptr;
+    uint8_t *arena;          /* pinned [L * E, expert bytes]: gate | up | down of each expert, or NULL */
+    int32_t direct;          /* reg_ptr or arena: a copy needs no work from the host */
+    int32_t copy_group;      /* STRATA_CUDA_COPY_GROUP: least experts per copy group of a prompt, 0 = one */
+    int32_t overlap;         /* copies on CUDA_STREAM_COPY, ordered by the events below (STRATA_CUDA_OVERLAP) */
+    void *ev_copy;           /* copy stream: after the copies of the last wave */
+    void *ev_prod;           /* compute stream: after the products of the last wave */
+    void *ev_tables;         /* compute stream: after the last wave's segment tables left the staging */
+    double copy_ms;          /* measured time of one expert's copy (the fill at open) */
+    double host_ms;          /* measured time of one expert on the host (at open, then a running mean) */
+    double miss_split;       /* STRATA_CUDA_MISS_SPLIT, or -1: --miss auto's host share from the rates */
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -252,7 +274,16 @@ static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t e
     const uint8_t *src_g = L->gate_exps.data + ex * F * L->gate_exps.row_bytes;
     const uint8_t *src_u = L->up_exps.data + ex * F * L->up_exps.row_bytes;
     const uint8_t *src_d = L->down_exps.data + ex * D * L->down_exps.row_bytes;
-    if (g->ring[0]) {
+    if (g->arena) {
+        /* pinned: one DMA at full PCIe speed, nothing for the host to copy and nothing to wait for */
+        const int64_t n = g->gate_bytes + g->up_bytes + g->down_bytes;
+        DEV(e, cuda_h2d(g->ctx, dst, g->arena + ((int64_t)l * e->hp.n_expert + ex) * n, (size_t)n, stream));
+    } else if (g->reg_ptr) {
+        /* the mapping is page-locked: three DMAs straight from the file, nothing for the host to copy */
+        DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)g->gate_bytes, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, src_u, (size_t)g->up_bytes, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, src_d, (size_t)g->down_bytes, stream));
+    } else if (g->ring[0]) {
         const int32_t i = g->ring_next;
         g->ring_next = (i + 1) % STAGE_RING;
         DEV(e, cuda_event_wait(g->ctx, g->ring_done[i])); /* its last DMA has left the buffer */
@@ -276,6 +307,86 @@ static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t e
     g->slot_of[id] = s;
     g->ptr_host[id] = (exp_ptrs){dst, dst + g->gate_bytes, dst + g->gate_bytes + g->up_bytes};
     return STRATA_OK;
+}
+
+static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
+                        float *scratch);
+
+/* One expert's gate | up | down from the mapped file into its place in the arena (pool item = l * E + e). */
+static void arena_piece(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    strata_engine *e = ctx;
+    cuda_state *g = e->gpu;
+    const int64_t E = e->hp.n_expert, F = e->hp.n_ff_exp, D = e->hp.n_embd;
+    const layer_weights *L = &e->w.layers[item / E];
+    const int64_t ex = item % E, n = g->gate_bytes + g->up_bytes + g->down_bytes;
+    uint8_t *dst = g->arena + item * n;
+    memcpy(dst, L->gate_exps.data + ex * F * L->gate_exps.row_bytes, (size_t)g->gate_bytes);
+    memcpy(dst + g->gate_bytes, L->up_exps.data + ex * F * L->up_exps.row_bytes, (size_t)g->up_bytes);
+    memcpy(dst + g->gate_bytes + g->up_bytes, L->down_exps.data + ex * D * L->down_exps.row_bytes, (size_t)g->down_bytes);
+}
+
+/* The expert store (STRATA_CUDA_STORE, trace.c): "register" page-locks the mapped model file for the
+ * device (read-only); "arena" copies every routed expert once into pinned host memory. Either makes
+ * every expert copy a DMA with no host work. Not when every expert is resident (nothing is copied after
+ * the fill) or when the store does not fit in the host RAM the plan may use; a failure is not an error:
+ * the copies go through the staging ring. The trace says which store is in use and what it cost. */
+static void store_open(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const int64_t all = (int64_t)e->hp.n_layer * e->hp.n_expert;
+    const int64_t xb = g->gate_bytes + g->up_bytes + g->down_bytes;
+    const int store = env_cuda_store();
+    const int64_t bytes = store == 1 ? (int64_t)e->file.size : all * xb;
+    const double gib = (double)bytes / (1 << 30);
+    char why[640];
+    why[0] = 0;
+    if (store == 0) {
+        snprintf(why, sizeof why, "STRATA_CUDA_STORE is not register or arena");
+    } else if (g->n_slots >= all) {
+        snprintf(why, sizeof why, "every expert is resident");
+    } else if (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes) {
+        snprintf(why, sizeof why, "%.1f GiB is more than the host RAM the plan may use (%.1f GiB)", gib,
+                 (double)e->plan.host_avail_bytes / (1 << 30));
+    } else if (store == 1) {
+        const double t0 = engine_now_ms();
+        if (cuda_host_register(g->ctx, e->file.map, (size_t)e->file.size) == STRATA_OK) {
+            g->reg_ptr = e->file.map;
+            g->direct = 1;
+            trace_emit(&e->trace, "cuda: expert store: the mapped file (%.1f GiB) registered with the device in %.0f ms; "
+                       "experts are copied straight from it", gib, engine_now_ms() - t0);
+            return;
+        }
+        snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
+    } else {
+        const double t0 = engine_now_ms();
+        if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->arena) == STRATA_OK) {
+            const double t1 = engine_now_ms();
+            pool_run(e->pool, all, arena_piece, e);
+            g->direct = 1;
+            trace_emit(&e->trace, "cuda: expert store: %.1f GiB of pinned host memory in %.0f ms, experts copied into it in "
+                       "%.0f ms", gib, t1 - t0, engine_now_ms() - t1);
+            return;
+        }
+        g->arena = NULL;
+        snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
+    }
+    trace_emit(&e->trace, "cuda: expert store: %s; experts are copied %s", why,
+               env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
+}
+
+/* Time one expert on the host (--miss auto weighs it against a copy; decode refines it): a run of expert
+ * 0 of layer 0 first (threads and code warm), then the timed run of expert 0 of the middle layer, whose
+ * weights the fill (or the store) has touched since and that the CPU caches no longer hold, as a missed
+ * expert's are not. */
+static void host_rate(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const int64_t D = e->hp.n_embd;
+    float *x = g->host_tmp, *out = x + D, *scratch = out + (int64_t)e->hp.n_expert_used * D;
+    memset(x, 0, (size_t)D * sizeof(float));
+    host_expert(e, &e->w.layers[0], 0, x, out, scratch);
+    const double t0 = engine_now_ms();
+    host_expert(e, &e->w.layers[e->hp.n_layer / 2], 0, x, out, scratch);
+    g->host_ms = engine_now_ms() - t0;
 }
 
 strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
@@ -348,7 +459,9 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                        "buffers, fewer than the %d experts one token uses; raise --vram-budget or lower --prefill",
                        n_slots, hp->n_expert_used);
     g->n_slots = (int32_t)n_slots;
-    g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST ? STRATA_MISS_HOST : STRATA_MISS_COPY;
+    g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST   ? STRATA_MISS_HOST
+                     : e->params.miss_policy == STRATA_MISS_AUTO ? STRATA_MISS_AUTO
+                                                                 : STRATA_MISS_COPY;
     g->fused = env_cuda_fused();
     g->fast = env_cuda_fast();
     g->pdl = env_cuda_pdl();
@@ -359,6 +472,8 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                       "decode attention's split states"));
     DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
     DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
+    g->overlap = env_cuda_overlap();
+    g->miss_split = env_cuda_miss_split();
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
@@ -367,19 +482,40 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
     /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
-    DEV(e, cuda_host_alloc(g->ctx, (size_t)(D + hp->n_expert_used * D + 2 * F) * sizeof(float), (void **)&g->host_tmp));
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)(D + hp->n_expert_used * D + cuda_mirror_scratch_floats(D, F)) * sizeof(float),
+                          (void **)&g->host_tmp));
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
     DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
-    if (env_cuda_staging())
+    DEV(e, cuda_event_create(g->ctx, &g->ev_copy));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_prod));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_tables));
+    g->copy_group = env_cuda_copy_group();
+    store_open(e);
+    if (!g->direct && env_cuda_staging())
         for (int i = 0; i < STAGE_RING; i++) {
             DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
             DEV(e, cuda_event_create(g->ctx, &g->ring_done[i]));
         }
-    /* fill: layer-major round robin over expert ids, so that every layer gets its share */
+    /* fill: layer-major round robin over expert ids, so that every layer gets its share; timed, as the
+     * rate of an expert copy that --miss auto weighs against the host */
+    DEV(e, cuda_sync(g->ctx));
+    const double t_fill = engine_now_ms();
     for (int32_t s2 = 0; s2 < g->n_slots; s2++) {
         const int32_t l = (int32_t)(s2 % L), ex = (int32_t)(s2 / L);
-        STRATA_TRY(slot_fill(e, s2, l, ex, CUDA_STREAM_COMPUTE));
+        STRATA_TRY(slot_fill(e, s2, l, ex, g->overlap ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE));
+    }
+    DEV(e, cuda_sync(g->ctx));
+    const double fill_ms = engine_now_ms() - t_fill;
+    g->copy_ms = fill_ms / g->n_slots;
+    trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", g->n_slots,
+               (double)g->n_slots * g->slot_bytes / 1048576.0, fill_ms,
+               fill_ms > 0 ? (double)g->n_slots * (g->gate_bytes + g->up_bytes + g->down_bytes) / fill_ms / 1e6 : 0.0);
+    if (g->miss_policy == STRATA_MISS_AUTO && g->n_slots < L * E) {
+        host_rate(e);
+        trace_emit(&e->trace, "cuda: --miss auto: an expert takes %.3f ms to copy and %.3f ms on the host (%d threads)%s",
+                   g->copy_ms, g->host_ms, pool_size(e->pool),
+                   g->miss_split >= 0 ? "; STRATA_CUDA_MISS_SPLIT sets the host's share" : "");
     }
     if (g->n_slots == L * E && env_cuda_device_routing()) {
         /* every expert resident: decode routes on the device (see the header) */
@@ -421,6 +557,14 @@ void cuda_forward_close(strata_engine *e) {
             cuda_host_free(g->ctx, g->ring[i]);
             cuda_event_free(g->ring_done[i]);
         }
+        cuda_event_free(g->ev_copy);
+        cuda_event_free(g->ev_prod);
+        cuda_event_free(g->ev_tables);
+        /* before the file is unmapped (engine_close closes the file after this) */
+        if (g->reg_ptr) cuda_host_unregister(g->ctx, g->reg_ptr);
+        g->reg_ptr = NULL;
+        cuda_host_free(g->ctx, g->arena);
+        g->arena = NULL;
         cuda_ctx_destroy(g->ctx);
     }
     free(g->layers);
@@ -558,6 +702,16 @@ static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t 
     return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
 }
 
+/* Whether a prompt chunk's attention runs on the tensor cores (cuda_flash_attention): in every prompt
+ * chunk, 1-token chunks included, for the caches and head dims it covers; decode keeps cuda_attention.
+ * STRATA_CUDA_FLASH=0 turns it off (trace.c). */
+static int use_flash(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (!g->flash) g->flash = trace_env_cuda_flash() ? 1 : 2;
+    return g->flash == 1 && !decoding(e) &&
+           cuda_flash_attention_supported(g->kv_type, e->hp.n_head, e->hp.n_head_kv, e->hp.head_dim);
+}
+
 static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
@@ -595,8 +749,12 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
     DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, T, hp->n_head, hp->n_head_kv, hp->head_dim,
                              pos0, hp->rope_theta, hp->rms_eps, g->pos_arg));
     DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, T, (int32_t)KD, pos0, g->pos_arg));
-    DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head, hp->n_head_kv,
-                          hp->head_dim, pos0, g->pos_arg));
+    if (use_flash(e)) /* every prompt chunk, whatever its T: one expression per query position */
+        DEV(e, cuda_flash_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head,
+                                    hp->n_head_kv, hp->head_dim, pos0, g->pos_arg));
+    else
+        DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, T, hp->n_head,
+                              hp->n_head_kv, hp->head_dim, pos0, g->pos_arg));
     /* x += Wo att */
     return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, T, 1);
 }
@@ -689,65 +847,16 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 
 /* ---- decode misses on the host ------------------------------------------------------------------ */
 
-#define MIRROR_ROWS 32 /* rows per item of a parallel host matvec */
-
-/* Up to two matrices whose rows the pool splits: rows [0, n0) of m[0], then those of m[1]. */
-typedef struct mirror_job {
-    struct {
-        int32_t type;
-        const uint8_t *w; /* [rows, row_bytes] */
-        int64_t row_bytes, rows, cols;
-        const float *x; /* [cols] */
-        float *y;       /* [rows] */
-    } m[2];
-    int n_mat;
-} mirror_job;
-
-static void mirror_rows(void *ctx, int64_t item, int thread) {
-    (void)thread;
-    const mirror_job *j = ctx;
-    int64_t r0 = item * MIRROR_ROWS;
-    int i = 0;
-    const int64_t items0 = (j->m[0].rows + MIRROR_ROWS - 1) / MIRROR_ROWS;
-    if (j->n_mat > 1 && item >= items0) {
-        i = 1;
-        r0 = (item - items0) * MIRROR_ROWS;
-    }
-    const int64_t n = j->m[i].rows - r0 < MIRROR_ROWS ? j->m[i].rows - r0 : MIRROR_ROWS;
-    /* a row's bits do not depend on the rows computed with it: any split gives cuda_mirror_matvec's */
-    cuda_mirror_matvec(j->m[i].type, j->m[i].w + r0 * j->m[i].row_bytes, n, j->m[i].cols, j->m[i].x, j->m[i].y + r0);
-}
-
-/* cuda_mirror_expert for expert ex of layer W on the engine's threads: out[D] from x[D]; scratch [2F]. */
+/* cuda_mirror_expert for expert ex of layer W on the engine's threads, at the engine's kernel level:
+ * out[D] from x[D]; scratch: cuda_mirror_scratch_floats(D, F) floats. */
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
                         float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
-    float *gv = scratch, *uv = scratch + F;
-    mirror_job j = {.n_mat = 2};
-    j.m[0].type = W->gate_exps.type;
-    j.m[0].w = W->gate_exps.data + ex * F * W->gate_exps.row_bytes;
-    j.m[0].row_bytes = W->gate_exps.row_bytes;
-    j.m[0].rows = F;
-    j.m[0].cols = D;
-    j.m[0].x = x;
-    j.m[0].y = gv;
-    j.m[1] = j.m[0];
-    j.m[1].type = W->up_exps.type;
-    j.m[1].w = W->up_exps.data + ex * F * W->up_exps.row_bytes;
-    j.m[1].row_bytes = W->up_exps.row_bytes;
-    j.m[1].y = uv;
-    const int64_t items = (F + MIRROR_ROWS - 1) / MIRROR_ROWS;
-    pool_run(e->pool, 2 * items, mirror_rows, &j);
-    for (int64_t i = 0; i < F; i++) gv[i] = gq_swiglu(gv[i], uv[i]); /* cuda_mirror_expert's order */
-    mirror_job d = {.n_mat = 1};
-    d.m[0].type = W->down_exps.type;
-    d.m[0].w = W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes;
-    d.m[0].row_bytes = W->down_exps.row_bytes;
-    d.m[0].rows = D;
-    d.m[0].cols = F;
-    d.m[0].x = gv;
-    d.m[0].y = out;
-    pool_run(e->pool, (D + MIRROR_ROWS - 1) / MIRROR_ROWS, mirror_rows, &d);
+    const int32_t simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
+    cuda_mirror_expert(e->pool, simd, W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
+                       W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
+                       W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F, x, out,
+                       scratch);
 }
 
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
@@ -766,7 +875,7 @@ static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32
 /* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments.
  * The wave's pairs i = t * K + k are first bucketed by expert (one pass over sel, then each expert's
  * pairs in increasing i), so the work is O(T * K + E), not O(E * T * K). */
-enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3 };
+enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3, EXP_COPIED = 4 };
 static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, uint8_t *state,
                                    int32_t SEG, int32_t *n_out) {
     cuda_state *g = e->gpu;
@@ -852,6 +961,44 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
     return STRATA_OK;
 }
 
+/* The segment tables of the experts marked WAVE, then their products: with the copy stream, after the
+ * event of this wave's copies (when it copied any), and with events that say when the tables have left
+ * the staging (ev_tables) and when the products are done (ev_prod). */
+static strata_status run_wave(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, int32_t SEG, int32_t copied) {
+    cuda_state *g = e->gpu;
+    int32_t n_seg = 0;
+    STRATA_TRY(wave_segments(e, l, sel, T, g->exp_state, SEG, &n_seg));
+    if (g->overlap) {
+        DEV(e, cuda_event_record(g->ctx, g->ev_tables, CUDA_STREAM_COMPUTE));
+        if (copied) DEV(e, cuda_stream_wait(g->ctx, g->ev_copy, CUDA_STREAM_COMPUTE));
+    }
+    if (n_seg > 0) STRATA_TRY(expert_products(e, l, n_seg, SEG, T)); /* none: every miss runs on the host */
+    if (g->overlap) DEV(e, cuda_event_record(g->ctx, g->ev_prod, CUDA_STREAM_COMPUTE));
+    return STRATA_OK;
+}
+
+/* How many of a decode step's n_miss misses run on the host. --miss host: all. --miss auto, from the
+ * measured time of each (STRATA_CUDA_MISS_SPLIT overrides): when a copy is a DMA alone (direct store),
+ * the n for which n host runs and n_miss - n copies take about as long, as they run at the same time;
+ * through the ring, the host is busy during a copy too, so all of them where the host is faster, else
+ * none. The reply is the same whatever n is. */
+static int32_t host_share(const cuda_state *g, int32_t n_miss) {
+    if (g->miss_policy == STRATA_MISS_HOST || n_miss <= 0) return n_miss > 0 ? n_miss : 0;
+    if (g->miss_split >= 0) return (int32_t)floor(g->miss_split * n_miss + 0.5);
+    if (!(g->host_ms > 0) || !(g->copy_ms > 0)) return 0;
+    if (!g->direct) return g->host_ms < g->copy_ms ? n_miss : 0;
+    int32_t best = 0;
+    double best_t = n_miss * g->copy_ms;
+    for (int32_t n = 1; n <= n_miss; n++) {
+        const double t = fmax(n * g->host_ms, (n_miss - n) * g->copy_ms);
+        if (t < best_t) {
+            best_t = t;
+            best = n;
+        }
+    }
+    return best;
+}
+
 /* The routed experts of one layer for T tokens. The experts the tokens chose are processed in waves:
  * a wave is every chosen expert already in the cache plus as many of the others as can be copied
  * into slots that the wave does not use (least recently used first); its products run, and the next
@@ -893,35 +1040,69 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
 
     int32_t *sel = (int32_t *)g->stage;
-    /* not in a prompt chunk of one token on the tensor cores: the host mirrors the decode kernel */
-    const int host_misses = T == 1 && g->miss_policy == STRATA_MISS_HOST && !layer_mmq(e, l);
+    /* a decode miss may run on the host (not in a prompt chunk of one token on the tensor cores: the host
+     * mirrors the decode kernel) */
+    const int may_host = T == 1 && g->miss_policy != STRATA_MISS_COPY && !layer_mmq(e, l);
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
     /* a miss run on the host needs the normed token: it comes back with the choices */
-    if (host_misses) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_sync(g->ctx));
+    if (may_host) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_sync(g->ctx)); /* both streams: nothing of an earlier layer is in flight after this */
     count_lookups(e, l, sel, T);
     uint8_t *state = g->exp_state;
     memset(state, EXP_IDLE, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
+    int32_t n_miss = 0;
+    for (int32_t ex = 0; ex < E; ex++) n_miss += state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0;
+    /* the misses the host runs: all of them under --miss host, --miss auto's share of them */
+    int32_t n_host = may_host ? host_share(g, n_miss) : 0;
+    for (int32_t ex = 0, left = n_host; ex < E && left > 0; ex++)
+        if (state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0) {
+            state[ex] = EXP_HOST;
+            left--;
+        }
     const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
-    int32_t n_host = 0;
-    for (int pending = 1; pending;) {
+    const int32_t cs = g->overlap ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE;
+    /* STRATA_CUDA_COPY_GROUP: a prompt's misses in groups (at most about four, so that the per-wave launches
+     * stay few), each copied under the last one's products; else one group */
+    const int32_t group = g->overlap && g->copy_group > 0 && T > 1
+                              ? STRATA_MAX(g->copy_group, (n_miss - n_host + 3) / 4)
+                              : INT32_MAX;
+    uint64_t prev_step = 0;  /* the step of the last iteration's waves, whose products may still run */
+    for (int pending = 1, iter = 0; pending; iter++) {
+        if (iter > 0) {
+            /* this wave rewrites the staging of the segment tables, so the last wave's upload must have
+             * left it. With copy groups: that upload's event, which comes after the products of every
+             * earlier wave, so the copies below overwrite no slot that a wave still reads, but the last
+             * one's (waited for on the device below). Else (a cache too small for one wave): the whole
+             * device, after which nothing is in flight. */
+            if (group < INT32_MAX) DEV(e, cuda_event_wait(g->ctx, g->ev_tables));
+            else DEV(e, cuda_sync(g->ctx));
+        }
         g->step++;
         pending = 0;
+        int32_t n_wave_hits = 0;
         for (int32_t ex = 0; ex < E; ex++) {
             if (state[ex] != EXP_PENDING) continue;
             const int32_t s = g->slot_of[l * E + ex];
             if (s >= 0) {
                 state[ex] = EXP_WAVE;
                 g->last_use[s] = g->step;
+                n_wave_hits++;
             }
+        }
+        /* with the copy stream, the first wave's hits run as a wave of their own, so that they run under
+         * the copies: enqueued after the copies have started when a copy is a DMA alone (direct), before
+         * them when the host copies each expert into the ring first */
+        const int split = g->overlap && iter == 0 && n_wave_hits > 0 && n_miss > n_host;
+        int32_t copied = 0, waited = 0;
+        if (split && !g->direct) {
+            STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
         }
         for (int32_t ex = 0; ex < E; ex++) {
             if (state[ex] != EXP_PENDING) continue;
-            if (host_misses) {
-                state[ex] = EXP_HOST;
-                n_host++;
-                continue;
+            if (g->overlap && T > 1 && copied == group) { /* the rest copies under this group's products */
+                pending = 1;
+                break;
             }
             int32_t victim = -1;
             for (int32_t s = 0; s < g->n_slots; s++)
@@ -930,24 +1111,37 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
                 pending = 1;
                 break;
             }
-            STRATA_TRY(slot_fill(e, victim, l, ex, CUDA_STREAM_COMPUTE));
+            if (g->overlap && iter > 0 && g->last_use[victim] >= prev_step && !waited) {
+                /* the last waves' products may still read this slot (the least recently used come first,
+                 * so only a small cache gets here): the copies wait for them on the device */
+                DEV(e, cuda_stream_wait(g->ctx, g->ev_prod, CUDA_STREAM_COPY));
+                waited = 1;
+            }
+            STRATA_TRY(slot_fill(e, victim, l, ex, cs));
             g->last_use[victim] = g->step;
             e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
-            state[ex] = EXP_WAVE;
+            state[ex] = split && g->direct ? EXP_COPIED : EXP_WAVE;
+            copied++;
         }
-        int32_t n_seg = 0;
-        STRATA_TRY(wave_segments(e, l, sel, T, state, SEG, &n_seg));
-        STRATA_TRY(expert_products(e, l, n_seg, SEG, T));
-        /* the next wave rewrites the staging of its tables (its slots are ordered by the stream); after
-         * the last wave the host writes the staging again only after the next layer's sync */
-        if (pending) DEV(e, cuda_sync(g->ctx));
+        if (g->overlap && copied) DEV(e, cuda_event_record(g->ctx, g->ev_copy, CUDA_STREAM_COPY));
+        if (split && g->direct) {
+            STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
+            for (int32_t ex = 0; ex < E; ex++)
+                if (state[ex] == EXP_COPIED) state[ex] = EXP_WAVE;
+        }
+        if (split) DEV(e, cuda_event_wait(g->ctx, g->ev_tables)); /* the hits' tables have left the staging */
+        STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
+        prev_step = g->step;
     }
-    if (n_host > 0) { /* decode: the missed experts on the host while the device runs the hits */
+    if (n_host > 0) { /* decode: the missed experts on the host while the device runs the rest */
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
         for (int32_t k = 0; k < K; k++) {
             const int32_t ex = sel[k];
             if (state[ex] != EXP_HOST) continue;
+            const double t0 = engine_now_ms();
             host_expert(e, W, ex, xh, yh + (int64_t)k * D, scratch);
+            const double dt = engine_now_ms() - t0;
+            g->host_ms = g->host_ms > 0 ? 0.9 * g->host_ms + 0.1 * dt : dt;
             DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)k * D, yh + (int64_t)k * D, (size_t)D * 4, CUDA_STREAM_COMPUTE));
             e->stats.host_expert_runs++;
         }

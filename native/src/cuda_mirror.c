@@ -8,25 +8,140 @@
  * (--miss host) gives the same reply as one copied to the device (--miss copy). For Q8_0 and Q4_0
  * weights the activations are first quantized to 8 bits per block of 32 as the device does, and each
  * lane adds (dw * dx) * (exact integer dot of its 8 values).
+ *
+ * The scalar kernel here is the reference; cpu/mirror_avx2.c and cpu/mirror_avx512.c run the 32
+ * lanes as vector elements (cuda_mirror.h), chosen by the engine's kernel level (--simd).
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "cuda_backend.h"
+#include "cuda_mirror.h"
 #include "group_dequant.h"
+#include "quant.h"
+#include "threads.h"
 
-void cuda_mirror_quantize_q8(const float *x, int64_t cols, uint8_t *q) {
-    float *scales = (float *)(q + cols);
+/* ---- activations -------------------------------------------------------------------------------- */
+
+/* The device's 8-bit quantization of x: q[cols] and one scale per block of 32 (rounded through f16). */
+static void quantize_q8(const float *x, int64_t cols, int8_t *q, float *scales) {
     for (int64_t b = 0; b < cols / 32; b++) {
         const float *xb = x + b * 32;
         float amax = 0.0f;
         for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float d = amax / 127.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        for (int j = 0; j < 32; j++) q[b * 32 + j] = (uint8_t)(int8_t)roundf(xb[j] * id);
+        for (int j = 0; j < 32; j++) q[b * 32 + j] = (int8_t)roundf(xb[j] * id);
         scales[b] = strata_f16_to_f32(strata_f32_to_f16(d));
     }
 }
+
+void cuda_mirror_quantize_q8(const float *x, int64_t cols, uint8_t *q) {
+    quantize_q8(x, cols, (int8_t *)q, (float *)(q + cols));
+}
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+size_t mirror_x_bytes(int64_t cols) {
+    const size_t c = (size_t)cols;
+    /* q, d, qp, corr, dl, xt, plus the alignment of the start */
+    return 64 + up64(c) + up64(c / 8) + up64(c) + up64(c) + up64(c / 2) + up64(c * 4);
+}
+
+/* Byte p (0..15) of a level's per-value vector of K-quant bytes holds the byte of 8-value piece
+ * rho(p) of the 128 bytes it transposes (piece = 4 * row + slice): AVX-512 keeps the order, AVX2's
+ * word unpacks leave the pieces' pairs in the order 0, 2, 4, 6, 1, 3, 5, 7. */
+static int piece_of(int32_t simd, int p) {
+    static const int pair[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+    return simd == STRATA_SIMD_AVX512 ? p : 2 * pair[p >> 1] + (p & 1);
+}
+
+/* Lane of the value of piece rho, low (nib 0) or high (nib 1) nibble of its byte, in a K-quant
+ * super-block: Q4_K's qs rows r hold sub-blocks 2r (low) and 2r + 1 (high); Q6_K's ql rows r = 2h + b
+ * hold sub-blocks 4h + b (low) and 4h + 2 + b (high). Lane = 4 * sub-block + slice. */
+static int lane_of_piece(int32_t type, int rho, int nib) {
+    const int r = rho >> 2, s = rho & 3;
+    if (type == STRATA_TYPE_Q4_K) return 8 * r + 4 * nib + s;
+    return 16 * (r >> 1) + 8 * nib + 4 * (r & 1) + s;
+}
+
+/* Fill the level's arrangement of px (its type's kernel exists at that level: 1). */
+static int arrange(mirror_x *px, int32_t simd) {
+    const int64_t cols = px->cols, S = cols / 256;
+    if (px->int8) {
+        /* dl: the lane's block scale; lane l of step t reads block 8 t + l / 4 */
+        for (int64_t t = 0; t < S; t++)
+            for (int l = 0; l < 32; l++) px->dl[t * 32 + l] = px->d[8 * t + l / 4];
+        /* qp: Q4_0 on AVX-512 multiplies 4 blocks' low nibbles (values 0..15 of each) in one vector and
+         * their high nibbles (16..31) in the next; everything else is in value order */
+        const int q4 = px->type == STRATA_TYPE_Q4_0;
+        for (int64_t t = 0; t < S; t++)
+            for (int i = 0; i < 256; i++) {
+                int src = i;
+                if (q4 && simd == STRATA_SIMD_AVX512) {
+                    const int hk = i >> 7, part = (i >> 6) & 1, c = (i >> 4) & 3, k = i & 15;
+                    src = (4 * hk + c) * 32 + 16 * part + k;
+                }
+                px->qp[t * 256 + i] = px->q[t * 256 + src];
+            }
+        /* corr: the kernels multiply unsigned weight bytes u = w + off (Q8_0 on AVX-512: w ^ 0x80, so
+         * off = 128; Q4_0: the nibble, off = 8); subtracting off * sum(x) per 4 values makes it exact */
+        const int32_t off = q4 ? 8 : (simd == STRATA_SIMD_AVX512 ? 128 : 0);
+        for (int64_t i = 0; i < S * 64; i++) {
+            const int8_t *q = px->qp + 4 * i;
+            px->corr[i] = -off * ((int32_t)q[0] + q[1] + q[2] + q[3]);
+        }
+        return 1;
+    }
+    if (px->type != STRATA_TYPE_Q4_K && px->type != STRATA_TYPE_Q6_K) return 0;
+    /* vector element e (0..31): byte e % 16 of the per-value vector, low nibble for e < 16 */
+    for (int e = 0; e < 32; e++) {
+        px->lane_of[e] = lane_of_piece(px->type, piece_of(simd, e & 15), e >> 4);
+        /* Q4_K: one scale per sub-block (lane / 4); Q6_K: one per 16 values (lane / 2) */
+        px->sidx[e] = px->type == STRATA_TYPE_Q4_K ? px->lane_of[e] >> 2 : px->lane_of[e] >> 1;
+    }
+    for (int64_t t = 0; t < S; t++)
+        for (int v = 0; v < 8; v++)
+            for (int e = 0; e < 32; e++) px->xt[t * 256 + v * 32 + e] = px->x[t * 256 + 8 * px->lane_of[e] + v];
+    return 1;
+}
+
+void mirror_prepare(mirror_x *px, void *ws, int32_t simd, int32_t type, const float *x, int64_t cols) {
+    const size_t c = (size_t)cols;
+    uint8_t *p = (uint8_t *)(((uintptr_t)ws + 63) & ~(uintptr_t)63);
+    memset(px, 0, sizeof *px);
+    px->type = type;
+    px->cols = cols;
+    px->x = x;
+    px->int8 = cuda_act_type(type) == STRATA_TYPE_Q8_0;
+    px->q = (int8_t *)p;
+    p += up64(c);
+    px->d = (float *)p;
+    p += up64(c / 8);
+    px->qp = (int8_t *)p;
+    p += up64(c);
+    px->corr = (int32_t *)p;
+    p += up64(c);
+    px->dl = (float *)p;
+    p += up64(c / 2);
+    px->xt = (float *)p;
+    if (px->int8) quantize_q8(x, cols, px->q, px->d);
+    px->simd = STRATA_SIMD_SCALAR;
+    if ((simd == STRATA_SIMD_AVX512 || simd == STRATA_SIMD_AVX2) && arrange(px, simd)) px->simd = simd;
+}
+
+void mirror_rows(const mirror_x *px, const void *w, int64_t rows, float *y) {
+    if (px->simd == STRATA_SIMD_AVX512)
+        mirror_rows_avx512(px, w, rows, y);
+    else if (px->simd == STRATA_SIMD_AVX2)
+        mirror_rows_avx2(px, w, rows, y);
+    else
+        mirror_rows_scalar(px, w, rows, y);
+}
+
+/* ---- the scalar kernel -------------------------------------------------------------------------- */
 
 /* integer dot of the 8 values of slice sl of block g of a Q8_0 / Q4_0 row with the activations */
 static int32_t mirror_isum(int32_t type, const uint8_t *row, int64_t g, int sl, const int8_t *xq, float *dw) {
@@ -45,41 +160,55 @@ static int32_t mirror_isum(int32_t type, const uint8_t *row, int64_t g, int sl, 
     return s;
 }
 
-void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y) {
-    const int64_t rb = gq_row_bytes(type, cols), G = cols / 32;
-    const int int8_act = cuda_act_type(type) == STRATA_TYPE_Q8_0;
-    uint8_t *xq = NULL;
-    if (int8_act) {
-        xq = (uint8_t *)malloc((size_t)(cols + cols / 8));
-        if (!xq) return;
-        cuda_mirror_quantize_q8(x, cols, xq);
+float mirror_finish_row(const mirror_x *px, const uint8_t *row, int64_t g0, float acc[32]) {
+    const int64_t G = px->cols / 32;
+    float nxt[32], wv[8];
+    for (int lane = 0; lane < 32 && g0 < G; lane++) {
+        const int sl = lane & 3;
+        float a = acc[lane];
+        for (int64_t g = g0 + (lane >> 2); g < G && px->int8; g += 8) {
+            float dw;
+            const int32_t is = mirror_isum(px->type, row, g, sl, px->q, &dw);
+            a = a + (dw * px->d[g]) * (float)is;
+        }
+        for (int64_t g = g0 + (lane >> 2); g < G && !px->int8; g += 8) {
+            gq_dequant8(px->type, row, g, sl, wv);
+            const float *xp = px->x + g * 32 + sl * 8;
+            for (int l = 0; l < 8; l++) a = a + wv[l] * xp[l];
+        }
+        acc[lane] = a;
     }
-    const float *dx = xq ? (const float *)(xq + cols) : NULL;
+    /* the warp's butterfly: lane l adds lane l ^ off; lane 0 ends with the sum */
+    for (int off = 16; off > 0; off >>= 1) {
+        for (int l = 0; l < 32; l++) nxt[l] = acc[l] + acc[l ^ off];
+        for (int l = 0; l < 32; l++) acc[l] = nxt[l];
+    }
+    return acc[0];
+}
+
+void mirror_rows_scalar(const mirror_x *px, const void *w, int64_t rows, float *y) {
+    const int64_t rb = gq_row_bytes(px->type, px->cols);
     for (int64_t r = 0; r < rows; r++) {
-        const uint8_t *row = (const uint8_t *)w + r * rb;
-        float acc[32], nxt[32], wv[8];
-        for (int lane = 0; lane < 32; lane++) {
-            const int sl = lane & 3;
-            float a = 0.0f;
-            for (int64_t g = lane >> 2; g < G && int8_act; g += 8) {
-                float dw;
-                const int32_t is = mirror_isum(type, row, g, sl, (const int8_t *)xq, &dw);
-                a = a + (dw * dx[g]) * (float)is;
-            }
-            for (int64_t g = lane >> 2; g < G && !int8_act; g += 8) {
-                gq_dequant8(type, row, g, sl, wv);
-                const float *xp = x + g * 32 + sl * 8;
-                for (int l = 0; l < 8; l++) a = a + wv[l] * xp[l];
-            }
-            acc[lane] = a;
-        }
-        for (int off = 16; off > 0; off >>= 1) {
-            for (int l = 0; l < 32; l++) nxt[l] = acc[l] + acc[l ^ off];
-            for (int l = 0; l < 32; l++) acc[l] = nxt[l];
-        }
-        y[r] = acc[0];
+        float acc[32] = {0};
+        y[r] = mirror_finish_row(px, (const uint8_t *)w + r * rb, 0, acc);
     }
-    free(xq);
+}
+
+/* The kernel level of the process-wide entry points (strata_simd_set). */
+static int32_t current_level(void) {
+    const quant_traits *t = quant_current_table();
+    for (int32_t l = STRATA_SIMD_AVX512; l > STRATA_SIMD_SCALAR; l--)
+        if (t == quant_table(l)) return l;
+    return STRATA_SIMD_SCALAR;
+}
+
+void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y) {
+    void *ws = malloc(mirror_x_bytes(cols));
+    if (!ws) return;
+    mirror_x px;
+    mirror_prepare(&px, ws, current_level(), type, x, cols);
+    mirror_rows(&px, w, rows, y);
+    free(ws);
 }
 
 /* The prompt-chunk product of mmq.cu: per block the exact integer dot of all 32 values, then
@@ -134,11 +263,133 @@ void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, co
     free(xq);
 }
 
-void cuda_mirror_expert(const void *gate, int32_t gate_type, const void *up, int32_t up_type, const void *down,
-                        int32_t down_type, int64_t D, int64_t F, const float *x, float *out, float *scratch) {
+
+/* ---- one expert, rows split over a pool ---------------------------------------------------------- */
+
+#define MIRROR_ROWS 16 /* rows per item of the pool: small enough to balance 16 threads over F = 768 */
+
+/* Up to two matrices whose rows the pool splits: the items of m[0], then those of m[1]. */
+typedef struct mirror_job {
+    struct {
+        const mirror_x *px;
+        const uint8_t *w; /* [rows, row_bytes] */
+        int64_t row_bytes, rows;
+        float *y; /* [rows] */
+    } m[2];
+    int n_mat;
+} mirror_job;
+
+static int64_t job_items(int64_t rows) { return (rows + MIRROR_ROWS - 1) / MIRROR_ROWS; }
+
+static void job_rows(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const mirror_job *j = ctx;
+    int i = 0;
+    if (j->n_mat > 1 && item >= job_items(j->m[0].rows)) {
+        item -= job_items(j->m[0].rows);
+        i = 1;
+    }
+    const int64_t r0 = item * MIRROR_ROWS;
+    const int64_t n = j->m[i].rows - r0 < MIRROR_ROWS ? j->m[i].rows - r0 : MIRROR_ROWS;
+    /* a row's bits do not depend on the rows computed with it: any split gives the same result */
+    mirror_rows(j->m[i].px, j->m[i].w + r0 * j->m[i].row_bytes, n, j->m[i].y + r0);
+}
+
+static void job_run(pool *p, mirror_job *j) {
+    const int64_t items = job_items(j->m[0].rows) + (j->n_mat > 1 ? job_items(j->m[1].rows) : 0);
+    if (p) {
+        pool_run(p, items, job_rows, j);
+        return;
+    }
+    for (int64_t i = 0; i < items; i++) job_rows(j, i, 0);
+}
+
+int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F) {
+    return 2 * F + (int64_t)((2 * mirror_x_bytes(D) + mirror_x_bytes(F) + 3) / 4);
+}
+
+void cuda_mirror_expert(pool *p, int32_t simd, const void *gate, int32_t gate_type, const void *up, int32_t up_type,
+                        const void *down, int32_t down_type, int64_t D, int64_t F, const float *x, float *out,
+                        float *scratch) {
     float *g = scratch, *u = scratch + F;
-    cuda_mirror_matvec(gate_type, gate, F, D, x, g);
-    cuda_mirror_matvec(up_type, up, F, D, x, u);
+    uint8_t *ws = (uint8_t *)(scratch + 2 * F);
+    mirror_x xg, xu, xh;
+    /* x is prepared once for gate and up (twice only when their types want different layouts) */
+    mirror_prepare(&xg, ws, simd, gate_type, x, D);
+    const mirror_x *pu = &xg;
+    if (up_type != gate_type) {
+        mirror_prepare(&xu, ws + mirror_x_bytes(D), simd, up_type, x, D);
+        pu = &xu;
+    }
+    mirror_job j = {.n_mat = 2};
+    j.m[0].px = &xg;
+    j.m[0].w = gate;
+    j.m[0].row_bytes = gq_row_bytes(gate_type, D);
+    j.m[0].rows = F;
+    j.m[0].y = g;
+    j.m[1].px = pu;
+    j.m[1].w = up;
+    j.m[1].row_bytes = gq_row_bytes(up_type, D);
+    j.m[1].rows = F;
+    j.m[1].y = u;
+    job_run(p, &j);
     for (int64_t i = 0; i < F; i++) g[i] = gq_swiglu(g[i], u[i]);
-    cuda_mirror_matvec(down_type, down, D, F, g, out);
+    mirror_prepare(&xh, ws + 2 * mirror_x_bytes(D), simd, down_type, g, F);
+    mirror_job d = {.n_mat = 1};
+    d.m[0].px = &xh;
+    d.m[0].w = down;
+    d.m[0].row_bytes = gq_row_bytes(down_type, F);
+    d.m[0].rows = D;
+    d.m[0].y = out;
+    job_run(p, &d);
+}
+
+/* ---- public entry point (tests, benchmarks) -------------------------------------------------------- */
+
+static int mirror_shape_ok(int32_t type, int64_t cols) {
+    const int blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
+    return cols > 0 && cols % blk == 0 && gq_row_bytes(type, cols) > 0;
+}
+
+static double mirror_now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type, const void *up,
+                                        int32_t down_type, const void *down, int64_t D, int64_t F, const float *x,
+                                        float *out, int32_t n_threads, int32_t reps, double *median_us) {
+    if (!gate || !up || !down || !x || !out || n_threads < 1 || reps < 1 || !mirror_shape_ok(gate_type, D) ||
+        !mirror_shape_ok(up_type, D) || !mirror_shape_ok(down_type, F))
+        return STRATA_ERR_INVALID_ARGUMENT;
+    errbuf err = {0};
+    pool *p = NULL;
+    strata_status s = pool_create(n_threads, &p, &err);
+    if (s != STRATA_OK) return s;
+    float *scratch = malloc((size_t)cuda_mirror_scratch_floats(D, F) * sizeof(float));
+    double *t = malloc((size_t)reps * sizeof(double));
+    if (!scratch || !t) {
+        s = STRATA_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    const int32_t simd = current_level();
+    for (int32_t i = 0; i < reps; i++) {
+        const double t0 = mirror_now_us();
+        cuda_mirror_expert(p, simd, gate, gate_type, up, up_type, down, down_type, D, F, x, out, scratch);
+        t[i] = mirror_now_us() - t0;
+    }
+    /* insertion sort: reps is small */
+    for (int32_t i = 1; i < reps; i++)
+        for (int32_t j = i; j > 0 && t[j - 1] > t[j]; j--) {
+            const double v = t[j];
+            t[j] = t[j - 1];
+            t[j - 1] = v;
+        }
+    if (median_us) *median_us = t[reps / 2];
+done:
+    free(scratch);
+    free(t);
+    pool_destroy(p);
+    return s;
 }

@@ -40,6 +40,7 @@ strata_status cuda_capture_begin(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVIC
 strata_status cuda_event_create(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_record(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_wait(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+strata_status cuda_stream_wait(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 void cuda_event_free(void *x) { (void)x; }
 strata_status cuda_capture_end(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 strata_status cuda_graph_launch(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
@@ -169,6 +170,15 @@ strata_status cuda_norm_router_topk_f32(cuda_ctx *c, const float *x, const float
                                         int32_t *st, int32_t *so, int64_t sh, int32_t *cnt) {
     (void)c; (void)x; (void)nw; (void)xn; (void)q; (void)w; (void)E; (void)D; (void)eps; (void)lg; (void)K; (void)ids;
     (void)wt; (void)tb; (void)sw; (void)sc; (void)st; (void)so; (void)sh; (void)cnt;
+    return STRATA_ERR_DEVICE;
+}
+int32_t cuda_flash_attention_supported(int32_t kt, int32_t H, int32_t Hkv, int32_t hd) {
+    (void)kt; (void)H; (void)Hkv; (void)hd;
+    return 0;
+}
+strata_status cuda_flash_attention(cuda_ctx *c, int32_t kt, const float *q, const void *kc, const void *vc, float *o,
+                                   int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t p, const int32_t *pd) {
+    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)T; (void)H; (void)Hkv; (void)hd; (void)p; (void)pd;
     return STRATA_ERR_DEVICE;
 }
 #else

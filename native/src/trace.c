@@ -23,6 +23,29 @@
  *                  file (pageable copies) instead of through the ring of pinned staging buffers.
  *                  Read when the device cache is made.
  *
+ *   STRATA_CUDA_STORE  where --device cuda copies missed experts from. "ring" (default): the pool copies
+ *                  each expert from the mapped file into one of a few pinned staging buffers, then one DMA
+ *                  (or pageable copies with STRATA_CUDA_STAGING=0). "register": the mapped file is
+ *                  page-locked for the device (read-only) and experts are DMA'd straight from it.
+ *                  "arena": every routed expert is copied once at open into pinned host memory, and
+ *                  DMA'd from there. Both are used only when the file fits in the host RAM the plan
+ *                  may use and not every expert is resident; if either fails the ring is used; the trace
+ *                  says which store is in use and what it cost at open. Read when the device cache is made.
+ *
+ *   STRATA_CUDA_OVERLAP "0": on --device cuda, copy missed experts on the compute stream and run a layer's
+ *                  hits and misses together after every copy (same replies). Unset or any other value:
+ *                  copies run on their own stream, ordered by events, and a layer's hits run as their own
+ *                  launch while its misses are copied. Read when the device cache is made.
+ *
+ *   STRATA_CUDA_COPY_GROUP  N > 0: with the copy stream, a prompt chunk's misses of one layer are copied in
+ *                  groups of at least N experts (at most about four groups), each group's products
+ *                  running while the next group is copied (same replies). Unset or 0: one group.
+ *                  Read when the device cache is made.
+ *
+ *   STRATA_CUDA_MISS_SPLIT  under --miss auto on --device cuda, the share of a decode step's misses run on the
+ *                  host, from 0 to 1 ("0": copy them all, "1": run them all on the host), instead of the
+ *                  share computed from the measured copy and host rates. Read when the device cache is made.
+ *
  *   STRATA_CUDA_MMQ "0": on --device cuda, run prompt chunks' Q8_0 / Q4_0 / Q4_K / Q6_K products with the
  *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
  *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
@@ -52,8 +75,14 @@
  *                  merged in a fixed order. The replies then differ in the last bits beyond 256 positions.
  *                  Read when the device cache is filled.
  *
+ *   STRATA_CUDA_FLASH "0": on --device cuda, run prompt chunks' attention with the decode kernel
+ *                  (cuda/attention.cu, one query per block) instead of the tensor-core kernel
+ *                  (cuda/flash_attn.cu, f16 KV with head dim 32, 64 or 128; other caches always take the
+ *                  decode kernel). Any other value, or unset: the tensor-core kernel. Read at the first
+ *                  prompt.
+ *
  * STRATA_TRACE and the STRATA_CUDA_* switches of the decode path are read when an engine is opened, not
- * per line; STRATA_CUDA_MMQ at the first prompt.
+ * per line; STRATA_CUDA_MMQ and STRATA_CUDA_FLASH at the first prompt.
  */
 #include "trace.h"
 
@@ -127,5 +156,36 @@ int env_cuda_fuse2(void) { return env_mask("STRATA_CUDA_FUSE", 31); }
 
 int env_cuda_att_split(void) {
     const char *v = getenv("STRATA_CUDA_ATT_SPLIT");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_store(void) {
+    const char *v = getenv("STRATA_CUDA_STORE");
+    if (v && strcmp(v, "register") == 0) return 1;
+    if (v && strcmp(v, "arena") == 0) return 2;
+    return 0;
+}
+
+int env_cuda_copy_group(void) {
+    const char *v = getenv("STRATA_CUDA_COPY_GROUP");
+    const int n = v ? atoi(v) : 0;
+    return n > 0 ? n : 0;
+}
+
+int env_cuda_overlap(void) {
+    const char *v = getenv("STRATA_CUDA_OVERLAP");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+double env_cuda_miss_split(void) {
+    const char *v = getenv("STRATA_CUDA_MISS_SPLIT");
+    if (!v || !v[0]) return -1.0;
+    char *end = NULL;
+    const double x = strtod(v, &end);
+    return end && *end == '\0' && x >= 0.0 && x <= 1.0 ? x : -1.0;
+}
+
+int trace_env_cuda_flash(void) {
+    const char *v = getenv("STRATA_CUDA_FLASH");
     return !(v && strcmp(v, "0") == 0);
 }

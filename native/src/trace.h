@@ -24,6 +24,14 @@ int env_cuda_graph(void);
 int env_cuda_fused(void);
 /* 0 when STRATA_CUDA_STAGING=0 asks for expert copies straight from the mapped file. */
 int env_cuda_staging(void);
+/* STRATA_CUDA_STORE: 0 the staging ring (default), 1 "register" (the mapped file page-locked), 2 "arena". */
+int env_cuda_store(void);
+/* STRATA_CUDA_COPY_GROUP: the least experts per copy group of a prompt's misses; 0 (default): one group. */
+int env_cuda_copy_group(void);
+/* 0 when STRATA_CUDA_OVERLAP=0 asks for expert copies on the compute stream (no overlap with products). */
+int env_cuda_overlap(void);
+/* STRATA_CUDA_MISS_SPLIT in [0, 1]: the host's share of decode misses under --miss auto; -1 when unset. */
+double env_cuda_miss_split(void);
 /* 0 when STRATA_CUDA_MMQ=0 asks for the matrix-vector kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_mmq(void);
 /* STRATA_CUDA_FAST: the mask of latency-tuned decode kernel families (CUDA_FAST_*; unset: all, 63). */
@@ -34,5 +42,7 @@ int env_cuda_pdl(void);
 int env_cuda_fuse2(void);
 /* 0 when STRATA_CUDA_ATT_SPLIT=0 asks for decode attention in one block per head (trace.c). */
 int env_cuda_att_split(void);
+/* 0 when STRATA_CUDA_FLASH=0 asks for the decode attention kernel in prompt chunks, else 1 (see trace.c). */
+int trace_env_cuda_flash(void);
 
 #endif

@@ -543,11 +543,12 @@ class ChatScreen(Screen[None]):
             return
         r.last_draw = time.monotonic()
         piece, r.pending = _take(r.pending, limit)
-        await r.view.append(piece)
-        now = time.perf_counter()
-        if r.n_pieces > 1 and r.t_first is not None and now > r.t_first:
-            self.engine.set_live(tps=(r.n_pieces - 1) / (now - r.t_first))
-        self.log_view.follow()
+        with self.app.batch_update():  # the text and the panel's figures in one frame
+            await r.view.append(piece)
+            now = time.perf_counter()
+            if r.n_pieces > 1 and r.t_first is not None and now > r.t_first:
+                self.engine.set_live(tps=(r.n_pieces - 1) / (now - r.t_first))
+            self.log_view.follow()
 
     async def after_key(self) -> None:
         """Called once the frame that shows a key typed into the message box has been drawn."""

@@ -11,36 +11,47 @@ __all__ = ["ChatLog"]
 
 class ChatLog(VerticalScroll):
     """Messages, oldest first. While it is scrolled to the end it stays there as replies grow;
-    scrolling up (to read) stops that until it is scrolled back to the end."""
+    scrolling up (to read) stops that until it is scrolled back to the end.
 
-    def __init__(self, **kw: object) -> None:
-        super().__init__(**kw)  # type: ignore[arg-type]
-        self.sticky = True
-
-    def watch_scroll_y(self, old: float, new: float) -> None:
-        super().watch_scroll_y(old, new)
-        # growth of the content moves max_scroll_y, not scroll_y: only the user (or scroll_end) lands here
-        self.sticky = new >= self.max_scroll_y - 1
+    Following is Textual's anchor: the layout pass itself keeps the end in view, so a reply that
+    grows is laid out, scrolled and painted in one frame (a scroll after the layout, in a later turn,
+    would paint the whole conversation a second time for every draw). Scrolling up releases the
+    anchor and scrolling back to the end takes it again (Textual does both). The anchor is only held
+    while the messages overflow the view: an anchored log that is not full would push its messages
+    to the bottom."""
 
     def watch_virtual_size(self) -> None:
-        # the content grew (also after the last draw, when Markdown mounts its blocks in a later turn):
-        # while following, go to the new end once it is laid out
-        if self.sticky:
-            self.call_after_refresh(self._to_end)
+        overflows = self.max_scroll_y > 0
+        if overflows and not self._anchored:
+            self._anchored = True
+            if not self._anchor_released:
+                self.scroll_end(animate=False, immediate=True)
+        elif not overflows and self._anchored:
+            self._anchored = False
+            self._anchor_released = False
+
+    @property
+    def sticky(self) -> bool:
+        """True while the log follows its end (the user has not scrolled up to read)."""
+        return not self._anchor_released
+
+    @sticky.setter
+    def sticky(self, value: bool) -> None:
+        if not value:
+            self.release_anchor()
+        elif self._anchored:
+            self.anchor()  # back to the end, following it again
+        else:
+            self._anchor_released = False
 
     def messages(self) -> list[MessageView]:
         return list(self.query(MessageView))
 
     async def add(self, view: MessageView) -> MessageView:
         await self.mount(view)
-        self.follow()
         return view
 
     def follow(self) -> None:
-        if self.sticky:
-            # after the next layout, so that a view mounted or grown just now counts
-            self.call_after_refresh(self._to_end)
-
-    def _to_end(self) -> None:
-        if self.sticky:
-            self.scroll_end(animate=False, immediate=True)
+        """Go to the end if the log follows it and is not there (the anchor keeps it there as it grows)."""
+        if self.sticky and self.scroll_y < self.max_scroll_y:
+            self.scroll_end(animate=False, immediate=False)

@@ -10,7 +10,6 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Static
-from textual.widgets.markdown import MarkdownStream
 
 from ..client import Delta
 from ..store import StoredMessage
@@ -58,7 +57,6 @@ class MessageView(Vertical, can_focus=True):
         self.message_id = message_id
         self._footer_text = footer
         self._streaming = streaming
-        self._stream: MarkdownStream | None = None
         self.stored = stored  # the history entry this view shows (None for notes and errors)
         self._live_text = ""  # text of the segment being streamed into
         self._live_reasoning = ""
@@ -110,16 +108,13 @@ class MessageView(Vertical, can_focus=True):
     async def _write_live(self, text: str) -> None:
         if not text:
             return
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self._live_md())
         self._live_text += text
-        await self._stream.write(text)
+        # parsed and mounted now, in the caller's turn (a MarkdownStream would do it in a task of its own,
+        # later): the draw is laid out in the frame that follows, at the moment the screen chose to draw
+        await self._live_md().append(text)
 
     async def _new_segment(self, head: str = "") -> None:
         md = self._live_md()
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         await self.mount(Markdown(head, classes="body"), after=md)
         self._live_text = head
 
@@ -153,9 +148,6 @@ class MessageView(Vertical, can_focus=True):
             await parts[-1].parent.mount(Static("", classes="reasoning", markup=False), after=live)  # type: ignore[union-attr]
 
     async def end_stream(self) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         if self._forced:
             bodies = list(self.query(".body").results(Markdown))
             await self.mount(Markdown(self.content, classes="body"), after=bodies[-1])

@@ -32,6 +32,8 @@
 # '-ub 4096 -b 4096'), EXTRA (more strata-bench flags for both parts), WHEELS, STRATA_JOBS (8), LLAMA_SRC,
 # LLAMA_JOBS (all cores), LLAMA_WAIT (420), DEADLINE (seconds from the start by which the table must be printed:
 # each part's limit is cut to fit, leaving 20 s for the table; e.g. 570 inside a 600 s call).
+# STRATA_BENCH_COMMIT (COMMIT or COMMIT+dirty): the commit the rows name, for a tree copied without its own git
+# metadata (otherwise `git rev-parse HEAD` of the tree).
 set -u
 usage="usage: $0 LLAMA_BENCH MODEL.gguf|preset:NAME[:QUANT] [OUT_DIR]"
 LLAMA_BENCH=${1:?$usage}

@@ -73,7 +73,7 @@ def test_cuda_replies_match_cpu(preset, quant):
         )
 
 
-def test_cuda_replies_identical_across_cache_chunk_and_miss_policy():
+def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
     path = _model("tiny", "q8_0")
     with Engine(path, EngineConfig(device="cpu")) as eng:
         vocab = eng.info.n_vocab
@@ -85,7 +85,7 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy():
     # cache sizes from all experts down to the smallest whose loan the plan accepts on this model
     for cache in ["auto", str(n_experts - 8), str(n_experts * 13 // 16), str(n_experts * 3 // 4)]:
         for prefill in ["auto", "16", "100"]:
-            for miss in ["copy", "host"]:
+            for miss in ["copy", "host", "auto"]:
                 cfg = EngineConfig(device="cuda", expert_cache=cache, prefill=prefill, miss=miss)
                 tok, first, top, stats = _run(path, cfg, prompt, 24)
                 got = (tok, first.tobytes(), [[v for _, v in step] for step in top])
@@ -98,6 +98,27 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy():
     # the small caches really missed, and --miss host really ran experts on the host
     assert any(m > 0 for c, _, m, _ in seen if c != "auto")
     assert any(h > 0 for _, miss, _, h in seen if miss == "host")
+    # --miss auto with a forced split (half the misses on the host, half copied), the other expert stores,
+    # copy groups (a prompt's misses copied in groups under the last group's products), and the switches
+    # that put the copies back on the compute stream and straight from pageable memory: the same bits
+    cache = str(n_experts * 3 // 4)
+    for env in (
+        {"STRATA_CUDA_MISS_SPLIT": "0.5"},
+        {"STRATA_CUDA_MISS_SPLIT": "0.5", "STRATA_CUDA_STORE": "arena", "STRATA_CUDA_COPY_GROUP": "1"},
+        {"STRATA_CUDA_STORE": "register", "STRATA_CUDA_COPY_GROUP": "2"},
+        {"STRATA_CUDA_OVERLAP": "0", "STRATA_CUDA_STAGING": "0"},
+    ):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        cfg = EngineConfig(device="cuda", expert_cache=cache, prefill="16", miss="auto")
+        tok, first, top, stats = _run(path, cfg, prompt, 24)
+        assert tok == ref[0], f"tokens differ with {env}"
+        assert first.tobytes() == ref[1], f"prompt logits differ with {env}"
+        assert [[v for _, v in step] for step in top] == ref[2], f"decode logits differ with {env}"
+        if "STRATA_CUDA_MISS_SPLIT" in env:
+            assert stats.host_expert_runs > 0 and stats.misses > stats.host_expert_runs, (env, stats)
+        for k in env:
+            monkeypatch.delenv(k)
 
 
 def test_cuda_budget_too_small_is_a_clear_error():

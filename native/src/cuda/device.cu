@@ -138,8 +138,21 @@ void cuda_mem_held(const cuda_ctx *ctx, int64_t *now, int64_t *peak) {
 }
 
 strata_status cuda_host_register(cuda_ctx *ctx, void *ptr, size_t bytes) {
-    CU_TRY(ctx, cudaHostRegister(ptr, bytes, cudaHostRegisterReadOnly | cudaHostRegisterPortable),
-           "page-locking %.1f MiB of host memory", bytes / 1048576.0);
+    /* the model is mapped read-only: the pages can be locked only as read-only device-visible memory */
+    int ro = 0;
+    CU_TRY(ctx, cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, ctx->device),
+           "asking whether the device reads registered read-only host memory");
+    if (!ro) {
+        snprintf(ctx->err, sizeof ctx->err,
+                 "CUDA: this device or driver cannot register read-only host memory "
+                 "(cudaDevAttrHostRegisterReadOnlySupported is 0)");
+        return STRATA_ERR_DEVICE;
+    }
+    cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the context stays usable and the caller falls back */
+        return cuda_fail(ctx, e, "page-locking %.1f MiB of host memory", bytes / 1048576.0);
+    }
     return STRATA_OK;
 }
 
@@ -205,6 +218,12 @@ strata_status cuda_event_create(cuda_ctx *ctx, void **ev) {
 
 strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream) {
     CU_TRY(ctx, cudaEventRecord((cudaEvent_t)ev, ctx->stream[stream & 1]), "recording an event");
+    ctx->pdl_hold = 1;
+    return STRATA_OK;
+}
+
+strata_status cuda_stream_wait(cuda_ctx *ctx, void *ev, int32_t stream) {
+    CU_TRY(ctx, cudaStreamWaitEvent(ctx->stream[stream & 1], (cudaEvent_t)ev, 0), "ordering a stream after an event");
     ctx->pdl_hold = 1;
     return STRATA_OK;
 }

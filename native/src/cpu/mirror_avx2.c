@@ -1,0 +1,212 @@
+/*
+ * mirror_avx2.c — the host mirror of the CUDA decode product (cuda_mirror.h) with AVX2.
+ *
+ * The same scheme as mirror_avx512.c with four ymm of 8 lanes: each lane's rounded float operations
+ * are the scalar mirror's, element by element.
+ *   Q8_0, Q4_0: lane l's exact integer dot of its 8 values (maddubs on |w| and sign(x, w), or on the
+ *     nibbles with the offset 8 taken out afterwards; madd; the lane's two 4-value sums added), then
+ *     a = a + (dw * dx) * isum.
+ *   Q4_K, Q6_K: the super-block's weight bytes transposed (byte shuffles and word unpacks) so that a
+ *     vector holds byte v of every lane's 8; a = a + w_v * x_v for v = 0..7 in order.
+ * Then the warp's butterfly as the same tree of additions.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "../cuda_mirror.h"
+#include "../group_dequant.h"
+
+/* The butterfly's result for lanes 0..7, 8..15, 16..23, 24..31 in a0..a3. */
+static inline float reduce32(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 s8 = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+/* Lanes 4g .. 4g + 7 from the 4-value sums of blocks g (r0) and g + 1 (r1), each 8 dwords in value
+ * order: hadd pairs them per 128-bit half (lanes 0, 1, 4, 5 | 2, 3, 6, 7), the permute restores order. */
+static inline __m256i lane_sums(__m256i r0, __m256i r1) {
+    return _mm256_permute4x64_epi64(_mm256_hadd_epi32(r0, r1), 0xD8);
+}
+
+static void rows_int8(const mirror_x *px, const uint8_t *w, int64_t rows, float *y) {
+    const int64_t G = px->cols / 32, S = G / 8;
+    const int q4 = px->type == STRATA_TYPE_Q4_0;
+    const int64_t bb = q4 ? 18 : 34, rb = G * bb;
+    int32_t off_[8];
+    for (int g = 0; g < 8; g++) off_[g] = (int32_t)(g * bb);
+    const __m256i offs = _mm256_loadu_si256((const __m256i *)off_);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+    /* the low 16 bits of each gathered dword, to the low 8 bytes of each half */
+    const __m256i h16 = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9,
+                                         12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    __m256i rep[4];
+    for (int k = 0; k < 4; k++)
+        rep[k] = _mm256_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * rb;
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t t = 0; t < S; t++) {
+            const uint8_t *b = row + t * 8 * bb;
+            const int8_t *xq = px->qp + t * 256;
+            __m256i rr[8];
+            for (int g = 0; g < 8; g++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + 32 * g));
+                __m256i p;
+                if (!q4) {
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *)(b + g * 34 + 2));
+                    /* |w| * (x * sign w): pairs at most 2 * 128 * 127, inside int16 */
+                    p = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+                    rr[g] = _mm256_madd_epi16(p, ones);
+                } else {
+                    const __m128i q = _mm_loadu_si128((const __m128i *)(b + g * 18 + 2));
+                    const __m256i u = _mm256_and_si256(
+                        _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
+                    /* nibbles 0..15 times x, minus 8 * sum(x) per 4 values (corr) */
+                    p = _mm256_maddubs_epi16(u, xv);
+                    rr[g] = _mm256_add_epi32(_mm256_madd_epi16(p, ones),
+                                             _mm256_loadu_si256((const __m256i *)(px->corr + t * 64 + 8 * g)));
+                }
+            }
+            __m256i h = _mm256_i32gather_epi32((const int *)(const void *)b, offs, 1);
+            h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(h, h16), 0x08);
+            const __m256 dw = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+            for (int k = 0; k < 4; k++) {
+                const __m256 d = _mm256_permutevar8x32_ps(dw, rep[k]);
+                const __m256 x = _mm256_loadu_ps(px->dl + t * 32 + 8 * k);
+                const __m256 is = _mm256_cvtepi32_ps(lane_sums(rr[2 * k], rr[2 * k + 1]));
+                /* a = a + (dw * dx) * isum, each operation rounded, as on the device */
+                a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(_mm256_mul_ps(d, x), is));
+            }
+        }
+        if (8 * S < G) {
+            float acc[32];
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(acc + 8 * k, a[k]);
+            y[r] = mirror_finish_row(px, row, 8 * S, acc);
+        } else {
+            y[r] = reduce32(a[0], a[1], a[2], a[3]);
+        }
+    }
+}
+
+/* 128 bytes = 16 pieces of 8 values (piece p at 8p) -> out[v] (v = 0..7): byte v of the pieces, their
+ * pairs in the order 0, 2, 4, 6, 1, 3, 5, 7 (cuda_mirror.c's piece_of). y[m] holds bytes 32m .. 32m+31. */
+static inline void transpose16x8(const __m256i y[4], __m256i sh, __m128i out[8]) {
+    const __m256i y0 = _mm256_shuffle_epi8(y[0], sh), y1 = _mm256_shuffle_epi8(y[1], sh);
+    const __m256i y2 = _mm256_shuffle_epi8(y[2], sh), y3 = _mm256_shuffle_epi8(y[3], sh);
+    const __m256i p0 = _mm256_unpacklo_epi16(y0, y1), p1 = _mm256_unpackhi_epi16(y0, y1);
+    const __m256i p2 = _mm256_unpacklo_epi16(y2, y3), p3 = _mm256_unpackhi_epi16(y2, y3);
+    const __m256i q[4] = {_mm256_unpacklo_epi32(p0, p2), _mm256_unpackhi_epi32(p0, p2), _mm256_unpacklo_epi32(p1, p3),
+                          _mm256_unpackhi_epi32(p1, p3)};
+    for (int k = 0; k < 4; k++) {
+        const __m256i s = _mm256_permute4x64_epi64(q[k], 0xD8);
+        out[2 * k] = _mm256_castsi256_si128(s);
+        out[2 * k + 1] = _mm256_extracti128_si256(s, 1);
+    }
+}
+
+static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, float *y) {
+    const int64_t S = px->cols / 256;
+    const int q6 = px->type == STRATA_TYPE_Q6_K;
+    const int64_t bb = q6 ? 210 : 144, rb = S * bb;
+    const __m256i sh = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11,
+                                        4, 12, 5, 13, 6, 14, 7, 15);
+    const __m128i m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(3), c32 = _mm_set1_epi8(32);
+    /* rows r of pieces in byte p of a per-value vector (pieces 2c, 2c + 1 of chunk c are row c / 2):
+     * the odd rows take Q6_K's fields 1 and 3 of the qh byte */
+    int8_t odd_[16];
+    for (int p = 0; p < 16; p++) {
+        static const int pair[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+        odd_[p] = (int8_t)((pair[p >> 1] >> 1) & 1 ? -1 : 0);
+    }
+    const __m128i odd = _mm_loadu_si128((const __m128i *)odd_);
+    __m256i si[4], si7[4];
+    __m256 shi[4];
+    for (int k = 0; k < 4; k++) {
+        si[k] = _mm256_loadu_si256((const __m256i *)(px->sidx + 8 * k));
+        si7[k] = _mm256_and_si256(si[k], _mm256_set1_epi32(7));
+        shi[k] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(si[k], _mm256_set1_epi32(7)));
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * rb;
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t t = 0; t < S; t++) {
+            const uint8_t *b = row + t * bb;
+            const float *xt = px->xt + t * 256;
+            __m256 ds[4], dm[4];
+            __m128i qv[8], hv[8];
+            if (!q6) {
+                float dsc[8], dmn[8];
+                const float d = gq_f16(b), dmin = gq_f16(b + 2);
+                for (int j = 0; j < 8; j++) {
+                    int sc, m;
+                    gq_q4k_scale_min(b + 4, j, &sc, &m);
+                    dsc[j] = d * (float)sc;
+                    dmn[j] = dmin * (float)m;
+                }
+                const __m256 s8 = _mm256_loadu_ps(dsc), m8 = _mm256_loadu_ps(dmn);
+                for (int k = 0; k < 4; k++) {
+                    ds[k] = _mm256_permutevar8x32_ps(s8, si[k]);
+                    dm[k] = _mm256_permutevar8x32_ps(m8, si[k]);
+                }
+                const __m256i yq[4] = {_mm256_loadu_si256((const __m256i *)(b + 16)),
+                                       _mm256_loadu_si256((const __m256i *)(b + 48)),
+                                       _mm256_loadu_si256((const __m256i *)(b + 80)),
+                                       _mm256_loadu_si256((const __m256i *)(b + 112))};
+                transpose16x8(yq, sh, qv);
+            } else {
+                const __m256 d = _mm256_set1_ps(gq_f16(b + 208));
+                const __m256 slo = _mm256_mul_ps(
+                    d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192)))));
+                const __m256 shv = _mm256_mul_ps(
+                    d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 200)))));
+                for (int k = 0; k < 4; k++)
+                    ds[k] = _mm256_blendv_ps(_mm256_permutevar8x32_ps(slo, si7[k]), _mm256_permutevar8x32_ps(shv, si7[k]),
+                                             shi[k]);
+                const __m256i yl[4] = {_mm256_loadu_si256((const __m256i *)(b + 0)),
+                                       _mm256_loadu_si256((const __m256i *)(b + 32)),
+                                       _mm256_loadu_si256((const __m256i *)(b + 64)),
+                                       _mm256_loadu_si256((const __m256i *)(b + 96))};
+                transpose16x8(yl, sh, qv);
+                /* qh rows 0, 0, 1, 1: ql row r takes its high bits from qh row r / 2 */
+                const __m256i h0 = _mm256_loadu_si256((const __m256i *)(b + 128));
+                const __m256i h1 = _mm256_loadu_si256((const __m256i *)(b + 160));
+                const __m256i yh[4] = {h0, h0, h1, h1};
+                transpose16x8(yh, sh, hv);
+            }
+            for (int v = 0; v < 8; v++) {
+                __m128i lo = _mm_and_si128(qv[v], m4), hi = _mm_and_si128(_mm_srli_epi16(qv[v], 4), m4);
+                if (q6) {
+                    /* field r % 2 (low nibble) or 2 + r % 2 (high) of the qh byte; the mask keeps each
+                     * byte's own bits after the 16-bit shifts */
+                    const __m128i qh = hv[v];
+                    const __m128i fl = _mm_blendv_epi8(qh, _mm_srli_epi16(qh, 2), odd);
+                    const __m128i fh = _mm_blendv_epi8(_mm_srli_epi16(qh, 4), _mm_srli_epi16(qh, 6), odd);
+                    lo = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(_mm_and_si128(fl, m2), 4)), c32);
+                    hi = _mm_sub_epi8(_mm_or_si128(hi, _mm_slli_epi16(_mm_and_si128(fh, m2), 4)), c32);
+                }
+                const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+                for (int k = 0; k < 4; k++) {
+                    __m256 wv;
+                    if (!q6)
+                        wv = _mm256_sub_ps(_mm256_mul_ps(ds[k], _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[k]))), dm[k]);
+                    else
+                        wv = _mm256_mul_ps(ds[k], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[k])));
+                    a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(wv, _mm256_loadu_ps(xt + 32 * v + 8 * k)));
+                }
+            }
+        }
+        float el[32], acc[32];
+        for (int k = 0; k < 4; k++) _mm256_storeu_ps(el + 8 * k, a[k]);
+        for (int e = 0; e < 32; e++) acc[px->lane_of[e]] = el[e];
+        y[r] = mirror_finish_row(px, row, px->cols / 32, acc);
+    }
+}
+
+void mirror_rows_avx2(const mirror_x *px, const void *w, int64_t rows, float *y) {
+    if (px->int8)
+        rows_int8(px, (const uint8_t *)w, rows, y);
+    else
+        rows_kquant(px, (const uint8_t *)w, rows, y);
+}
