@@ -24,6 +24,14 @@
  * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
  * with one launch per token; the graph is dropped when the work buffers move.
  *
+ * A decode step is nine launches per layer: RMSNorm + 8-bit row; q/k/v; q/k norm + RoPE + KV store;
+ * attention (+ Wo's 8-bit row); Wo; ffn norm + F32 router + the experts' 8-bit row (+ top-k and the
+ * segments, every expert resident); gate + up + SwiGLU; down (quantizing h itself) + weighted sum. The
+ * kernels are launched with programmatic dependent launch, so each one starts, and loads the weights it
+ * will read, while the one before it finishes. Every fusion and kernel variant gives the bits of the
+ * separate launches (STRATA_CUDA_FAST, _FUSE and _PDL in trace.c switch them off), except attention
+ * beyond 256 positions, split over blocks in a fixed order (STRATA_CUDA_ATT_SPLIT).
+ *
  * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) come from the
  * expert store (STRATA_CUDA_STORE, trace.c). By default a ring of STAGE_RING pinned buffers of one slot
  * each: the pool's threads copy the expert's bytes from the mapped file into a free buffer, and one DMA
