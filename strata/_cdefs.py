@@ -52,6 +52,7 @@ __all__ = [
     "strata_cuda_mirror_expert",
     "strata_cuda_mirror_matvec",
     "strata_cuda_mirror_mmq",
+    "strata_cuda_mirror_swiglu",
     "strata_cuda_mmq",
     "strata_cuda_router_topk",
     "strata_decode",
@@ -626,8 +627,8 @@ def strata_cuda_attention(
 
 # STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type,
 #                                                    const void *up, int32_t down_type, const void *down, int64_t D,
-#                                                    int64_t F, const float *x, float *out, int32_t n_threads,
-#                                                    int32_t reps, double *median_us);
+#                                                    int64_t F, int32_t n_experts, const float *x, float *out,
+#                                                    int32_t n_threads, int32_t reps, double *median_us);
 @c_function(
     "strata_cuda_mirror_expert",
     [
@@ -639,6 +640,7 @@ def strata_cuda_attention(
         c_void_p,
         c_int64,
         c_int64,
+        c_int32,
         POINTER(c_float),
         POINTER(c_float),
         c_int32,
@@ -656,12 +658,18 @@ def strata_cuda_mirror_expert(
     down: Any,
     D: int,
     F: int,
+    n_experts: int,
     x: Any,
     out: Any,
     n_threads: int,
     reps: int,
     median_us: Any,
 ) -> int: ...
+
+
+# STRATA_API strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n);
+@c_function("strata_cuda_mirror_swiglu", [POINTER(c_float), POINTER(c_float), c_int64], c_int32)
+def strata_cuda_mirror_swiglu(g: Any, u: Any, n: int) -> int: ...
 
 
 # STRATA_API strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const float *k,

@@ -139,7 +139,7 @@ def test_levels_equal_scalar_bits(name, level, level_reset):
 
 def _extreme_cases(name: str, rows: int, cols: int, rng: np.random.Generator):
     """(label, weight bytes, x): all-zero rows, quant bytes all 0xFF / 0x80 with finite scales,
-    largest scales, +-127 activations, and scale fields that are NaN."""
+    largest scales, +-127 activations, scale fields that are NaN, activations at rounding ties, inf, NaN."""
     w, _ = random_rows(name, rows, cols, rng)
     w = np.ascontiguousarray(w)
     nb = w.size // ({"Q8_0": 34, "Q4_0": 18, "Q4_K": 144, "Q6_K": 210}[name])
@@ -165,6 +165,17 @@ def _extreme_cases(name: str, rows: int, cols: int, rng: np.random.Generator):
     yield "negative scales", with_bytes(0x7F, -0.02), ones
     yield "NaN scales", with_bytes(0xFF, float("nan")), wide
     yield "random, +-127 x", w, ones
+    # 8-bit activations at a tie: a block whose largest |x| is 127 has scale 1, so x * (1/d) is x itself
+    ties = rng.standard_normal(cols).astype(np.float32)
+    for i, v in enumerate(
+        [127.0, 2.5, -3.5, 0.5, -0.5, np.nextafter(np.float32(0.5), np.float32(0)), -126.5]
+    ):
+        ties[i::32] = v
+    yield "half-way x", w, ties
+    for label, v in (("inf in x", np.inf), ("NaN in x", np.nan)):
+        bad = wide.copy()
+        bad[37] = v
+        yield label, w, bad
 
 
 @pytest.mark.asan
@@ -259,20 +270,25 @@ def test_mirror_order_is_the_devices(name, level_reset):
     assert (wrong.view(_BITS) != want.view(_BITS)).sum() >= rows // 4  # ... in other bits
 
 
-def _expert(types: tuple[str, str, str], D: int, F: int, rng: np.random.Generator):
-    g, gd = random_rows(types[0], F, D, rng)
-    u, ud = random_rows(types[1], F, D, rng)
-    d, dd = random_rows(types[2], D, F, rng)
-    return [np.ascontiguousarray(a) for a in (g, u, d)], (gd, ud, dd)
+def _experts(types: tuple[str, str, str], D: int, F: int, n: int, rng: np.random.Generator):
+    """n experts' matrices back to back (raw bytes) and each one's values."""
+    raw: list[list[np.ndarray]] = [[], [], []]
+    dense: list[list[np.ndarray]] = [[], [], []]
+    for _ in range(n):
+        for i, (rows, cols) in enumerate(((F, D), (F, D), (D, F))):
+            w, d = random_rows(types[i], rows, cols, rng)
+            raw[i].append(w)
+            dense[i].append(d)
+    return [np.ascontiguousarray(np.concatenate(r)) for r in raw], dense
 
 
-def _run_expert(types, mats, D, F, x, threads, reps=1):
+def _run_experts(types, mats, D, F, n, x, threads, reps=1):  # type: ignore[no-untyped-def]
     fp = ctypes.POINTER(ctypes.c_float)
-    out = np.full(D, np.nan, dtype=np.float32)
+    out = np.full((n, D), np.nan, dtype=np.float32)
     us = ctypes.c_double(0.0)
     vp = [m.ctypes.data_as(ctypes.c_void_p) for m in mats]
     st = C.strata_cuda_mirror_expert(
-        TYPES[types[0]], vp[0], TYPES[types[1]], vp[1], TYPES[types[2]], vp[2], D, F,
+        TYPES[types[0]], vp[0], TYPES[types[1]], vp[1], TYPES[types[2]], vp[2], D, F, n,
         x.ctypes.data_as(fp), out.ctypes.data_as(fp), threads, reps, ctypes.byref(us),
     )  # fmt: skip
     return st, out, us.value
@@ -280,40 +296,84 @@ def _run_expert(types, mats, D, F, x, threads, reps=1):
 
 @pytest.mark.asan
 @pytest.mark.parametrize("types", [("Q8_0",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("Q4_0", "Q8_0", "Q4_0")])
-def test_expert_levels_and_threads(types, level_reset):
-    """One expert as --miss host runs it: the same bits at every level and thread count, and the
-    right values (float64 reference of down(silu(gate x) * up x), 8-bit activations where the types use them)."""
+def test_experts_levels_and_threads(types, level_reset):
+    """A layer's decode misses as --miss host runs them (3 experts in two pool runs): the same bits at every
+    level and thread count, each expert's the same as when it runs alone, and the right values (float64
+    reference of down(silu(gate x) * up x), 8-bit activations where the types use them)."""
     rng = np.random.default_rng(14)
-    D, F = 512, 256
-    mats, dense = _expert(types, D, F, rng)
+    D, F, n = 512, 256, 3
+    mats, dense = _experts(types, D, F, n, rng)
     x = rng.standard_normal(D).astype(np.float32)
     _engine.simd_set("scalar")
-    st, want, _ = _run_expert(types, mats, D, F, x, 1)
+    st, want, _ = _run_experts(types, mats, D, F, n, x, 1)
     assert st == 0
     for level in ["scalar", *_levels()]:
         _engine.simd_set(level)
         for threads in (1, 2):
-            st, got, _ = _run_expert(types, mats, D, F, x, threads)
+            st, got, _ = _run_experts(types, mats, D, F, n, x, threads)
             assert st == 0
-            _assert_same_bits(got, want, f"{types} {level} {threads} threads")
+            _assert_same_bits(got.ravel(), want.ravel(), f"{types} {level} {threads} threads")
+        k = 1  # the middle expert alone
+        one = [m.reshape(n, -1)[k].copy() for m in mats]
+        st, alone, _ = _run_experts(types, one, D, F, 1, x, 2)
+        assert st == 0
+        _assert_same_bits(alone[0], want[k], f"{types} {level} expert {k} alone")
     q8 = [t in ("Q8_0", "Q4_0") for t in types]
-    xa = _quantized_activations(x[None, :])[0] if q8[0] else x
-    gv = dense[0].astype(np.float64) @ xa.astype(np.float64)
-    uv = dense[1].astype(np.float64) @ (_quantized_activations(x[None, :])[0] if q8[1] else x).astype(
-        np.float64
-    )
-    h = (gv / (1 + np.exp(-gv)) * uv).astype(np.float32)
-    ha = _quantized_activations(h[None, :])[0] if q8[2] else h
-    ref = dense[2].astype(np.float64) @ ha.astype(np.float64)
-    err = np.linalg.norm(want - ref) / np.linalg.norm(ref)
-    assert err < 1e-3, f"{types}: relative error {err:.2e}"
+
+    def act(v: np.ndarray, quant: bool) -> np.ndarray:
+        return (_quantized_activations(v[None, :])[0] if quant else v).astype(np.float64)
+
+    for k in range(n):
+        gv = dense[0][k].astype(np.float64) @ act(x, q8[0])
+        uv = dense[1][k].astype(np.float64) @ act(x, q8[1])
+        with np.errstate(over="ignore"):  # silu's e^-g overflows for g << 0: h is then -0 or 0
+            h = (gv / (1 + np.exp(-gv)) * uv).astype(np.float32)
+        ref = dense[2][k].astype(np.float64) @ act(h, q8[2])
+        err = np.linalg.norm(want[k] - ref) / np.linalg.norm(ref)
+        assert err < 1e-3, f"{types} expert {k}: relative error {err:.2e}"
 
 
-def test_expert_rejects_bad_shapes():
+def test_experts_reject_bad_shapes():
     rng = np.random.default_rng(15)
     types = ("Q4_K", "Q4_K", "Q4_K")
-    mats, _ = _expert(types, 512, 256, rng)
+    mats, _ = _experts(types, 512, 256, 1, rng)
     x = np.zeros(512, dtype=np.float32)
-    assert _run_expert(types, mats, 512, 256, x, 1)[0] == 0
-    assert _run_expert(types, mats, 512, 96, x, 1)[0] == 1  # F is not whole Q4_K blocks of 256
-    assert _run_expert(types, mats, 512, 256, x, 0)[0] == 1  # no threads
+    assert _run_experts(types, mats, 512, 256, 1, x, 1)[0] == 0
+    assert _run_experts(types, mats, 512, 96, 1, x, 1)[0] == 1  # F is not whole Q4_K blocks of 256
+    assert _run_experts(types, mats, 512, 256, 1, x, 0)[0] == 1  # no threads
+    assert _run_experts(types, mats, 512, 256, 0, x, 1)[0] == 1  # no experts
+
+
+def _swiglu(level: str, g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    fp = ctypes.POINTER(ctypes.c_float)
+    _engine.simd_set(level)
+    out = g.copy()
+    assert C.strata_cuda_mirror_swiglu(out.ctypes.data_as(fp), u.ctypes.data_as(fp), len(out)) == 0
+    return out
+
+
+@pytest.mark.asan
+@pytest.mark.parametrize("level", _levels())
+def test_swiglu_levels(level, level_reset):
+    """The expert's SwiGLU (with the device's own e^x) at each level: the scalar bits over the whole range,
+    the clamps at -87 / 88 of e^x's argument, signed zeros, subnormals, inf and NaN."""
+    rng = np.random.default_rng(16)
+    edges = [87.0, 88.0, -87.0, -88.0, 0.0, -0.0, 1e-40, -1e-40, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38]
+    near = [np.nextafter(np.float32(e), np.float32(t)) for e in (87, 88, -87, -88) for t in (-1e3, 1e3)]
+    g = np.concatenate(
+        [
+            np.linspace(-100, 100, 4001),
+            rng.standard_normal(997) * 30,
+            edges,
+            near,
+            np.linspace(86.5, 88.5, 333),
+        ]
+    ).astype(np.float32)
+    u = rng.standard_normal(len(g)).astype(np.float32)
+    want = _swiglu("scalar", g, u)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u
+    ok = np.isfinite(g) & (np.abs(g) < 80)
+    assert np.abs(want[ok] - ref[ok]).max() <= 1e-5 * np.abs(ref[ok]).max()
+    _assert_same_bits(_swiglu(level, g, u), want, f"swiglu {level}")
+    assert C.strata_cuda_mirror_swiglu(g.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None, 4) == 1

@@ -400,14 +400,18 @@ STRATA_API strata_status strata_cuda_mmq(int32_t type, const void *w, int32_t n_
 /* The host's bit-exact mirror of that product for one token (runs everywhere). */
 STRATA_API strata_status strata_cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols,
                                                 const float *x, float *y);
-/* One expert's decode miss on the host, as --miss host runs it: out[D] = down(swiglu(gate x, up x)) with
- * the device's bits, at the kernel level of strata_simd_set, rows split over n_threads threads. It runs
- * reps times (>= 1); *median_us (may be NULL) gets the median microseconds of one run. gate and up hold
- * [F, D] of their types, down [D, F]; D and F whole blocks of the types (runs everywhere). */
+/* Decode misses on the host, as --miss host runs them: for each of n_experts experts k,
+ * out[k, :D] = down_k(swiglu(gate_k x, up_k x)) with the device's bits, at the kernel level of
+ * strata_simd_set, rows split over n_threads threads. gate and up hold n_experts matrices [F, D] of
+ * their types back to back, down n_experts matrices [D, F]; D and F whole blocks of the types. It runs
+ * reps times (>= 1); *median_us (may be NULL) gets the median microseconds of one run (runs everywhere). */
 STRATA_API strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type,
                                                    const void *up, int32_t down_type, const void *down, int64_t D,
-                                                   int64_t F, const float *x, float *out, int32_t n_threads,
-                                                   int32_t reps, double *median_us);
+                                                   int64_t F, int32_t n_experts, const float *x, float *out,
+                                                   int32_t n_threads, int32_t reps, double *median_us);
+/* g[i] = silu(g[i]) * u[i] over n values with the device's bits (its own e^x), at the kernel level of
+ * strata_simd_set: the host mirror's SwiGLU between an expert's gate/up and down (runs everywhere). */
+STRATA_API strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n);
 
 /* The prompt-chunk attention on the tensor cores, on host buffers, as strata_cuda_attention: k, v [n_pos,
  * Hkv*hd] f32 are stored into a cache of kv_type whose rows after n_pos hold NaNs (which must not be

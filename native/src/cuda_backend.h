@@ -260,16 +260,20 @@ strata_status cuda_flash_attention(cuda_ctx *ctx, int32_t kv_type, const float *
 /* Bit-exact host copy of the device matvec for one token: y[r] = W[r, :] . x (same operation
  * sequence as the device kernel), at the kernel level of strata_simd_set (tests; allocates). */
 void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
-/* Floats of scratch cuda_mirror_expert needs: g and u [2F], then the prepared activations. */
-int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F);
-/* One expert on the host, bit-exact with the device: out[D] = down(swiglu(gate x, up x)), at kernel
- * level simd (SCALAR, AVX2 or AVX512; the CPU must have it). x is prepared once for gate and up,
- * whose rows the pool splits together (pool NULL: this thread), then down's. No allocation.
- * scratch: cuda_mirror_scratch_floats(D, F) floats. */
+/* Experts run on the host together by cuda_mirror_experts (more are run in groups of this many). */
+#define CUDA_MIRROR_MAX_EXPERTS 32
+/* Floats of scratch cuda_mirror_experts needs for n experts: gate/up outputs [n, 2F] and the prepared
+ * activations. */
+int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F, int32_t n);
+/* n experts of one token on the host, bit-exact with the device: out[k * out_stride + i] (i < D) =
+ * down_k(swiglu(gate_k x, up_k x)), at kernel level simd (SCALAR, AVX2 or AVX512; the CPU must have it).
+ * x is prepared once for all gates and ups, whose rows the pool splits together in one run (pool
+ * NULL: this thread), then all downs in a second. gate[k], up[k]: [F, D] of their types, down[k]:
+ * [D, F]. No allocation; scratch: cuda_mirror_scratch_floats(D, F, n) floats. */
 struct pool;
-void cuda_mirror_expert(struct pool *p, int32_t simd, const void *gate, int32_t gate_type, const void *up,
-                        int32_t up_type, const void *down, int32_t down_type, int64_t D, int64_t F, const float *x,
-                        float *out, float *scratch);
+void cuda_mirror_experts(struct pool *p, int32_t simd, int32_t n, const void *const *gate, int32_t gate_type,
+                         const void *const *up, int32_t up_type, const void *const *down, int32_t down_type, int64_t D,
+                         int64_t F, const float *x, float *out, int64_t out_stride, float *scratch);
 /* Bit-exact host copy of cuda_mmq for one token (Q8_0 / Q4_0 / Q4_K / Q6_K weights): y[r] = W[r, :] . x. */
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */

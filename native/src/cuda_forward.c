@@ -118,7 +118,7 @@ struct cuda_state {
     void *stage;             /* pinned host staging */
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
-    float *host_tmp;         /* pinned [D + K * D + cuda_mirror_scratch_floats(D, F)]: a decode miss run on the host
+    float *host_tmp;         /* pinned [D + K * D + cuda_mirror_scratch_floats(D, F, K)]: decode misses run on the host
                               * (xn, outputs, scratch) */
     uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
@@ -490,8 +490,8 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
     /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
-    DEV(e, cuda_host_alloc(g->ctx, (size_t)(D + hp->n_expert_used * D + cuda_mirror_scratch_floats(D, F)) * sizeof(float),
-                          (void **)&g->host_tmp));
+    const int64_t host_floats = D + hp->n_expert_used * D + cuda_mirror_scratch_floats(D, F, hp->n_expert_used);
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)host_floats * sizeof(float), (void **)&g->host_tmp));
     for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
     for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
     DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
@@ -855,16 +855,30 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 
 /* ---- decode misses on the host ------------------------------------------------------------------ */
 
-/* cuda_mirror_expert for expert ex of layer W on the engine's threads, at the engine's kernel level:
- * out[D] from x[D]; scratch: cuda_mirror_scratch_floats(D, F) floats. */
-static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
-                        float *scratch) {
+/* Experts ex[0..n) of layer W on the host with the device's bits (cuda_mirror_experts), on the engine's
+ * threads at its kernel level: out[k * D ..] from x[D], all of them in two pool runs (gates and ups,
+ * then downs). scratch: cuda_mirror_scratch_floats(D, F, n) floats (host_tmp has them for n <= K). */
+static void host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
+                         float *out, float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
     const int32_t simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
-    cuda_mirror_expert(e->pool, simd, W->gate_exps.data + ex * F * W->gate_exps.row_bytes, W->gate_exps.type,
-                       W->up_exps.data + ex * F * W->up_exps.row_bytes, W->up_exps.type,
-                       W->down_exps.data + (int64_t)ex * D * W->down_exps.row_bytes, W->down_exps.type, D, F, x, out,
-                       scratch);
+    const void *gw[CUDA_MIRROR_MAX_EXPERTS], *uw[CUDA_MIRROR_MAX_EXPERTS], *dw[CUDA_MIRROR_MAX_EXPERTS];
+    for (int32_t i0 = 0; i0 < n; i0 += CUDA_MIRROR_MAX_EXPERTS) {
+        const int32_t m = n - i0 < CUDA_MIRROR_MAX_EXPERTS ? n - i0 : CUDA_MIRROR_MAX_EXPERTS;
+        for (int32_t k = 0; k < m; k++) {
+            gw[k] = W->gate_exps.data + ex[i0 + k] * F * W->gate_exps.row_bytes;
+            uw[k] = W->up_exps.data + ex[i0 + k] * F * W->up_exps.row_bytes;
+            dw[k] = W->down_exps.data + (int64_t)ex[i0 + k] * D * W->down_exps.row_bytes;
+        }
+        cuda_mirror_experts(e->pool, simd, m, gw, W->gate_exps.type, uw, W->up_exps.type, dw, W->down_exps.type, D,
+                            F, x, out + i0 * D, D, scratch);
+    }
+}
+
+/* One expert of layer W on the host: out[D] from x[D]; scratch: cuda_mirror_scratch_floats(D, F, 1) floats. */
+static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
+                        float *scratch) {
+    host_experts(e, W, &ex, 1, x, out, scratch);
 }
 
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */

@@ -77,19 +77,18 @@ static int arrange(mirror_x *px, int32_t simd) {
         /* qp: Q4_0 on AVX-512 multiplies 4 blocks' low nibbles (values 0..15 of each) in one vector and
          * their high nibbles (16..31) in the next; everything else is in value order */
         const int q4 = px->type == STRATA_TYPE_Q4_0;
-        for (int64_t t = 0; t < S; t++)
-            for (int i = 0; i < 256; i++) {
-                int src = i;
-                if (q4 && simd == STRATA_SIMD_AVX512) {
-                    const int hk = i >> 7, part = (i >> 6) & 1, c = (i >> 4) & 3, k = i & 15;
-                    src = (4 * hk + c) * 32 + 16 * part + k;
+        if (q4 && simd == STRATA_SIMD_AVX512)
+            for (int64_t t = 0; t < S; t++)
+                for (int i = 0; i < 256; i += 16) {
+                    const int hk = i >> 7, part = (i >> 6) & 1, c = (i >> 4) & 3;
+                    memcpy(px->qp + t * 256 + i, px->q + t * 256 + (4 * hk + c) * 32 + 16 * part, 16);
                 }
-                px->qp[t * 256 + i] = px->q[t * 256 + src];
-            }
+        else
+            memcpy(px->qp, px->q, (size_t)(S * 256));
         /* corr: the kernels multiply unsigned weight bytes u = w + off (Q8_0 on AVX-512: w ^ 0x80, so
          * off = 128; Q4_0: the nibble, off = 8); subtracting off * sum(x) per 4 values makes it exact */
         const int32_t off = q4 ? 8 : (simd == STRATA_SIMD_AVX512 ? 128 : 0);
-        for (int64_t i = 0; i < S * 64; i++) {
+        for (int64_t i = 0; i < S * 64 && off; i++) {
             const int8_t *q = px->qp + 4 * i;
             px->corr[i] = -off * ((int32_t)q[0] + q[1] + q[2] + q[3]);
         }
@@ -127,7 +126,14 @@ void mirror_prepare(mirror_x *px, void *ws, int32_t simd, int32_t type, const fl
     px->dl = (float *)p;
     p += up64(c / 2);
     px->xt = (float *)p;
-    if (px->int8) quantize_q8(x, cols, px->q, px->d);
+    if (px->int8) {
+        if (simd == STRATA_SIMD_AVX512)
+            mirror_quantize_avx512(x, cols, px->q, px->d);
+        else if (simd == STRATA_SIMD_AVX2)
+            mirror_quantize_avx2(x, cols, px->q, px->d);
+        else
+            quantize_q8(x, cols, px->q, px->d);
+    }
     px->simd = STRATA_SIMD_SCALAR;
     if ((simd == STRATA_SIMD_AVX512 || simd == STRATA_SIMD_AVX2) && arrange(px, simd)) px->simd = simd;
 }
@@ -264,39 +270,34 @@ void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, co
 }
 
 
-/* ---- one expert, rows split over a pool ---------------------------------------------------------- */
+/* ---- experts, rows split over a pool ------------------------------------------------------------- */
 
 #define MIRROR_ROWS 16 /* rows per item of the pool: small enough to balance 16 threads over F = 768 */
 
-/* Up to two matrices whose rows the pool splits: the items of m[0], then those of m[1]. */
+/* Matrices of equal row counts whose rows the pool splits: item i is rows [16 (i % per), ...) of
+ * matrix i / per. */
 typedef struct mirror_job {
-    struct {
-        const mirror_x *px;
-        const uint8_t *w; /* [rows, row_bytes] */
-        int64_t row_bytes, rows;
-        float *y; /* [rows] */
-    } m[2];
+    const mirror_x *px[2 * CUDA_MIRROR_MAX_EXPERTS];
+    const uint8_t *w[2 * CUDA_MIRROR_MAX_EXPERTS]; /* [rows, row_bytes] */
+    float *y[2 * CUDA_MIRROR_MAX_EXPERTS];         /* [rows] */
+    int64_t row_bytes[2 * CUDA_MIRROR_MAX_EXPERTS];
+    int64_t rows, per;
     int n_mat;
 } mirror_job;
-
-static int64_t job_items(int64_t rows) { return (rows + MIRROR_ROWS - 1) / MIRROR_ROWS; }
 
 static void job_rows(void *ctx, int64_t item, int thread) {
     (void)thread;
     const mirror_job *j = ctx;
-    int i = 0;
-    if (j->n_mat > 1 && item >= job_items(j->m[0].rows)) {
-        item -= job_items(j->m[0].rows);
-        i = 1;
-    }
-    const int64_t r0 = item * MIRROR_ROWS;
-    const int64_t n = j->m[i].rows - r0 < MIRROR_ROWS ? j->m[i].rows - r0 : MIRROR_ROWS;
+    const int i = (int)(item / j->per);
+    const int64_t r0 = (item % j->per) * MIRROR_ROWS;
+    const int64_t n = j->rows - r0 < MIRROR_ROWS ? j->rows - r0 : MIRROR_ROWS;
     /* a row's bits do not depend on the rows computed with it: any split gives the same result */
-    mirror_rows(j->m[i].px, j->m[i].w + r0 * j->m[i].row_bytes, n, j->m[i].y + r0);
+    mirror_rows(j->px[i], j->w[i] + r0 * j->row_bytes[i], n, j->y[i] + r0);
 }
 
 static void job_run(pool *p, mirror_job *j) {
-    const int64_t items = job_items(j->m[0].rows) + (j->n_mat > 1 ? job_items(j->m[1].rows) : 0);
+    j->per = (j->rows + MIRROR_ROWS - 1) / MIRROR_ROWS;
+    const int64_t items = j->per * j->n_mat;
     if (p) {
         pool_run(p, items, job_rows, j);
         return;
@@ -304,44 +305,61 @@ static void job_run(pool *p, mirror_job *j) {
     for (int64_t i = 0; i < items; i++) job_rows(j, i, 0);
 }
 
-int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F) {
-    return 2 * F + (int64_t)((2 * mirror_x_bytes(D) + mirror_x_bytes(F) + 3) / 4);
+/* g[i] = gq_swiglu(g[i], u[i]) at level simd */
+static void swiglu(int32_t simd, float *g, const float *u, int64_t n) {
+    if (simd == STRATA_SIMD_AVX512)
+        mirror_swiglu_avx512(g, u, n);
+    else if (simd == STRATA_SIMD_AVX2)
+        mirror_swiglu_avx2(g, u, n);
+    else
+        for (int64_t i = 0; i < n; i++) g[i] = gq_swiglu(g[i], u[i]);
 }
 
-void cuda_mirror_expert(pool *p, int32_t simd, const void *gate, int32_t gate_type, const void *up, int32_t up_type,
-                        const void *down, int32_t down_type, int64_t D, int64_t F, const float *x, float *out,
-                        float *scratch) {
-    float *g = scratch, *u = scratch + F;
-    uint8_t *ws = (uint8_t *)(scratch + 2 * F);
-    mirror_x xg, xu, xh;
-    /* x is prepared once for gate and up (twice only when their types want different layouts) */
-    mirror_prepare(&xg, ws, simd, gate_type, x, D);
-    const mirror_x *pu = &xg;
-    if (up_type != gate_type) {
-        mirror_prepare(&xu, ws + mirror_x_bytes(D), simd, up_type, x, D);
-        pu = &xu;
+int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F, int32_t n) {
+    if (n > CUDA_MIRROR_MAX_EXPERTS) n = CUDA_MIRROR_MAX_EXPERTS;
+    return (int64_t)n * (2 * F + (int64_t)(mirror_x_bytes(F) + 3) / 4) + (int64_t)(2 * mirror_x_bytes(D) + 3) / 4;
+}
+
+void cuda_mirror_experts(pool *p, int32_t simd, int32_t n, const void *const *gate, int32_t gate_type,
+                         const void *const *up, int32_t up_type, const void *const *down, int32_t down_type, int64_t D,
+                         int64_t F, const float *x, float *out, int64_t out_stride, float *scratch) {
+    for (int32_t e0 = 0; e0 < n; e0 += CUDA_MIRROR_MAX_EXPERTS) {
+        const int32_t m = n - e0 < CUDA_MIRROR_MAX_EXPERTS ? n - e0 : CUDA_MIRROR_MAX_EXPERTS;
+        float *gu = scratch; /* [m, 2F]: expert k's gate at 2kF, up at 2kF + F */
+        uint8_t *ws = (uint8_t *)(scratch + 2 * (int64_t)m * F);
+        mirror_x xg, xu, xh[CUDA_MIRROR_MAX_EXPERTS];
+        /* x is prepared once for every gate and up (twice only when their types want different layouts) */
+        mirror_prepare(&xg, ws, simd, gate_type, x, D);
+        const mirror_x *pu = &xg;
+        if (up_type != gate_type) {
+            mirror_prepare(&xu, ws + mirror_x_bytes(D), simd, up_type, x, D);
+            pu = &xu;
+        }
+        ws += 2 * mirror_x_bytes(D);
+        mirror_job j = {.rows = F, .n_mat = 2 * m};
+        for (int32_t k = 0; k < m; k++) {
+            j.px[2 * k] = &xg;
+            j.w[2 * k] = gate[e0 + k];
+            j.row_bytes[2 * k] = gq_row_bytes(gate_type, D);
+            j.y[2 * k] = gu + 2 * k * F;
+            j.px[2 * k + 1] = pu;
+            j.w[2 * k + 1] = up[e0 + k];
+            j.row_bytes[2 * k + 1] = gq_row_bytes(up_type, D);
+            j.y[2 * k + 1] = gu + 2 * k * F + F;
+        }
+        job_run(p, &j);
+        mirror_job d = {.rows = D, .n_mat = m};
+        for (int32_t k = 0; k < m; k++) {
+            float *g = gu + 2 * k * F;
+            swiglu(simd, g, g + F, F);
+            mirror_prepare(&xh[k], ws + k * mirror_x_bytes(F), simd, down_type, g, F);
+            d.px[k] = &xh[k];
+            d.w[k] = down[e0 + k];
+            d.row_bytes[k] = gq_row_bytes(down_type, F);
+            d.y[k] = out + (e0 + k) * out_stride;
+        }
+        job_run(p, &d);
     }
-    mirror_job j = {.n_mat = 2};
-    j.m[0].px = &xg;
-    j.m[0].w = gate;
-    j.m[0].row_bytes = gq_row_bytes(gate_type, D);
-    j.m[0].rows = F;
-    j.m[0].y = g;
-    j.m[1].px = pu;
-    j.m[1].w = up;
-    j.m[1].row_bytes = gq_row_bytes(up_type, D);
-    j.m[1].rows = F;
-    j.m[1].y = u;
-    job_run(p, &j);
-    for (int64_t i = 0; i < F; i++) g[i] = gq_swiglu(g[i], u[i]);
-    mirror_prepare(&xh, ws + 2 * mirror_x_bytes(D), simd, down_type, g, F);
-    mirror_job d = {.n_mat = 1};
-    d.m[0].px = &xh;
-    d.m[0].w = down;
-    d.m[0].row_bytes = gq_row_bytes(down_type, F);
-    d.m[0].rows = D;
-    d.m[0].y = out;
-    job_run(p, &d);
 }
 
 /* ---- public entry point (tests, benchmarks) -------------------------------------------------------- */
@@ -358,25 +376,33 @@ static double mirror_now_us(void) {
 }
 
 strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int32_t up_type, const void *up,
-                                        int32_t down_type, const void *down, int64_t D, int64_t F, const float *x,
-                                        float *out, int32_t n_threads, int32_t reps, double *median_us) {
-    if (!gate || !up || !down || !x || !out || n_threads < 1 || reps < 1 || !mirror_shape_ok(gate_type, D) ||
-        !mirror_shape_ok(up_type, D) || !mirror_shape_ok(down_type, F))
+                                        int32_t down_type, const void *down, int64_t D, int64_t F, int32_t n_experts,
+                                        const float *x, float *out, int32_t n_threads, int32_t reps,
+                                        double *median_us) {
+    if (!gate || !up || !down || !x || !out || n_experts < 1 || n_threads < 1 || reps < 1 ||
+        !mirror_shape_ok(gate_type, D) || !mirror_shape_ok(up_type, D) || !mirror_shape_ok(down_type, F))
         return STRATA_ERR_INVALID_ARGUMENT;
     errbuf err = {0};
     pool *p = NULL;
     strata_status s = pool_create(n_threads, &p, &err);
     if (s != STRATA_OK) return s;
-    float *scratch = malloc((size_t)cuda_mirror_scratch_floats(D, F) * sizeof(float));
+    float *scratch = malloc((size_t)cuda_mirror_scratch_floats(D, F, n_experts) * sizeof(float));
     double *t = malloc((size_t)reps * sizeof(double));
-    if (!scratch || !t) {
+    const void **ptrs = malloc((size_t)n_experts * 3 * sizeof(void *));
+    if (!scratch || !t || !ptrs) {
         s = STRATA_ERR_OUT_OF_MEMORY;
         goto done;
+    }
+    for (int32_t k = 0; k < n_experts; k++) {
+        ptrs[k] = (const uint8_t *)gate + k * F * gq_row_bytes(gate_type, D);
+        ptrs[n_experts + k] = (const uint8_t *)up + k * F * gq_row_bytes(up_type, D);
+        ptrs[2 * n_experts + k] = (const uint8_t *)down + k * D * gq_row_bytes(down_type, F);
     }
     const int32_t simd = current_level();
     for (int32_t i = 0; i < reps; i++) {
         const double t0 = mirror_now_us();
-        cuda_mirror_expert(p, simd, gate, gate_type, up, up_type, down, down_type, D, F, x, out, scratch);
+        cuda_mirror_experts(p, simd, n_experts, ptrs, gate_type, ptrs + n_experts, up_type, ptrs + 2 * n_experts,
+                            down_type, D, F, x, out, D, scratch);
         t[i] = mirror_now_us() - t0;
     }
     /* insertion sort: reps is small */
@@ -390,6 +416,13 @@ strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int
 done:
     free(scratch);
     free(t);
+    free(ptrs);
     pool_destroy(p);
     return s;
+}
+
+strata_status strata_cuda_mirror_swiglu(float *g, const float *u, int64_t n) {
+    if (!g || !u || n < 0) return STRATA_ERR_INVALID_ARGUMENT;
+    swiglu(current_level(), g, u, n);
+    return STRATA_OK;
 }

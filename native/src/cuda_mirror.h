@@ -50,6 +50,12 @@ void mirror_rows_scalar(const mirror_x *px, const void *w, int64_t rows, float *
  * (mirror_prepare falls back to SCALAR for the types a level has no kernel for: F32, F16, BF16). */
 void mirror_rows_avx2(const mirror_x *px, const void *w, int64_t rows, float *y);
 void mirror_rows_avx512(const mirror_x *px, const void *w, int64_t rows, float *y);
+/* The scalar steps' bits, vectorized: the device's 8-bit quantization of x (q[cols], scales[cols / 32])
+ * and g[i] = gq_swiglu(g[i], u[i]). */
+void mirror_quantize_avx2(const float *x, int64_t cols, int8_t *q, float *scales);
+void mirror_quantize_avx512(const float *x, int64_t cols, int8_t *q, float *scales);
+void mirror_swiglu_avx2(float *g, const float *u, int64_t n);
+void mirror_swiglu_avx512(float *g, const float *u, int64_t n);
 
 /* Add the device's partial last step (groups from g0 on, when cols is not a multiple of 256) to the
  * lane sums acc[32] of one row, then combine the lanes as the warp does. */

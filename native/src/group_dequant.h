@@ -129,6 +129,7 @@ GQ_FN void gq_dequant8(int32_t type, const uint8_t *row, int64_t g, int s, float
  * the same bits (the libraries' expf differ in their last bits). Relative error below 2e-7 over the
  * range that matters; saturates to 0 / inf outside [-87, 88]. */
 GQ_FN float gq_expf(float x) {
+    if (x != x) return x; /* NaN: kept away from the float-to-int conversion below, undefined for it */
     if (x < -87.0f) return 0.0f;
     if (x > 88.0f) x = 88.0f;
     /* x = n ln2 + r, |r| <= ln2 / 2, with ln2 split in two parts for an exact-ish reduction */

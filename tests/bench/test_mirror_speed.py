@@ -62,7 +62,7 @@ def _call(types, m, x, out, threads: int, reps: int) -> float:  # type: ignore[n
     us = ctypes.c_double(0.0)
     st = C.strata_cuda_mirror_expert(
         TYPES[types[0]], m[0].ctypes.data_as(ctypes.c_void_p), TYPES[types[1]], m[1].ctypes.data_as(ctypes.c_void_p),
-        TYPES[types[2]], m[2].ctypes.data_as(ctypes.c_void_p), D, F, x.ctypes.data_as(fp), out.ctypes.data_as(fp),
+        TYPES[types[2]], m[2].ctypes.data_as(ctypes.c_void_p), D, F, 1, x.ctypes.data_as(fp), out.ctypes.data_as(fp),
         threads, reps, ctypes.byref(us),
     )  # fmt: skip
     assert st == 0

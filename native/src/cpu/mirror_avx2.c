@@ -12,6 +12,7 @@
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../cuda_mirror.h"
 #include "../group_dequant.h"
@@ -209,4 +210,73 @@ void mirror_rows_avx2(const mirror_x *px, const void *w, int64_t rows, float *y)
         rows_int8(px, (const uint8_t *)w, rows, y);
     else
         rows_kquant(px, (const uint8_t *)w, rows, y);
+}
+
+/* ---- the serial steps of an expert: x's 8-bit quantization and SwiGLU, with the scalar bits ---------- */
+
+void mirror_quantize_avx2(const float *x, int64_t cols, int8_t *q, float *scales) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), half = _mm256_set1_ps(0.5f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    /* the low byte of each int32 (the scalar cast's truncation), to bytes 0..3 of each half */
+    const __m256i lowb = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (int64_t b = 0; b < cols / 32; b++) {
+        __m256 xv[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            xv[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+            /* max |x| ignoring NaN as fmaxf does: max_ps returns its second operand when one is NaN */
+            m = _mm256_max_ps(_mm256_and_ps(xv[k], absm), m);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m256 vid = _mm256_set1_ps(id);
+        for (int k = 0; k < 4; k++) {
+            const __m256 v = _mm256_mul_ps(xv[k], vid);
+            /* roundf: half away from zero. v - trunc(v) is exact, so the tie test is too */
+            const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 up = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), absm), half, _CMP_GE_OQ);
+            const __m256 sgn = _mm256_or_ps(one, _mm256_andnot_ps(absm, v));
+            const __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, sgn));
+            const __m256i bytes = _mm256_shuffle_epi8(_mm256_cvttps_epi32(r), lowb);
+            const int32_t lo = _mm256_extract_epi32(bytes, 0), hi = _mm256_extract_epi32(bytes, 4);
+            memcpy(q + 32 * b + 8 * k, &lo, 4);
+            memcpy(q + 32 * b + 8 * k + 4, &hi, 4);
+        }
+        scales[b] = strata_f16_to_f32(strata_f32_to_f16(d));
+    }
+}
+
+/* gq_expf on 8 values: the same operations in the same order */
+static inline __m256 expf8(__m256 x) {
+    const __m256 zero = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_blendv_ps(x, _mm256_set1_ps(88.0f), _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+    const __m256 n = _mm256_round_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _mm256_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693145752f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(1.42860677e-06f)));
+    __m256 p = _mm256_set1_ps(1.98412698e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.38888889e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.33333333e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.16666667e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.66666667e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(0.5f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(zero, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+}
+
+void mirror_swiglu_avx2(float *g, const float *u, int64_t n) {
+    const __m256 sgn = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u)), one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = expf8(_mm256_xor_ps(gv, sgn));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = gq_swiglu(g[i], u[i]);
 }

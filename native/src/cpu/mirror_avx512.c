@@ -222,3 +222,62 @@ void mirror_rows_avx512(const mirror_x *px, const void *w, int64_t rows, float *
     else
         rows_kquant(px, (const uint8_t *)w, rows, y);
 }
+
+/* ---- the serial steps of an expert: x's 8-bit quantization and SwiGLU, with the scalar bits ---------- */
+
+void mirror_quantize_avx512(const float *x, int64_t cols, int8_t *q, float *scales) {
+    const __m512 absm = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF)), half = _mm512_set1_ps(0.5f);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t b = 0; b < cols / 32; b++) {
+        const __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        /* max |x| ignoring NaN as fmaxf does: max_ps returns its second operand when one is NaN */
+        __m512 m = _mm512_max_ps(_mm512_and_ps(x0, absm), _mm512_setzero_ps());
+        m = _mm512_max_ps(_mm512_and_ps(x1, absm), m);
+        const float amax = _mm512_reduce_max_ps(m);
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        for (int h = 0; h < 2; h++) {
+            const __m512 v = _mm512_mul_ps(h ? x1 : x0, vid);
+            /* roundf: half away from zero. v - trunc(v) is exact, so the tie test is too */
+            const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __mmask16 up = _mm512_cmp_ps_mask(_mm512_and_ps(_mm512_sub_ps(v, t), absm), half, _CMP_GE_OQ);
+            const __m512 sgn = _mm512_or_ps(one, _mm512_andnot_ps(absm, v));
+            const __m512 r = _mm512_mask_add_ps(t, up, t, sgn);
+            /* the int8 conversion keeps the low byte, as the scalar (int8_t) cast of the int32 does */
+            _mm_storeu_si128((__m128i *)(q + 32 * b + 16 * h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(r)));
+        }
+        scales[b] = strata_f16_to_f32(strata_f32_to_f16(d));
+    }
+}
+
+/* gq_expf on 16 values: the same operations in the same order */
+static inline __m512 expf16(__m512 x) {
+    const __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_GT_OQ), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693145752f)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(1.42860677e-06f)));
+    __m512 p = _mm512_set1_ps(1.98412698e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.38888889e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.33333333e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.16666667e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.66666667e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mov_ps((__mmask16)~zero, _mm512_mul_ps(p, _mm512_castsi512_ps(bits)));
+}
+
+void mirror_swiglu_avx512(float *g, const float *u, int64_t n) {
+    const __m512 sgn = _mm512_castsi512_ps(_mm512_set1_epi32((int)0x80000000u)), one = _mm512_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 gv = _mm512_loadu_ps(g + i);
+        const __m512 e = expf16(_mm512_xor_ps(gv, sgn));
+        _mm512_storeu_ps(g + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(one, e)), _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = gq_swiglu(g[i], u[i]);
+}
