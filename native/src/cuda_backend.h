@@ -265,7 +265,7 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
 /* Floats of scratch cuda_mirror_experts needs for n experts: gate/up outputs [n, 2F] and the prepared
  * activations. */
 int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F, int32_t n);
-/* n experts of one token on the host, bit-exact with the device: out[k * out_stride + i] (i < D) =
+/* n experts of one token on the host, bit-exact with the device: out[k][0..D) =
  * down_k(swiglu(gate_k x, up_k x)), at kernel level simd (SCALAR, AVX2 or AVX512; the CPU must have it).
  * x is prepared once for all gates and ups, whose rows the pool splits together in one run (pool
  * NULL: this thread), then all downs in a second. gate[k], up[k]: [F, D] of their types, down[k]:
@@ -273,7 +273,7 @@ int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F, int32_t n);
 struct pool;
 void cuda_mirror_experts(struct pool *p, int32_t simd, int32_t n, const void *const *gate, int32_t gate_type,
                          const void *const *up, int32_t up_type, const void *const *down, int32_t down_type, int64_t D,
-                         int64_t F, const float *x, float *out, int64_t out_stride, float *scratch);
+                         int64_t F, const float *x, float *const *out, float *scratch);
 /* Bit-exact host copy of cuda_mmq for one token (Q8_0 / Q4_0 / Q4_K / Q6_K weights): y[r] = W[r, :] . x. */
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */

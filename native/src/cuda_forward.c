@@ -71,7 +71,7 @@ typedef struct exp_ptrs {
 enum { FUSE_ROUTER = 1, FUSE_ROPE_STORE = 2, FUSE_ATT_Q8 = 4, FUSE_DOWN_Q8 = 8, FUSE_ROUTER_TOPK = 16 };
 
 #define STAGE_RING 4          /* pinned staging buffers for expert copies */
-#define STAGE_PIECE (1 << 19) /* bytes per item of the parallel host copy */
+#define STAGE_PIECE (1 << 16) /* the parallel host copy's items are multiples of this many bytes */
 
 struct cuda_state {
     cuda_ctx *ctx;
@@ -260,12 +260,13 @@ typedef struct stage_job {
     uint8_t *dst;          /* [gate_bytes + up_bytes + down_bytes] */
     const uint8_t *src[3]; /* gate, up, down in the mapped file */
     int64_t len[3];
+    int64_t piece;         /* bytes per item: one item per thread */
 } stage_job;
 
 static void stage_piece(void *ctx, int64_t item, int thread) {
     (void)thread;
     const stage_job *j = ctx;
-    int64_t lo = item * STAGE_PIECE, hi = lo + STAGE_PIECE, base = 0;
+    int64_t lo = item * j->piece, hi = lo + j->piece, base = 0;
     for (int p = 0; p < 3; p++) { /* the part of [lo, hi) that falls in each of the three ranges */
         const int64_t a = lo > base ? lo : base, b = hi < base + j->len[p] ? hi : base + j->len[p];
         if (a < b) memcpy(j->dst + a, j->src[p] + (a - base), (size_t)(b - a));
@@ -296,8 +297,11 @@ static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t e
         g->ring_next = (i + 1) % STAGE_RING;
         DEV(e, cuda_event_wait(g->ctx, g->ring_done[i])); /* its last DMA has left the buffer */
         const int64_t n = g->gate_bytes + g->up_bytes + g->down_bytes;
-        stage_job j = {g->ring[i], {src_g, src_u, src_d}, {g->gate_bytes, g->up_bytes, g->down_bytes}};
-        pool_run(e->pool, (n + STAGE_PIECE - 1) / STAGE_PIECE, stage_piece, &j);
+        /* one piece per thread, so that every thread copies */
+        const int64_t nt = pool_size(e->pool) > 0 ? pool_size(e->pool) : 1;
+        const int64_t piece = STRATA_ALIGN_UP((n + nt - 1) / nt, STAGE_PIECE);
+        stage_job j = {g->ring[i], {src_g, src_u, src_d}, {g->gate_bytes, g->up_bytes, g->down_bytes}, piece};
+        pool_run(e->pool, (n + piece - 1) / piece, stage_piece, &j);
         /* the slot's layout is gate | up | down back to back, as in the buffer: one DMA */
         DEV(e, cuda_h2d(g->ctx, dst, g->ring[i], (size_t)n, stream));
         DEV(e, cuda_event_record(g->ctx, g->ring_done[i], stream));
@@ -349,7 +353,7 @@ static void store_open(strata_engine *e) {
     char why[640];
     why[0] = 0;
     if (store == 0) {
-        snprintf(why, sizeof why, "STRATA_CUDA_STORE is not register or arena");
+        snprintf(why, sizeof why, "the default store (STRATA_CUDA_STORE=register or arena picks another)");
     } else if (g->n_slots >= all) {
         snprintf(why, sizeof why, "every expert is resident");
     } else if (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes) {
@@ -856,10 +860,11 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 /* ---- decode misses on the host ------------------------------------------------------------------ */
 
 /* Experts ex[0..n) of layer W on the host with the device's bits (cuda_mirror_experts), on the engine's
- * threads at its kernel level: out[k * D ..] from x[D], all of them in two pool runs (gates and ups,
- * then downs). scratch: cuda_mirror_scratch_floats(D, F, n) floats (host_tmp has them for n <= K). */
+ * threads at its kernel level: out[k][0..D) from x[D], all of them in two pool runs (gates and ups,
+ * then downs), x prepared once. scratch: cuda_mirror_scratch_floats(D, F, n) floats (host_tmp after
+ * its D + K * D has them for n <= K). */
 static void host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
-                         float *out, float *scratch) {
+                         float *const *out, float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
     const int32_t simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
     const void *gw[CUDA_MIRROR_MAX_EXPERTS], *uw[CUDA_MIRROR_MAX_EXPERTS], *dw[CUDA_MIRROR_MAX_EXPERTS];
@@ -871,14 +876,14 @@ static void host_experts(strata_engine *e, const layer_weights *W, const int32_t
             dw[k] = W->down_exps.data + (int64_t)ex[i0 + k] * D * W->down_exps.row_bytes;
         }
         cuda_mirror_experts(e->pool, simd, m, gw, W->gate_exps.type, uw, W->up_exps.type, dw, W->down_exps.type, D,
-                            F, x, out + i0 * D, D, scratch);
+                            F, x, out + i0, scratch);
     }
 }
 
 /* One expert of layer W on the host: out[D] from x[D]; scratch: cuda_mirror_scratch_floats(D, F, 1) floats. */
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
                         float *scratch) {
-    host_experts(e, W, &ex, 1, x, out, scratch);
+    host_experts(e, W, &ex, 1, x, &out, scratch);
 }
 
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
