@@ -166,3 +166,32 @@ def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
             assert log.max_scroll_y > end and log.scroll_y == log.max_scroll_y
 
     asyncio.run(run())
+
+
+def test_a_log_that_is_not_full_starts_at_the_top() -> None:
+    from strata_tui.widgets import ChatLog
+
+    async def run() -> None:
+        log = ChatLog()
+        async with _One(log).run_test(size=(60, 6)) as pilot:
+            first = MessageView("note", "short")
+            await log.add(first)
+            await pilot.pause(0.1)
+            assert log.max_scroll_y == 0 and log.scroll_y == 0
+            assert first.region.y <= log.region.y + 1  # at the top, not pushed to the bottom
+            await first.remove()
+            note = MessageView("note", "\n".join(f"line {i}" for i in range(8)))
+            await log.add(note)
+            await pilot.pause(0.1)
+            assert log.scroll_y == log.max_scroll_y > 0  # full: it follows the end
+            # the terminal grows (as at start-up, when the first layout is of a smaller screen)
+            await pilot.resize_terminal(60, 30)
+            await pilot.pause(0.1)
+            assert log.max_scroll_y == 0 and log.scroll_y == 0
+            assert note.region.y <= log.region.y + 1  # at the top, not pushed to the bottom
+            # growing past the view again follows the end again
+            await log.add(MessageView("note", "\n".join(f"more {i}" for i in range(60))))
+            await pilot.pause(0.1)
+            assert log.scroll_y == log.max_scroll_y > 0
+
+    asyncio.run(run())

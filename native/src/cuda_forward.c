@@ -24,6 +24,14 @@
  * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
  * with one launch per token; the graph is dropped when the work buffers move.
  *
+ * A decode step is nine launches per layer: RMSNorm + 8-bit row; q/k/v; q/k norm + RoPE + KV store;
+ * attention (+ Wo's 8-bit row); Wo; ffn norm + F32 router + the experts' 8-bit row (+ top-k and the
+ * segments, every expert resident); gate + up + SwiGLU; down (quantizing h itself) + weighted sum. The
+ * kernels are launched with programmatic dependent launch, so each one starts, and loads the weights it
+ * will read, while the one before it finishes. Every fusion and kernel variant gives the bits of the
+ * separate launches (STRATA_CUDA_FAST, _FUSE and _PDL in trace.c switch them off), except attention
+ * beyond 256 positions, split over blocks in a fixed order (STRATA_CUDA_ATT_SPLIT).
+ *
  * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) come from the
  * expert store (STRATA_CUDA_STORE, trace.c). By default a ring of STAGE_RING pinned buffers of one slot
  * each: the pool's threads copy the expert's bytes from the mapped file into a free buffer, and one DMA
@@ -59,6 +67,9 @@ typedef struct exp_ptrs {
     const void *gate, *up, *down;
 } exp_ptrs;
 
+/* the second round of decode fusions (STRATA_CUDA_FUSE, trace.c) */
+enum { FUSE_ROUTER = 1, FUSE_ROPE_STORE = 2, FUSE_ATT_Q8 = 4, FUSE_DOWN_Q8 = 8, FUSE_ROUTER_TOPK = 16 };
+
 #define STAGE_RING 4          /* pinned staging buffers for expert copies */
 #define STAGE_PIECE (1 << 16) /* the parallel host copy's items are multiples of this many bytes */
 
@@ -82,6 +93,14 @@ struct cuda_state {
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
     int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
     int32_t fused;           /* decode's fused launches (STRATA_CUDA_DECODE=unfused: 0) */
+    int32_t fast;            /* latency-tuned decode kernels, CUDA_FAST_* bits (STRATA_CUDA_FAST) */
+    int32_t pdl;             /* decode kernels with programmatic dependent launch (STRATA_CUDA_PDL=0: 0) */
+    int32_t fuse2;           /* the second round of decode fusions, FUSE_* bits (STRATA_CUDA_FUSE) */
+    int32_t xn_q8;           /* act holds xn's 8-bit row (the last norm_matvec wrote it) */
+    int32_t att_splits;      /* decode attention's splits per head beyond 256 positions (S) */
+    float *att_part;         /* device [H, S, hd + 2]: the splits' states */
+    int32_t *att_cnt;        /* device [H + 1]: splits finished per head, then the router's blocks finished
+                              * (each back to 0 after its launch) */
     int32_t miss_policy;
     int prompt;              /* the forward in progress reads a prompt chunk (cuda_forward) */
     int32_t kv_type;
@@ -153,6 +172,13 @@ static strata_status check_type(strata_engine *e, const wview *w, const char *na
 
 /* ---- open / close ------------------------------------------------------------------------------ */
 
+/* Splits per head of decode attention beyond 256 positions: about 128 blocks in all, at most 8 (a shape
+ * fact, so the reply does not depend on anything else). */
+static int32_t att_splits(int32_t H) {
+    const int32_t s = 128 / (H > 0 ? H : 1);
+    return s < 1 ? 1 : (s > 8 ? 8 : s);
+}
+
 int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const hparams *hp = &e->hp;
     const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
@@ -161,7 +187,8 @@ int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const int64_t hact = cuda_act_row_bytes(STRATA_TYPE_Q8_0, F) + 64;
     const int64_t f = 4;
     /* + the decode step's expert address table and position (when every expert is resident) */
-    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256;
+    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256 +
+                                  (int64_t)hp->n_head * (att_splits(hp->n_head) * (hp->head_dim + 2) + 1) * 4 + 4 + 512;
     return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
            hp->n_vocab * f + 4 * (T * K + E) * 16 + decode_tables;
 }
@@ -448,6 +475,15 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                      : e->params.miss_policy == STRATA_MISS_AUTO ? STRATA_MISS_AUTO
                                                                  : STRATA_MISS_COPY;
     g->fused = env_cuda_fused();
+    g->fast = env_cuda_fast();
+    g->pdl = env_cuda_pdl();
+    g->fuse2 = env_cuda_fuse2();
+    cuda_ctx_set_decode(g->ctx, g->fast, 0);
+    g->att_splits = env_cuda_att_split() ? att_splits(hp->n_head) : 1;
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
+                      "decode attention's split states"));
+    DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
+    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
     g->overlap = env_cuda_overlap();
     g->miss_split = env_cuda_miss_split();
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
@@ -522,7 +558,7 @@ void cuda_forward_close(strata_engine *e) {
                              dl->router, dl->k_cache, dl->v_cache};
                 for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
             }
-        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->att_part, g->att_cnt, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
                      g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
                      g->seg_tok, g->seg_out};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
@@ -626,14 +662,56 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
                                  int64_t rows, float *y, int32_t T) {
     cuda_state *g = e->gpu;
     const int32_t D = e->hp.n_embd;
+    g->xn_q8 = 0;
+    if (g->fused && (g->fuse2 & FUSE_ROUTER) && decoding(e) && T == 1 && type == STRATA_TYPE_F32 && D % 32 == 0 &&
+        D <= 4096) {
+        /* the F32 router: norm, product and xn's 8-bit row (for the experts) in one launch */
+        DEV(e, cuda_norm_matvec_f32(g->ctx, x, nw, g->xn, g->act, (const float *)w, rows, D, e->hp.rms_eps, y));
+        g->xn_q8 = 1;
+        return STRATA_OK;
+    }
     if (g->fused && decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
+        g->xn_q8 = 1;
         if (T == 1) return matvec1(e, type, w, rows, D, g->act, y, 0);
         DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
         return STRATA_OK;
     }
     DEV(e, cuda_rmsnorm(g->ctx, x, nw, g->xn, T, D, e->hp.rms_eps));
     return matvec(e, type, w, rows, D, g->xn, D, y, rows, T, 0);
+}
+
+/* Decode, one token, after q, k and v: q/k norm and RoPE, the KV-cache store, attention and x += Wo att.
+ * With the second round of fusions: RoPE and the store in one launch, and attention writing att's
+ * 8-bit row for Wo (the same bits as the separate launches). */
+static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t pos0) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const dev_layer *dl = &g->layers[l];
+    const int32_t hd = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
+    const int64_t D = hp->n_embd, QD = (int64_t)H * hd, KD = (int64_t)Hkv * hd;
+    const int hd_ok = hd == 32 || hd == 64 || hd == 128 || hd == 256;
+    if ((g->fuse2 & FUSE_ROPE_STORE) && hd_ok) {
+        DEV(e, cuda_qk_norm_rope_store(g->ctx, g->q, g->k, g->v, dl->q_norm, dl->k_norm, 1, H, Hkv, hd, pos0,
+                                       hp->rope_theta, hp->rms_eps, g->pos_arg, g->kv_type, dl->k_cache, dl->v_cache));
+    } else {
+        DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, 1, H, Hkv, hd, pos0, hp->rope_theta,
+                                 hp->rms_eps, g->pos_arg));
+        DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, 1, (int32_t)KD, pos0,
+                             g->pos_arg));
+    }
+    if (!(g->fast & CUDA_FAST_ATTENTION)) {
+        DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, 1, H, Hkv, hd, pos0,
+                              g->pos_arg));
+        return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
+    }
+    /* att's 8-bit row straight from attention when Wo takes 8-bit activations */
+    const int q8 = (g->fuse2 & FUSE_ATT_Q8) && hd_ok && cuda_act_type(W->wo.type) == STRATA_TYPE_Q8_0;
+    DEV(e, cuda_attention_decode(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, q8 ? g->act : NULL,
+                                 g->act_row, H, Hkv, hd, pos0, g->pos_arg, g->att_part, g->att_cnt, g->att_splits));
+    if (q8) return matvec1(e, W->wo.type, dl->wo, D, QD, g->act, g->x, 1);
+    return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
 }
 
 /* Whether a prompt chunk's attention runs on the tensor cores (cuda_flash_attention): in every prompt
@@ -667,6 +745,7 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
         const int64_t r3[3] = {QD, KD, KD};
         float *const y3[3] = {g->q, g->k, g->v};
         DEV(e, cuda_matvec3(g->ctx, W->wq.type, w3, r3, D, xin, y3, 0));
+        return attention_decode_tail(e, l, pos0);
     } else if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at &&
                cuda_act_type(W->wv.type) == at) {
         /* q, k and v read the same quantized activations: normed and quantized once */
@@ -757,12 +836,16 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
     const int32_t gt = W->gate_exps.type, dt = W->down_exps.type;
     const void *xin = g->xn;
     if (cuda_act_type(gt) != STRATA_TYPE_F32) {
-        /* act holds xn's 8-bit rows when the router took the same activations (norm_matvec) */
-        if (cuda_act_type(W->router.type) != cuda_act_type(gt))
-            DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
+        /* act holds xn's 8-bit row when norm_matvec wrote it with the router's product */
+        if (!g->xn_q8) DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
         xin = g->act;
     }
     DEV(e, cuda_expert_gate_up(g->ctx, gt, wg, wu, F, D, xin, g->h, K));
+    if ((g->fuse2 & FUSE_DOWN_Q8) && cuda_act_type(dt) == STRATA_TYPE_Q8_0 && F % 32 == 0) {
+        /* h quantized inside the down product's launch */
+        DEV(e, cuda_expert_down_combine_hq(g->ctx, dt, wd, D, F, g->h, F, g->wsel, g->x, K));
+        return STRATA_OK;
+    }
     const void *hin = g->h;
     int64_t hs = F;
     if (cuda_act_type(dt) != STRATA_TYPE_F32) {
@@ -955,12 +1038,24 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
-    if (T == 1 && g->ptr_dev && decoding(e)) { /* every expert resident: route on the device, no round trip */
-        const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
-        DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+    const int on_device = T == 1 && g->ptr_dev && decoding(e); /* every expert resident: no round trip */
+    const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+    if (on_device && g->fused && (g->fuse2 & FUSE_ROUTER_TOPK) && W->router.type == STRATA_TYPE_F32 && D % 32 == 0 &&
+        D <= 4096 && E <= 256 && K <= 32) {
+        /* the ffn norm, the router's product and its top-k in one launch */
+        DEV(e, cuda_norm_router_topk_f32(g->ctx, g->x, dl->ffn_norm, g->xn, g->act, (const float *)dl->router, E, D,
+                                         hp->rms_eps, g->router, K, g->sel, g->wsel,
                                          (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
-                                         g->seg_tok, g->seg_out, half));
+                                         g->seg_tok, g->seg_out, half, g->att_cnt + hp->n_head));
+        g->xn_q8 = 1;
+    } else {
+        STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
+        if (on_device)
+            DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+                                             (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
+                                             g->seg_tok, g->seg_out, half));
+    }
+    if (on_device) {
         e->stats.lookups += (uint64_t)T * K;
         e->stats.hits += (uint64_t)T * K;
         if (g->fused && W->gate_exps.type == W->up_exps.type && K <= 32)
@@ -1133,6 +1228,14 @@ static void graph_capture(strata_engine *e) {
     if (s == STRATA_OK) {
         g->graph_state = 1;
         trace_emit(&e->trace, "cuda: decode step captured as a graph");
+    } else if (g->pdl) {
+        /* a driver that does not take programmatic launches into a graph: capture without them */
+        trace_emit(&e->trace, "cuda: decode step with programmatic launches not captured (%s); again without",
+                   e->err.msg);
+        err_clear(&e->err);
+        g->pdl = 0;
+        cuda_ctx_set_decode(g->ctx, g->fast, 0);
+        graph_capture(e);
     } else {
         g->graph_state = -1;
         trace_emit(&e->trace, "cuda: decode step not captured (%s); running it launch by launch", e->err.msg);
@@ -1144,6 +1247,8 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
                            int want_logits) {
     cuda_state *g = e->gpu;
     g->prompt = prompt;
+    /* programmatic dependent launch only in decode (the prompt's kernels do not wait for it) */
+    cuda_ctx_set_decode(g->ctx, g->fast, g->pdl && !prompt);
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
     STRATA_TRY(work_alloc(e, T));

@@ -50,6 +50,31 @@
  *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
  *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
  *
+ *   STRATA_CUDA_FAST "0": on --device cuda, use the first decode kernels (RMSNorm, router top-k, the
+ *                  one-token products, attention) instead of their latency-tuned versions, which give
+ *                  the same bits with more loads in flight (attention beyond 256 positions: see
+ *                  STRATA_CUDA_ATT_SPLIT). A number keeps the families of its bits: 1 RMSNorm, 2 router
+ *                  top-k, 4 one-token products, 8 experts' gate/up, 16 experts' down, 32 attention
+ *                  (unset: 63, all). Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_PDL "0": on --device cuda, launch decode kernels plainly instead of with programmatic
+ *                  dependent launch (each may start, and load its weights, while the one before it
+ *                  finishes). Same replies. Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_FUSE "0": on --device cuda, decode without the second round of fused launches (the
+ *                  ffn norm inside an F32 router product, which also quantizes the normed token for
+ *                  the experts; q/k norm, RoPE and the KV-cache store in one launch; attention writing
+ *                  the 8-bit row for the output projection; the experts' hidden state quantized inside
+ *                  the down product; with every expert resident, the router's top-k in the same launch
+ *                  as its product). Same replies. A number keeps the fusions of its bits: 1 router and
+ *                  norm, 2 RoPE + store, 4 attention's 8-bit row, 8 down, 16 router top-k (unset: 31,
+ *                  all). Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_ATT_SPLIT "0": on --device cuda, decode attention beyond 256 positions in one block per
+ *                  head (the prompt kernel's order) instead of split over several blocks per head
+ *                  merged in a fixed order. The replies then differ in the last bits beyond 256 positions.
+ *                  Read when the device cache is filled.
+ *
  *   STRATA_CUDA_FLASH "0": on --device cuda, run prompt chunks' attention with the decode kernel
  *                  (cuda/attention.cu, one query per block) instead of the tensor-core kernel
  *                  (cuda/flash_attn.cu, f16 KV with head dim 32, 64 or 128; other caches always take the
@@ -110,6 +135,27 @@ int env_cuda_staging(void) {
 
 int trace_env_cuda_mmq(void) {
     const char *v = getenv("STRATA_CUDA_MMQ");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+/* unset: all = 63; else a number (0 = none) */
+static int env_mask(const char *name, int all) {
+    const char *v = getenv(name);
+    if (!v || !v[0]) return all;
+    return (int)strtol(v, NULL, 0) & all;
+}
+
+int env_cuda_fast(void) { return env_mask("STRATA_CUDA_FAST", 63); }
+
+int env_cuda_pdl(void) {
+    const char *v = getenv("STRATA_CUDA_PDL");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_fuse2(void) { return env_mask("STRATA_CUDA_FUSE", 31); }
+
+int env_cuda_att_split(void) {
+    const char *v = getenv("STRATA_CUDA_ATT_SPLIT");
     return !(v && strcmp(v, "0") == 0);
 }
 

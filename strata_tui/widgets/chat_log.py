@@ -21,6 +21,12 @@ class ChatLog(VerticalScroll):
     to the bottom."""
 
     def watch_virtual_size(self) -> None:
+        self._hold_anchor_while_full()
+
+    def on_resize(self) -> None:
+        self._hold_anchor_while_full()
+
+    def _hold_anchor_while_full(self) -> None:
         overflows = self.max_scroll_y > 0
         if overflows and not self._anchored:
             self._anchored = True
@@ -29,6 +35,9 @@ class ChatLog(VerticalScroll):
         elif not overflows and self._anchored:
             self._anchored = False
             self._anchor_released = False
+            # the anchor sets the offset without bounds: one that is not full must start at its top
+            self.scroll_target_y = 0
+            self.scroll_y = 0
 
     @property
     def sticky(self) -> bool:
