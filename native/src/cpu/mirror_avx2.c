@@ -16,6 +16,7 @@
 
 #include "../cuda_mirror.h"
 #include "../group_dequant.h"
+#include "mirror_q4k.h"
 
 /* The butterfly's result for lanes 0..7, 8..15, 16..23, 24..31 in a0..a3. */
 static inline float reduce32(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
@@ -138,15 +139,8 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
             __m256 ds[4], dm[4];
             __m128i qv[8], hv[8];
             if (!q6) {
-                float dsc[8], dmn[8];
-                const float d = gq_f16(b), dmin = gq_f16(b + 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    gq_q4k_scale_min(b + 4, j, &sc, &m);
-                    dsc[j] = d * (float)sc;
-                    dmn[j] = dmin * (float)m;
-                }
-                const __m256 s8 = _mm256_loadu_ps(dsc), m8 = _mm256_loadu_ps(dmn);
+                __m256 s8, m8;
+                mirror_q4k_scales(b, &s8, &m8);
                 for (int k = 0; k < 4; k++) {
                     ds[k] = _mm256_permutevar8x32_ps(s8, si[k]);
                     dm[k] = _mm256_permutevar8x32_ps(m8, si[k]);

@@ -17,6 +17,7 @@
 
 #include "../cuda_mirror.h"
 #include "../group_dequant.h"
+#include "mirror_q4k.h"
 
 /* The butterfly's result for lanes 0..15 in a, 16..31 in b: ((l + l^16) + (l^8 ...)) ... to lane 0. */
 static inline float reduce32(__m512 a, __m512 b) {
@@ -154,16 +155,10 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
             __m512i q0, q1, h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
             if (!q6) {
                 /* d * sc and dmin * m of the 8 sub-blocks, each rounded once, as gq_dequant8 */
-                float dsc[8], dm[8];
-                const float d = gq_f16(b), dmin = gq_f16(b + 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    gq_q4k_scale_min(b + 4, j, &sc, &m);
-                    dsc[j] = d * (float)sc;
-                    dm[j] = dmin * (float)m;
-                }
-                const __m512 s8 = _mm512_castps256_ps512(_mm256_loadu_ps(dsc));
-                const __m512 m8 = _mm512_castps256_ps512(_mm256_loadu_ps(dm));
+                __m256 dsc, dm;
+                mirror_q4k_scales(b, &dsc, &dm);
+                const __m512 s8 = _mm512_castps256_ps512(dsc);
+                const __m512 m8 = _mm512_castps256_ps512(dm);
                 dlo = _mm512_permutexvar_ps(si0, s8);
                 dhi = _mm512_permutexvar_ps(si1, s8);
                 mlo = _mm512_permutexvar_ps(si0, m8);
