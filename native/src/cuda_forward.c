@@ -120,7 +120,7 @@ struct cuda_state {
     float *host_logits;      /* pinned [V] */
     float *host_tmp;         /* pinned [D + K * D + cuda_mirror_scratch_floats(D, F, K)]: decode misses run on the host
                               * (xn, outputs, scratch) */
-    uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
+    uint8_t *exp_state;      /* [2E]: EXP_* of each expert of the layer being run; then 1 if a prompt copied it */
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
     int32_t ring_next;
@@ -353,7 +353,7 @@ static void store_open(strata_engine *e) {
     char why[640];
     why[0] = 0;
     if (store == 0) {
-        snprintf(why, sizeof why, "the default store (STRATA_CUDA_STORE=register or arena picks another)");
+        snprintf(why, sizeof why, "STRATA_CUDA_STORE=ring");
     } else if (g->n_slots >= all) {
         snprintf(why, sizeof why, "every expert is resident");
     } else if (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes) {
@@ -490,7 +490,7 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
     g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
-    g->exp_state = malloc((size_t)E);
+    g->exp_state = malloc((size_t)(2 * E)); /* EXP_* of each expert, then whether a prompt copied it */
     if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
     /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
@@ -520,6 +520,9 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     DEV(e, cuda_sync(g->ctx));
     const double fill_ms = engine_now_ms() - t_fill;
     g->copy_ms = fill_ms / g->n_slots;
+    /* the filled slots count as used once (step 1): a prompt's streamed experts (step 0, see moe) go first */
+    for (int32_t s2 = 0; s2 < g->n_slots; s2++) g->last_use[s2] = 1;
+    g->step = 1;
     trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", g->n_slots,
                (double)g->n_slots * g->slot_bytes / 1048576.0, fill_ms,
                fill_ms > 0 ? (double)g->n_slots * (g->gate_bytes + g->up_bytes + g->down_bytes) / fill_ms / 1e6 : 0.0);
@@ -1075,8 +1078,9 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     if (may_host) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
     DEV(e, cuda_sync(g->ctx)); /* both streams: nothing of an earlier layer is in flight after this */
     count_lookups(e, l, sel, T);
-    uint8_t *state = g->exp_state;
+    uint8_t *state = g->exp_state, *streamed = g->exp_state + E;
     memset(state, EXP_IDLE, (size_t)E);
+    memset(streamed, 0, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
     int32_t n_miss = 0;
     for (int32_t ex = 0; ex < E; ex++) n_miss += state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0;
@@ -1146,6 +1150,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
             }
             STRATA_TRY(slot_fill(e, victim, l, ex, cs));
             g->last_use[victim] = g->step;
+            streamed[ex] = !decoding(e);
             e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
             state[ex] = split && g->direct ? EXP_COPIED : EXP_WAVE;
             copied++;
@@ -1160,17 +1165,35 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
         STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
         prev_step = g->step;
     }
+    /* A prompt streams every expert its tokens chose through the cache, layer after layer: with plain
+     * LRU its copies would evict the experts that later layers of the same chunk (and decode) would have
+     * found cached, and a prompt would copy every routed expert of the model. So the slots a prompt
+     * copied into become the first victims (step 0) once their layer is done: they are still hits for
+     * that layer's next chunk while nothing else needs the room. Which slot holds an expert does not
+     * change any result. (Every device operation of this layer that reads them is ordered before the
+     * next layer's copies by the sync at the next layer's routing.) */
+    for (int32_t ex = 0; ex < E; ex++)
+        if (streamed[ex] && g->slot_of[l * E + ex] >= 0) g->last_use[g->slot_of[l * E + ex]] = 0;
     if (n_host > 0) { /* decode: the missed experts on the host while the device runs the rest */
+        /* together, 32 at a time (x prepared once, two pool runs per call), in k order */
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
-        for (int32_t k = 0; k < K; k++) {
-            const int32_t ex = sel[k];
-            if (state[ex] != EXP_HOST) continue;
+        for (int32_t k0 = 0; k0 < K;) {
+            int32_t hex[32], hk[32], nh = 0;
+            float *hout[32];
+            for (; k0 < K && nh < 32; k0++)
+                if (state[sel[k0]] == EXP_HOST) {
+                    hex[nh] = sel[k0];
+                    hk[nh] = k0;
+                    hout[nh++] = yh + (int64_t)k0 * D;
+                }
+            if (nh == 0) continue;
             const double t0 = engine_now_ms();
-            host_expert(e, W, ex, xh, yh + (int64_t)k * D, scratch);
-            const double dt = engine_now_ms() - t0;
+            host_experts(e, W, hex, nh, xh, hout, scratch);
+            const double dt = (engine_now_ms() - t0) / nh;
             g->host_ms = g->host_ms > 0 ? 0.9 * g->host_ms + 0.1 * dt : dt;
-            DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)k * D, yh + (int64_t)k * D, (size_t)D * 4, CUDA_STREAM_COMPUTE));
-            e->stats.host_expert_runs++;
+            for (int32_t i = 0; i < nh; i++)
+                DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)hk[i] * D, hout[i], (size_t)D * 4, CUDA_STREAM_COMPUTE));
+            e->stats.host_expert_runs += (uint64_t)nh;
         }
     }
     /* x += sum_k w_k ye_k (in k order) */
