@@ -77,7 +77,7 @@ def test_mmq_mirror_matches_reference(name):
 
 # ---- the SIMD levels of the mirror (--miss host runs the engine's level) ----------------------------
 
-_SIMD_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F16"]  # F16: no SIMD kernel, the levels fall back to scalar
+_SIMD_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F32", "F16", "BF16"]
 _BITS = np.uint32
 
 
@@ -117,8 +117,8 @@ def _assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 def _cols_for(name: str) -> list[int]:
-    # 8-bit types: a partial last step (288 = one step + one block; 800 = 3 steps + 1) and whole steps
-    return [768, 2048] if name in ("Q4_K", "Q6_K", "F16") else [288, 800, 2048]
+    # a partial last step (288 = one step of 256 values + one block; 800 = 3 steps + 1) and whole steps
+    return [768, 2048] if name in ("Q4_K", "Q6_K") else [288, 800, 2048]
 
 
 @pytest.mark.asan
@@ -253,7 +253,7 @@ def _reference(
     return acc
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", _SIMD_TYPES)
 def test_mirror_order_is_the_devices(name, level_reset):
     """The mirror (every level) equals an independent NumPy copy of the device's order bit for bit, and
     the data tells orders apart: summing the same addends row-wise gives other bits."""
@@ -377,3 +377,30 @@ def test_swiglu_levels(level, level_reset):
     assert np.abs(want[ok] - ref[ok]).max() <= 1e-5 * np.abs(ref[ok]).max()
     _assert_same_bits(_swiglu(level, g, u), want, f"swiglu {level}")
     assert C.strata_cuda_mirror_swiglu(g.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), None, 4) == 1
+
+
+@pytest.mark.asan
+@pytest.mark.parametrize("level", _levels())
+@pytest.mark.parametrize("name", ["F32", "F16", "BF16"])
+def test_levels_float_weight_extremes(name, level, level_reset):
+    """Float weights with infinities, NaN, the largest and subnormal values of their type: each level gives
+    the scalar bits (NaN where the scalar has NaN), with a partial last step."""
+    rng = np.random.default_rng(17)
+    rows, cols = 7, 288
+    dense = rng.standard_normal((rows, cols)).astype(np.float32)
+    finite = {"F32": [3.4e38, 1e-45, -0.0], "F16": [65504.0, 6e-8, -0.0], "BF16": [3.38e38, 1e-40, -0.0]}[
+        name
+    ]
+    mask = rng.random((rows, cols)) < 0.05
+    dense[mask] = rng.choice(np.array(finite, dtype=np.float32), mask.sum())
+    dense[0] = 0.0
+    dense[1, 100], dense[2, 37], dense[3, 280] = np.inf, -np.inf, np.nan  # 280: in the partial last step
+    if name == "F32":
+        w = dense.view(np.uint8).reshape(rows, -1).copy()
+    elif name == "F16":
+        w = dense.astype(np.float16).view(np.uint8).reshape(rows, -1).copy()
+    else:
+        w = (dense.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1).copy()
+    x = rng.standard_normal(cols).astype(np.float32)
+    want = _at_level("scalar", TYPES[name], w, rows, cols, x)
+    _assert_same_bits(_at_level(level, TYPES[name], w, rows, cols, x), want, f"{name} {level}")

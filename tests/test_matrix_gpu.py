@@ -19,7 +19,12 @@ from repro_matrix._runner import RunDir, gpu_count
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(importlib.util.find_spec("strata.server.cli") is None, reason="needs the server"),
+    # the matrix runs its cells through `strata serve`: on a host without the server's dependencies
+    # (a GPU host often has no package registry) there is nothing to run
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in ("strata.server.cli", "starlette", "uvicorn")),
+        reason="needs the server (strata.server, starlette, uvicorn)",
+    ),
 ]
 
 

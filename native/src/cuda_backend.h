@@ -37,6 +37,19 @@ int32_t cuda_device_present(void);
 strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len);
 void cuda_ctx_destroy(cuda_ctx *ctx);
 const char *cuda_ctx_error(const cuda_ctx *ctx);
+/* Decode options of a context (a new one has fast = CUDA_FAST_ALL, pdl = 0): fast, a mask of the
+ * CUDA_FAST_* below, picks latency-tuned kernels (the same bits as the plain ones); pdl launches the
+ * decode kernels with programmatic dependent launch (each may start while the one before it finishes). */
+void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl);
+enum {
+    CUDA_FAST_NORM = 1,       /* RMSNorm */
+    CUDA_FAST_ROUTER = 2,     /* router top-k */
+    CUDA_FAST_MATVEC3 = 4,    /* one-token products (q/k/v, Wo, the output head) */
+    CUDA_FAST_GATE_UP = 8,    /* the experts' gate, up and SwiGLU */
+    CUDA_FAST_DOWN = 16,      /* the experts' down and weighted sum */
+    CUDA_FAST_ATTENTION = 32, /* decode attention (cuda_attention_decode, used by the engine) */
+    CUDA_FAST_ALL = 63
+};
 /* name of the device, e.g. "NVIDIA H200" */
 const char *cuda_ctx_device_name(const cuda_ctx *ctx);
 strata_status cuda_mem_info(cuda_ctx *ctx, int64_t *free_bytes, int64_t *total_bytes);
@@ -129,6 +142,30 @@ strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const
  * bits as cuda_matvec_segments followed by cuda_moe_combine. */
 strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *const *wd, int64_t D, int64_t F,
                                        const void *h, int64_t h_stride, const float *weights, float *y, int32_t K);
+/* cuda_quantize_act of h (K rows of F floats, stride h_stride floats, a multiple of 4) followed by
+ * cuda_expert_down_combine, in one launch with the same bits; for weights with 8-bit activations (Q8_0,
+ * Q4_0; else STRATA_ERR_INVALID_ARGUMENT). */
+strata_status cuda_expert_down_combine_hq(cuda_ctx *ctx, int32_t type, const void *const *wd, int64_t D, int64_t F,
+                                          const float *h, int64_t h_stride, const float *weights, float *y, int32_t K);
+/* Decode, one token, F32 weights W [rows, D] (the router): xn = rmsnorm(x) * nw (cuda_rmsnorm's bits),
+ * q = xn quantized as cuda_quantize_act does for Q8_0 (skipped when q is NULL), y = W xn (cuda_matvec3's
+ * bits), in one launch. D a multiple of 32, at most 4096 (else STRATA_ERR_INVALID_ARGUMENT). */
+strata_status cuda_norm_matvec_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q, const float *w,
+                                  int64_t rows, int32_t D, float eps, float *y);
+/* Decode, one token, every expert resident: cuda_norm_matvec_f32 (logits [E]) followed by
+ * cuda_router_topk_segments for T = 1, in one launch (the last of its blocks to finish routes), the same
+ * bits. cnt: a device int at 0 (left at 0). E <= 256, K <= 32, D as for cuda_norm_matvec_f32. */
+strata_status cuda_norm_router_topk_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q,
+                                        const float *w, int32_t E, int32_t D, float eps, float *logits, int32_t K,
+                                        int32_t *ids, float *weights, const void *const *table, const void **seg_w,
+                                        int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half,
+                                        int32_t *cnt);
+/* Decode: cuda_qk_norm_rope followed by cuda_kv_store (of the rotated k and of v) in one launch, the same
+ * bits; head dims 32, 64, 128 or 256 (else STRATA_ERR_UNSUPPORTED). */
+strata_status cuda_qk_norm_rope_store(cuda_ctx *ctx, float *q, float *k, const float *v, const float *q_norm,
+                                      const float *k_norm, int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0,
+                                      float theta, float eps, const int32_t *pos_dev, int32_t kv_type, void *k_cache,
+                                      void *v_cache);
 /* ---- prompt products on the tensor cores (mmq.cu) ------------------------------------------------
  * For Q8_0, Q4_0, Q4_K and Q6_K weights against activations quantized to 8-bit blocks of 32 (cuda_quantize_act
  * with type Q8_0, whatever the weights' type). Every output is acc = 0; for each block g in order:
@@ -177,6 +214,16 @@ strata_status cuda_kv_store(cuda_ctx *ctx, int32_t kv_type, const float *k, cons
 strata_status cuda_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
                              const void *v_cache, float *out, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
                              int32_t pos0, const int32_t *pos_dev);
+/* Decode, one query (at position pos0, or *pos_dev): causal attention over the cache into out [H * hd], and
+ * when q8 is not NULL its row quantized as cuda_quantize_act does for Q8_0 (q8_stride unused for one row).
+ * Up to 256 positions the result has cuda_attention's bits; beyond, the positions are split over S blocks
+ * per head (S from 1 to 64, fixed by the caller) whose states are merged in split order, so the bits
+ * depend on the position and S only. part: device scratch of H * S * (hd + 2) floats; cnt: H device ints,
+ * 0 before the first call (each call leaves them at 0). Launched with cu_launch (programmatic launch). */
+strata_status cuda_attention_decode(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
+                                    const void *v_cache, float *out, void *q8, int64_t q8_stride, int32_t H,
+                                    int32_t Hkv, int32_t hd, int32_t pos0, const int32_t *pos_dev, float *part,
+                                    int32_t *cnt, int32_t S);
 /* Router: softmax over E logits, top-K, weights renormalized to sum 1.
  * logits [T, E] -> ids [T, K] (best first), weights [T, K]. */
 strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, int32_t E, int32_t K,
@@ -218,7 +265,7 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
 /* Floats of scratch cuda_mirror_experts needs for n experts: gate/up outputs [n, 2F] and the prepared
  * activations. */
 int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F, int32_t n);
-/* n experts of one token on the host, bit-exact with the device: out[k * out_stride + i] (i < D) =
+/* n experts of one token on the host, bit-exact with the device: out[k][0..D) =
  * down_k(swiglu(gate_k x, up_k x)), at kernel level simd (SCALAR, AVX2 or AVX512; the CPU must have it).
  * x is prepared once for all gates and ups, whose rows the pool splits together in one run (pool
  * NULL: this thread), then all downs in a second. gate[k], up[k]: [F, D] of their types, down[k]:
@@ -226,7 +273,7 @@ int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F, int32_t n);
 struct pool;
 void cuda_mirror_experts(struct pool *p, int32_t simd, int32_t n, const void *const *gate, int32_t gate_type,
                          const void *const *up, int32_t up_type, const void *const *down, int32_t down_type, int64_t D,
-                         int64_t F, const float *x, float *out, int64_t out_stride, float *scratch);
+                         int64_t F, const float *x, float *const *out, float *scratch);
 /* Bit-exact host copy of cuda_mmq for one token (Q8_0 / Q4_0 / Q4_K / Q6_K weights): y[r] = W[r, :] . x. */
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */

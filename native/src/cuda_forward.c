@@ -24,6 +24,14 @@
  * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
  * with one launch per token; the graph is dropped when the work buffers move.
  *
+ * A decode step is nine launches per layer: RMSNorm + 8-bit row; q/k/v; q/k norm + RoPE + KV store;
+ * attention (+ Wo's 8-bit row); Wo; ffn norm + F32 router + the experts' 8-bit row (+ top-k and the
+ * segments, every expert resident); gate + up + SwiGLU; down (quantizing h itself) + weighted sum. The
+ * kernels are launched with programmatic dependent launch, so each one starts, and loads the weights it
+ * will read, while the one before it finishes. Every fusion and kernel variant gives the bits of the
+ * separate launches (STRATA_CUDA_FAST, _FUSE and _PDL in trace.c switch them off), except attention
+ * beyond 256 positions, split over blocks in a fixed order (STRATA_CUDA_ATT_SPLIT).
+ *
  * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) come from the
  * expert store (STRATA_CUDA_STORE, trace.c). By default a ring of STAGE_RING pinned buffers of one slot
  * each: the pool's threads copy the expert's bytes from the mapped file into a free buffer, and one DMA
@@ -59,6 +67,9 @@ typedef struct exp_ptrs {
     const void *gate, *up, *down;
 } exp_ptrs;
 
+/* the second round of decode fusions (STRATA_CUDA_FUSE, trace.c) */
+enum { FUSE_ROUTER = 1, FUSE_ROPE_STORE = 2, FUSE_ATT_Q8 = 4, FUSE_DOWN_Q8 = 8, FUSE_ROUTER_TOPK = 16 };
+
 #define STAGE_RING 4          /* pinned staging buffers for expert copies */
 #define STAGE_PIECE (1 << 16) /* the parallel host copy's items are multiples of this many bytes */
 
@@ -82,6 +93,14 @@ struct cuda_state {
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
     int32_t graph_state;     /* 0 not captured yet, 1 captured, -1 off (STRATA_CUDA_GRAPH=0 or capture failed) */
     int32_t fused;           /* decode's fused launches (STRATA_CUDA_DECODE=unfused: 0) */
+    int32_t fast;            /* latency-tuned decode kernels, CUDA_FAST_* bits (STRATA_CUDA_FAST) */
+    int32_t pdl;             /* decode kernels with programmatic dependent launch (STRATA_CUDA_PDL=0: 0) */
+    int32_t fuse2;           /* the second round of decode fusions, FUSE_* bits (STRATA_CUDA_FUSE) */
+    int32_t xn_q8;           /* act holds xn's 8-bit row (the last norm_matvec wrote it) */
+    int32_t att_splits;      /* decode attention's splits per head beyond 256 positions (S) */
+    float *att_part;         /* device [H, S, hd + 2]: the splits' states */
+    int32_t *att_cnt;        /* device [H + 1]: splits finished per head, then the router's blocks finished
+                              * (each back to 0 after its launch) */
     int32_t miss_policy;
     int prompt;              /* the forward in progress reads a prompt chunk (cuda_forward) */
     int32_t kv_type;
@@ -101,7 +120,7 @@ struct cuda_state {
     float *host_logits;      /* pinned [V] */
     float *host_tmp;         /* pinned [D + K * D + cuda_mirror_scratch_floats(D, F, K)]: decode misses run on the host
                               * (xn, outputs, scratch) */
-    uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
+    uint8_t *exp_state;      /* [2E]: EXP_* of each expert of the layer being run; then 1 if a prompt copied it */
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
     int32_t ring_next;
@@ -123,6 +142,7 @@ struct cuda_state {
     double copy_ms;          /* measured time of one expert's copy (the fill at open) */
     double host_ms;          /* measured time of one expert on the host (at open, then a running mean) */
     double miss_split;       /* STRATA_CUDA_MISS_SPLIT, or -1: --miss auto's host share from the rates */
+    uint32_t host_probe;     /* decode steps with misses (--miss auto refreshes its host time every 64) */
 };
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
@@ -153,6 +173,13 @@ static strata_status check_type(strata_engine *e, const wview *w, const char *na
 
 /* ---- open / close ------------------------------------------------------------------------------ */
 
+/* Splits per head of decode attention beyond 256 positions: about 128 blocks in all, at most 8 (a shape
+ * fact, so the reply does not depend on anything else). */
+static int32_t att_splits(int32_t H) {
+    const int32_t s = 128 / (H > 0 ? H : 1);
+    return s < 1 ? 1 : (s > 8 ? 8 : s);
+}
+
 int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const hparams *hp = &e->hp;
     const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
@@ -161,7 +188,8 @@ int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
     const int64_t hact = cuda_act_row_bytes(STRATA_TYPE_Q8_0, F) + 64;
     const int64_t f = 4;
     /* + the decode step's expert address table and position (when every expert is resident) */
-    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256;
+    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256 +
+                                  (int64_t)hp->n_head * (att_splits(hp->n_head) * (hp->head_dim + 2) + 1) * 4 + 4 + 512;
     return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
            hp->n_vocab * f + 4 * (T * K + E) * 16 + decode_tables;
 }
@@ -296,6 +324,8 @@ static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t e
 
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
                         float *scratch);
+static void host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
+                         float *const *out, float *scratch);
 
 /* One expert's gate | up | down from the mapped file into its place in the arena (pool item = l * E + e). */
 static void arena_piece(void *ctx, int64_t item, int thread) {
@@ -326,7 +356,7 @@ static void store_open(strata_engine *e) {
     char why[640];
     why[0] = 0;
     if (store == 0) {
-        snprintf(why, sizeof why, "the default store (STRATA_CUDA_STORE=register or arena picks another)");
+        snprintf(why, sizeof why, "STRATA_CUDA_STORE=ring");
     } else if (g->n_slots >= all) {
         snprintf(why, sizeof why, "every expert is resident");
     } else if (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes) {
@@ -366,12 +396,23 @@ static void store_open(strata_engine *e) {
 static void host_rate(strata_engine *e) {
     cuda_state *g = e->gpu;
     const int64_t D = e->hp.n_embd;
-    float *x = g->host_tmp, *out = x + D, *scratch = out + (int64_t)e->hp.n_expert_used * D;
+    const int32_t K = e->hp.n_expert_used, E = e->hp.n_expert;
+    float *x = g->host_tmp, *out = x + D, *scratch = out + (int64_t)K * D;
     memset(x, 0, (size_t)D * sizeof(float));
     host_expert(e, &e->w.layers[0], 0, x, out, scratch);
-    const double t0 = engine_now_ms();
-    host_expert(e, &e->w.layers[e->hp.n_layer / 2], 0, x, out, scratch);
-    g->host_ms = engine_now_ms() - t0;
+    /* a decode step's host share is a few experts of one layer at once: time two of them together
+     * (other experts each time), the best of three */
+    const int32_t n = K >= 2 && E >= 6 ? 2 : 1;
+    float *outs[2] = {out, out + (n > 1 ? D : 0)};
+    double best = -1.0;
+    for (int32_t r = 0; r < 3; r++) {
+        const int32_t ex[2] = {(2 * r) % E, (2 * r + 1) % E};
+        const double t0 = engine_now_ms();
+        host_experts(e, &e->w.layers[e->hp.n_layer / 2], ex, n, x, outs, scratch);
+        const double dt = (engine_now_ms() - t0) / n;
+        if (best < 0 || dt < best) best = dt;
+    }
+    g->host_ms = best;
 }
 
 strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
@@ -448,13 +489,22 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
                      : e->params.miss_policy == STRATA_MISS_AUTO ? STRATA_MISS_AUTO
                                                                  : STRATA_MISS_COPY;
     g->fused = env_cuda_fused();
+    g->fast = env_cuda_fast();
+    g->pdl = env_cuda_pdl();
+    g->fuse2 = env_cuda_fuse2();
+    cuda_ctx_set_decode(g->ctx, g->fast, 0);
+    g->att_splits = env_cuda_att_split() ? att_splits(hp->n_head) : 1;
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
+                      "decode attention's split states"));
+    DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
+    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
     g->overlap = env_cuda_overlap();
     g->miss_split = env_cuda_miss_split();
     g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
     g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
     g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
     g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
-    g->exp_state = malloc((size_t)E);
+    g->exp_state = malloc((size_t)(2 * E)); /* EXP_* of each expert, then whether a prompt copied it */
     if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
         return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
     /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
@@ -484,6 +534,9 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     DEV(e, cuda_sync(g->ctx));
     const double fill_ms = engine_now_ms() - t_fill;
     g->copy_ms = fill_ms / g->n_slots;
+    /* the filled slots count as used once (step 1): a prompt's streamed experts (step 0, see moe) go first */
+    for (int32_t s2 = 0; s2 < g->n_slots; s2++) g->last_use[s2] = 1;
+    g->step = 1;
     trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", g->n_slots,
                (double)g->n_slots * g->slot_bytes / 1048576.0, fill_ms,
                fill_ms > 0 ? (double)g->n_slots * (g->gate_bytes + g->up_bytes + g->down_bytes) / fill_ms / 1e6 : 0.0);
@@ -522,7 +575,7 @@ void cuda_forward_close(strata_engine *e) {
                              dl->router, dl->k_cache, dl->v_cache};
                 for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
             }
-        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->att_part, g->att_cnt, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
                      g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
                      g->seg_tok, g->seg_out};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
@@ -626,14 +679,56 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
                                  int64_t rows, float *y, int32_t T) {
     cuda_state *g = e->gpu;
     const int32_t D = e->hp.n_embd;
+    g->xn_q8 = 0;
+    if (g->fused && (g->fuse2 & FUSE_ROUTER) && decoding(e) && T == 1 && type == STRATA_TYPE_F32 && D % 32 == 0 &&
+        D <= 4096) {
+        /* the F32 router: norm, product and xn's 8-bit row (for the experts) in one launch */
+        DEV(e, cuda_norm_matvec_f32(g->ctx, x, nw, g->xn, g->act, (const float *)w, rows, D, e->hp.rms_eps, y));
+        g->xn_q8 = 1;
+        return STRATA_OK;
+    }
     if (g->fused && decoding(e) && cuda_act_type(type) != STRATA_TYPE_F32) {
         DEV(e, cuda_rmsnorm_q8(g->ctx, x, nw, g->xn, g->act, g->act_row, T, D, e->hp.rms_eps));
+        g->xn_q8 = 1;
         if (T == 1) return matvec1(e, type, w, rows, D, g->act, y, 0);
         DEV(e, cuda_matvec(g->ctx, type, w, rows, D, g->act, g->act_row, y, rows, T, 0));
         return STRATA_OK;
     }
     DEV(e, cuda_rmsnorm(g->ctx, x, nw, g->xn, T, D, e->hp.rms_eps));
     return matvec(e, type, w, rows, D, g->xn, D, y, rows, T, 0);
+}
+
+/* Decode, one token, after q, k and v: q/k norm and RoPE, the KV-cache store, attention and x += Wo att.
+ * With the second round of fusions: RoPE and the store in one launch, and attention writing att's
+ * 8-bit row for Wo (the same bits as the separate launches). */
+static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t pos0) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const layer_weights *W = &e->w.layers[l];
+    const dev_layer *dl = &g->layers[l];
+    const int32_t hd = hp->head_dim, H = hp->n_head, Hkv = hp->n_head_kv;
+    const int64_t D = hp->n_embd, QD = (int64_t)H * hd, KD = (int64_t)Hkv * hd;
+    const int hd_ok = hd == 32 || hd == 64 || hd == 128 || hd == 256;
+    if ((g->fuse2 & FUSE_ROPE_STORE) && hd_ok) {
+        DEV(e, cuda_qk_norm_rope_store(g->ctx, g->q, g->k, g->v, dl->q_norm, dl->k_norm, 1, H, Hkv, hd, pos0,
+                                       hp->rope_theta, hp->rms_eps, g->pos_arg, g->kv_type, dl->k_cache, dl->v_cache));
+    } else {
+        DEV(e, cuda_qk_norm_rope(g->ctx, g->q, g->k, dl->q_norm, dl->k_norm, 1, H, Hkv, hd, pos0, hp->rope_theta,
+                                 hp->rms_eps, g->pos_arg));
+        DEV(e, cuda_kv_store(g->ctx, g->kv_type, g->k, g->v, dl->k_cache, dl->v_cache, 1, (int32_t)KD, pos0,
+                             g->pos_arg));
+    }
+    if (!(g->fast & CUDA_FAST_ATTENTION)) {
+        DEV(e, cuda_attention(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, 1, H, Hkv, hd, pos0,
+                              g->pos_arg));
+        return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
+    }
+    /* att's 8-bit row straight from attention when Wo takes 8-bit activations */
+    const int q8 = (g->fuse2 & FUSE_ATT_Q8) && hd_ok && cuda_act_type(W->wo.type) == STRATA_TYPE_Q8_0;
+    DEV(e, cuda_attention_decode(g->ctx, g->kv_type, g->q, dl->k_cache, dl->v_cache, g->att, q8 ? g->act : NULL,
+                                 g->act_row, H, Hkv, hd, pos0, g->pos_arg, g->att_part, g->att_cnt, g->att_splits));
+    if (q8) return matvec1(e, W->wo.type, dl->wo, D, QD, g->act, g->x, 1);
+    return matvec(e, W->wo.type, dl->wo, D, QD, g->att, QD, g->x, D, 1, 1);
 }
 
 /* Whether a prompt chunk's attention runs on the tensor cores (cuda_flash_attention): in every prompt
@@ -667,6 +762,7 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
         const int64_t r3[3] = {QD, KD, KD};
         float *const y3[3] = {g->q, g->k, g->v};
         DEV(e, cuda_matvec3(g->ctx, W->wq.type, w3, r3, D, xin, y3, 0));
+        return attention_decode_tail(e, l, pos0);
     } else if (decoding(e) && at != STRATA_TYPE_F32 && cuda_act_type(W->wk.type) == at &&
                cuda_act_type(W->wv.type) == at) {
         /* q, k and v read the same quantized activations: normed and quantized once */
@@ -757,12 +853,16 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
     const int32_t gt = W->gate_exps.type, dt = W->down_exps.type;
     const void *xin = g->xn;
     if (cuda_act_type(gt) != STRATA_TYPE_F32) {
-        /* act holds xn's 8-bit rows when the router took the same activations (norm_matvec) */
-        if (cuda_act_type(W->router.type) != cuda_act_type(gt))
-            DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
+        /* act holds xn's 8-bit row when norm_matvec wrote it with the router's product */
+        if (!g->xn_q8) DEV(e, cuda_quantize_act(g->ctx, gt, g->xn, D, g->act, g->act_row, D, 1));
         xin = g->act;
     }
     DEV(e, cuda_expert_gate_up(g->ctx, gt, wg, wu, F, D, xin, g->h, K));
+    if ((g->fuse2 & FUSE_DOWN_Q8) && cuda_act_type(dt) == STRATA_TYPE_Q8_0 && F % 32 == 0) {
+        /* h quantized inside the down product's launch */
+        DEV(e, cuda_expert_down_combine_hq(g->ctx, dt, wd, D, F, g->h, F, g->wsel, g->x, K));
+        return STRATA_OK;
+    }
     const void *hin = g->h;
     int64_t hs = F;
     if (cuda_act_type(dt) != STRATA_TYPE_F32) {
@@ -777,10 +877,11 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 /* ---- decode misses on the host ------------------------------------------------------------------ */
 
 /* Experts ex[0..n) of layer W on the host with the device's bits (cuda_mirror_experts), on the engine's
- * threads at its kernel level: out[k * D ..] from x[D], all of them in two pool runs (gates and ups,
- * then downs). scratch: cuda_mirror_scratch_floats(D, F, n) floats (host_tmp has them for n <= K). */
+ * threads at its kernel level: out[k][0..D) from x[D], all of them in two pool runs (gates and ups,
+ * then downs), x prepared once. scratch: cuda_mirror_scratch_floats(D, F, n) floats (host_tmp after
+ * its D + K * D has them for n <= K). */
 static void host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
-                         float *out, float *scratch) {
+                         float *const *out, float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
     const int32_t simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
     const void *gw[CUDA_MIRROR_MAX_EXPERTS], *uw[CUDA_MIRROR_MAX_EXPERTS], *dw[CUDA_MIRROR_MAX_EXPERTS];
@@ -792,14 +893,14 @@ static void host_experts(strata_engine *e, const layer_weights *W, const int32_t
             dw[k] = W->down_exps.data + (int64_t)ex[i0 + k] * D * W->down_exps.row_bytes;
         }
         cuda_mirror_experts(e->pool, simd, m, gw, W->gate_exps.type, uw, W->up_exps.type, dw, W->down_exps.type, D,
-                            F, x, out + i0 * D, D, scratch);
+                            F, x, out + i0, scratch);
     }
 }
 
 /* One expert of layer W on the host: out[D] from x[D]; scratch: cuda_mirror_scratch_floats(D, F, 1) floats. */
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
                         float *scratch) {
-    host_experts(e, W, &ex, 1, x, out, scratch);
+    host_experts(e, W, &ex, 1, x, &out, scratch);
 }
 
 /* Count the cache lookups of the experts chosen in sel (host [T, K]). */
@@ -954,12 +1055,24 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
-    if (T == 1 && g->ptr_dev && decoding(e)) { /* every expert resident: route on the device, no round trip */
-        const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
-        DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+    const int on_device = T == 1 && g->ptr_dev && decoding(e); /* every expert resident: no round trip */
+    const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
+    if (on_device && g->fused && (g->fuse2 & FUSE_ROUTER_TOPK) && W->router.type == STRATA_TYPE_F32 && D % 32 == 0 &&
+        D <= 4096 && E <= 256 && K <= 32) {
+        /* the ffn norm, the router's product and its top-k in one launch */
+        DEV(e, cuda_norm_router_topk_f32(g->ctx, g->x, dl->ffn_norm, g->xn, g->act, (const float *)dl->router, E, D,
+                                         hp->rms_eps, g->router, K, g->sel, g->wsel,
                                          (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
-                                         g->seg_tok, g->seg_out, half));
+                                         g->seg_tok, g->seg_out, half, g->att_cnt + hp->n_head));
+        g->xn_q8 = 1;
+    } else {
+        STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
+        if (on_device)
+            DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+                                             (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
+                                             g->seg_tok, g->seg_out, half));
+    }
+    if (on_device) {
         e->stats.lookups += (uint64_t)T * K;
         e->stats.hits += (uint64_t)T * K;
         if (g->fused && W->gate_exps.type == W->up_exps.type && K <= 32)
@@ -979,13 +1092,20 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     if (may_host) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
     DEV(e, cuda_sync(g->ctx)); /* both streams: nothing of an earlier layer is in flight after this */
     count_lookups(e, l, sel, T);
-    uint8_t *state = g->exp_state;
+    uint8_t *state = g->exp_state, *streamed = g->exp_state + E;
     memset(state, EXP_IDLE, (size_t)E);
+    memset(streamed, 0, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
     int32_t n_miss = 0;
     for (int32_t ex = 0; ex < E; ex++) n_miss += state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0;
     /* the misses the host runs: all of them under --miss host, --miss auto's share of them */
     int32_t n_host = may_host ? host_share(g, n_miss) : 0;
+    /* --miss auto keeps its host time current: when it has chosen copies alone, one miss in 64 such steps
+     * still runs on the host (the bits are the same either way), so that one slow measurement at open
+     * does not decide for good */
+    if (may_host && n_host == 0 && n_miss > 0 && g->miss_policy == STRATA_MISS_AUTO && g->miss_split < 0 &&
+        ++g->host_probe % 64 == 0)
+        n_host = 1;
     for (int32_t ex = 0, left = n_host; ex < E && left > 0; ex++)
         if (state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0) {
             state[ex] = EXP_HOST;
@@ -1050,6 +1170,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
             }
             STRATA_TRY(slot_fill(e, victim, l, ex, cs));
             g->last_use[victim] = g->step;
+            streamed[ex] = !decoding(e);
             e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
             state[ex] = split && g->direct ? EXP_COPIED : EXP_WAVE;
             copied++;
@@ -1064,17 +1185,35 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
         STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
         prev_step = g->step;
     }
+    /* A prompt streams every expert its tokens chose through the cache, layer after layer: with plain
+     * LRU its copies would evict the experts that later layers of the same chunk (and decode) would have
+     * found cached, and a prompt would copy every routed expert of the model. So the slots a prompt
+     * copied into become the first victims (step 0) once their layer is done: they are still hits for
+     * that layer's next chunk while nothing else needs the room. Which slot holds an expert does not
+     * change any result. (Every device operation of this layer that reads them is ordered before the
+     * next layer's copies by the sync at the next layer's routing.) */
+    for (int32_t ex = 0; ex < E; ex++)
+        if (streamed[ex] && g->slot_of[l * E + ex] >= 0) g->last_use[g->slot_of[l * E + ex]] = 0;
     if (n_host > 0) { /* decode: the missed experts on the host while the device runs the rest */
+        /* together, 32 at a time (x prepared once, two pool runs per call), in k order */
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
-        for (int32_t k = 0; k < K; k++) {
-            const int32_t ex = sel[k];
-            if (state[ex] != EXP_HOST) continue;
+        for (int32_t k0 = 0; k0 < K;) {
+            int32_t hex[32], hk[32], nh = 0;
+            float *hout[32];
+            for (; k0 < K && nh < 32; k0++)
+                if (state[sel[k0]] == EXP_HOST) {
+                    hex[nh] = sel[k0];
+                    hk[nh] = k0;
+                    hout[nh++] = yh + (int64_t)k0 * D;
+                }
+            if (nh == 0) continue;
             const double t0 = engine_now_ms();
-            host_expert(e, W, ex, xh, yh + (int64_t)k * D, scratch);
-            const double dt = engine_now_ms() - t0;
+            host_experts(e, W, hex, nh, xh, hout, scratch);
+            const double dt = (engine_now_ms() - t0) / nh;
             g->host_ms = g->host_ms > 0 ? 0.9 * g->host_ms + 0.1 * dt : dt;
-            DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)k * D, yh + (int64_t)k * D, (size_t)D * 4, CUDA_STREAM_COMPUTE));
-            e->stats.host_expert_runs++;
+            for (int32_t i = 0; i < nh; i++)
+                DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)hk[i] * D, hout[i], (size_t)D * 4, CUDA_STREAM_COMPUTE));
+            e->stats.host_expert_runs += (uint64_t)nh;
         }
     }
     /* x += sum_k w_k ye_k (in k order) */
@@ -1132,6 +1271,14 @@ static void graph_capture(strata_engine *e) {
     if (s == STRATA_OK) {
         g->graph_state = 1;
         trace_emit(&e->trace, "cuda: decode step captured as a graph");
+    } else if (g->pdl) {
+        /* a driver that does not take programmatic launches into a graph: capture without them */
+        trace_emit(&e->trace, "cuda: decode step with programmatic launches not captured (%s); again without",
+                   e->err.msg);
+        err_clear(&e->err);
+        g->pdl = 0;
+        cuda_ctx_set_decode(g->ctx, g->fast, 0);
+        graph_capture(e);
     } else {
         g->graph_state = -1;
         trace_emit(&e->trace, "cuda: decode step not captured (%s); running it launch by launch", e->err.msg);
@@ -1143,6 +1290,8 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
                            int want_logits) {
     cuda_state *g = e->gpu;
     g->prompt = prompt;
+    /* programmatic dependent launch only in decode (the prompt's kernels do not wait for it) */
+    cuda_ctx_set_decode(g->ctx, g->fast, g->pdl && !prompt);
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
     STRATA_TRY(work_alloc(e, T));

@@ -94,9 +94,12 @@ static int arrange(mirror_x *px, int32_t simd) {
         }
         return 1;
     }
-    if (px->type != STRATA_TYPE_Q4_K && px->type != STRATA_TYPE_Q6_K) return 0;
-    /* vector element e (0..31): byte e % 16 of the per-value vector, low nibble for e < 16 */
-    for (int e = 0; e < 32; e++) {
+    const int kq = px->type == STRATA_TYPE_Q4_K || px->type == STRATA_TYPE_Q6_K;
+    if (!kq && px->type != STRATA_TYPE_F32 && px->type != STRATA_TYPE_F16 && px->type != STRATA_TYPE_BF16) return 0;
+    /* F32 / F16 / BF16: vector element e is lane e. K-quants: element e (0..31) is byte e % 16 of the
+     * per-value vector, its low nibble for e < 16 */
+    for (int e = 0; e < 32 && !kq; e++) px->lane_of[e] = e;
+    for (int e = 0; e < 32 && kq; e++) {
         px->lane_of[e] = lane_of_piece(px->type, piece_of(simd, e & 15), e >> 4);
         /* Q4_K: one scale per sub-block (lane / 4); Q6_K: one per 16 values (lane / 2) */
         px->sidx[e] = px->type == STRATA_TYPE_Q4_K ? px->lane_of[e] >> 2 : px->lane_of[e] >> 1;
@@ -322,7 +325,7 @@ int64_t cuda_mirror_scratch_floats(int64_t D, int64_t F, int32_t n) {
 
 void cuda_mirror_experts(pool *p, int32_t simd, int32_t n, const void *const *gate, int32_t gate_type,
                          const void *const *up, int32_t up_type, const void *const *down, int32_t down_type, int64_t D,
-                         int64_t F, const float *x, float *out, int64_t out_stride, float *scratch) {
+                         int64_t F, const float *x, float *const *out, float *scratch) {
     for (int32_t e0 = 0; e0 < n; e0 += CUDA_MIRROR_MAX_EXPERTS) {
         const int32_t m = n - e0 < CUDA_MIRROR_MAX_EXPERTS ? n - e0 : CUDA_MIRROR_MAX_EXPERTS;
         float *gu = scratch; /* [m, 2F]: expert k's gate at 2kF, up at 2kF + F */
@@ -356,7 +359,7 @@ void cuda_mirror_experts(pool *p, int32_t simd, int32_t n, const void *const *ga
             d.px[k] = &xh[k];
             d.w[k] = down[e0 + k];
             d.row_bytes[k] = gq_row_bytes(down_type, F);
-            d.y[k] = out + (e0 + k) * out_stride;
+            d.y[k] = out[e0 + k];
         }
         job_run(p, &d);
     }
@@ -389,7 +392,8 @@ strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int
     float *scratch = malloc((size_t)cuda_mirror_scratch_floats(D, F, n_experts) * sizeof(float));
     double *t = malloc((size_t)reps * sizeof(double));
     const void **ptrs = malloc((size_t)n_experts * 3 * sizeof(void *));
-    if (!scratch || !t || !ptrs) {
+    float **outs = malloc((size_t)n_experts * sizeof(float *));
+    if (!scratch || !t || !ptrs || !outs) {
         s = STRATA_ERR_OUT_OF_MEMORY;
         goto done;
     }
@@ -397,12 +401,13 @@ strata_status strata_cuda_mirror_expert(int32_t gate_type, const void *gate, int
         ptrs[k] = (const uint8_t *)gate + k * F * gq_row_bytes(gate_type, D);
         ptrs[n_experts + k] = (const uint8_t *)up + k * F * gq_row_bytes(up_type, D);
         ptrs[2 * n_experts + k] = (const uint8_t *)down + k * D * gq_row_bytes(down_type, F);
+        outs[k] = out + k * D;
     }
     const int32_t simd = current_level();
     for (int32_t i = 0; i < reps; i++) {
         const double t0 = mirror_now_us();
         cuda_mirror_experts(p, simd, n_experts, ptrs, gate_type, ptrs + n_experts, up_type, ptrs + 2 * n_experts,
-                            down_type, D, F, x, out, D, scratch);
+                            down_type, D, F, x, outs, scratch);
         t[i] = mirror_now_us() - t0;
     }
     /* insertion sort: reps is small */
@@ -417,6 +422,7 @@ done:
     free(scratch);
     free(t);
     free(ptrs);
+    free(outs);
     pool_destroy(p);
     return s;
 }

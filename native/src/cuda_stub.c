@@ -16,6 +16,7 @@ strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t 
     return STRATA_ERR_DEVICE;
 }
 void cuda_ctx_destroy(cuda_ctx *ctx) { (void)ctx; }
+void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl) { (void)ctx; (void)fast; (void)pdl; }
 const char *cuda_ctx_error(const cuda_ctx *ctx) { (void)ctx; return NO_CUDA; }
 const char *cuda_ctx_device_name(const cuda_ctx *ctx) { (void)ctx; return ""; }
 strata_status cuda_mem_info(cuda_ctx *c, int64_t *f, int64_t *t) { (void)c; *f = *t = 0; return STRATA_ERR_DEVICE; }
@@ -139,6 +140,38 @@ strata_status cuda_moe_combine(cuda_ctx *c, const float *e, const float *w, floa
     return STRATA_ERR_DEVICE;
 }
 strata_status cuda_add(cuda_ctx *c, float *y, const float *x, int64_t n) { (void)c; (void)y; (void)x; (void)n; return STRATA_ERR_DEVICE; }
+strata_status cuda_norm_matvec_f32(cuda_ctx *c, const float *x, const float *nw, float *xn, void *q, const float *w,
+                                  int64_t rows, int32_t D, float eps, float *y) {
+    (void)c; (void)x; (void)nw; (void)xn; (void)q; (void)w; (void)rows; (void)D; (void)eps; (void)y;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_qk_norm_rope_store(cuda_ctx *c, float *q, float *k, const float *v, const float *qn, const float *kn,
+                                      int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0, float theta,
+                                      float eps, const int32_t *pd, int32_t kt, void *kc, void *vc) {
+    (void)c; (void)q; (void)k; (void)v; (void)qn; (void)kn; (void)T; (void)H; (void)Hkv; (void)hd; (void)pos0;
+    (void)theta; (void)eps; (void)pd; (void)kt; (void)kc; (void)vc;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_attention_decode(cuda_ctx *c, int32_t kt, const float *q, const void *kc, const void *vc, float *o,
+                                    void *q8, int64_t qs, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0,
+                                    const int32_t *pd, float *part, int32_t *cnt, int32_t S) {
+    (void)c; (void)kt; (void)q; (void)kc; (void)vc; (void)o; (void)q8; (void)qs; (void)H; (void)Hkv; (void)hd;
+    (void)pos0; (void)pd; (void)part; (void)cnt; (void)S;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_expert_down_combine_hq(cuda_ctx *c, int32_t t, const void *const *wd, int64_t D, int64_t F,
+                                          const float *h, int64_t hs, const float *w, float *y, int32_t K) {
+    (void)c; (void)t; (void)wd; (void)D; (void)F; (void)h; (void)hs; (void)w; (void)y; (void)K;
+    return STRATA_ERR_DEVICE;
+}
+strata_status cuda_norm_router_topk_f32(cuda_ctx *c, const float *x, const float *nw, float *xn, void *q,
+                                        const float *w, int32_t E, int32_t D, float eps, float *lg, int32_t K,
+                                        int32_t *ids, float *wt, const void *const *tb, const void **sw, int32_t sc,
+                                        int32_t *st, int32_t *so, int64_t sh, int32_t *cnt) {
+    (void)c; (void)x; (void)nw; (void)xn; (void)q; (void)w; (void)E; (void)D; (void)eps; (void)lg; (void)K; (void)ids;
+    (void)wt; (void)tb; (void)sw; (void)sc; (void)st; (void)so; (void)sh; (void)cnt;
+    return STRATA_ERR_DEVICE;
+}
 int32_t cuda_flash_attention_supported(int32_t kt, int32_t H, int32_t Hkv, int32_t hd) {
     (void)kt; (void)H; (void)Hkv; (void)hd;
     return 0;

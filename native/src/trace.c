@@ -23,23 +23,25 @@
  *                  file (pageable copies) instead of through the ring of pinned staging buffers.
  *                  Read when the device cache is made.
  *
- *   STRATA_CUDA_STORE  where --device cuda copies missed experts from. "ring" (default): the pool copies
- *                  each expert from the mapped file into one of a few pinned staging buffers, then one DMA
- *                  (or pageable copies with STRATA_CUDA_STAGING=0). "register": the mapped file is
- *                  page-locked for the device (read-only) and experts are DMA'd straight from it.
- *                  "arena": every routed expert is copied once at open into pinned host memory, and
- *                  DMA'd from there. Both are used only when the file fits in the host RAM the plan
- *                  may use and not every expert is resident; if either fails the ring is used; the trace
- *                  says which store is in use and what it cost at open. Read when the device cache is made.
+ *   STRATA_CUDA_STORE  where --device cuda copies missed experts from. "arena" (default): every routed
+ *                  expert is copied once at open into pinned host memory (about 10 s for 29 GiB on the
+ *                  H200's host), and each copy is one DMA at full PCIe speed with no host work. "ring": the
+ *                  pool copies each expert from the mapped file into one of a few pinned staging buffers,
+ *                  then one DMA (or pageable copies with STRATA_CUDA_STAGING=0). "register": the mapped file
+ *                  is page-locked for the device (read-only) and experts are DMA'd straight from it (slow
+ *                  to open for a large file). arena and register are used only when the store fits in the
+ *                  host RAM the plan may use and not every expert is resident; if either fails the ring is
+ *                  used; the trace says which store is in use and what it cost at open. Read when the
+ *                  device cache is made.
  *
  *   STRATA_CUDA_OVERLAP "0": on --device cuda, copy missed experts on the compute stream and run a layer's
  *                  hits and misses together after every copy (same replies). Unset or any other value:
  *                  copies run on their own stream, ordered by events, and a layer's hits run as their own
  *                  launch while its misses are copied. Read when the device cache is made.
  *
- *   STRATA_CUDA_COPY_GROUP  N > 0: with the copy stream, a prompt chunk's misses of one layer are copied in
- *                  groups of at least N experts (at most about four groups), each group's products
- *                  running while the next group is copied (same replies). Unset or 0: one group.
+ *   STRATA_CUDA_COPY_GROUP  N > 0 (default 16): with the copy stream, a prompt chunk's misses of one layer are
+ *                  copied in groups of at least N experts (at most about four groups), each group's
+ *                  products running while the next group is copied (same replies). "0": one group.
  *                  Read when the device cache is made.
  *
  *   STRATA_CUDA_MISS_SPLIT  under --miss auto on --device cuda, the share of a decode step's misses run on the
@@ -49,6 +51,31 @@
  *   STRATA_CUDA_MMQ "0": on --device cuda, run prompt chunks' Q8_0 / Q4_0 / Q4_K / Q6_K products with the
  *                  matrix-vector kernel (8 tokens per weight read) instead of the grouped tensor-core
  *                  product (cuda/mmq.cu). Any other value, or unset: the tensor-core product.
+ *
+ *   STRATA_CUDA_FAST "0": on --device cuda, use the first decode kernels (RMSNorm, router top-k, the
+ *                  one-token products, attention) instead of their latency-tuned versions, which give
+ *                  the same bits with more loads in flight (attention beyond 256 positions: see
+ *                  STRATA_CUDA_ATT_SPLIT). A number keeps the families of its bits: 1 RMSNorm, 2 router
+ *                  top-k, 4 one-token products, 8 experts' gate/up, 16 experts' down, 32 attention
+ *                  (unset: 63, all). Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_PDL "0": on --device cuda, launch decode kernels plainly instead of with programmatic
+ *                  dependent launch (each may start, and load its weights, while the one before it
+ *                  finishes). Same replies. Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_FUSE "0": on --device cuda, decode without the second round of fused launches (the
+ *                  ffn norm inside an F32 router product, which also quantizes the normed token for
+ *                  the experts; q/k norm, RoPE and the KV-cache store in one launch; attention writing
+ *                  the 8-bit row for the output projection; the experts' hidden state quantized inside
+ *                  the down product; with every expert resident, the router's top-k in the same launch
+ *                  as its product). Same replies. A number keeps the fusions of its bits: 1 router and
+ *                  norm, 2 RoPE + store, 4 attention's 8-bit row, 8 down, 16 router top-k (unset: 31,
+ *                  all). Read when the device cache is filled.
+ *
+ *   STRATA_CUDA_ATT_SPLIT "0": on --device cuda, decode attention beyond 256 positions in one block per
+ *                  head (the prompt kernel's order) instead of split over several blocks per head
+ *                  merged in a fixed order. The replies then differ in the last bits beyond 256 positions.
+ *                  Read when the device cache is filled.
  *
  *   STRATA_CUDA_FLASH "0": on --device cuda, run prompt chunks' attention with the decode kernel
  *                  (cuda/attention.cu, one query per block) instead of the tensor-core kernel
@@ -113,16 +140,37 @@ int trace_env_cuda_mmq(void) {
     return !(v && strcmp(v, "0") == 0);
 }
 
+/* unset: all = 63; else a number (0 = none) */
+static int env_mask(const char *name, int all) {
+    const char *v = getenv(name);
+    if (!v || !v[0]) return all;
+    return (int)strtol(v, NULL, 0) & all;
+}
+
+int env_cuda_fast(void) { return env_mask("STRATA_CUDA_FAST", 63); }
+
+int env_cuda_pdl(void) {
+    const char *v = getenv("STRATA_CUDA_PDL");
+    return !(v && strcmp(v, "0") == 0);
+}
+
+int env_cuda_fuse2(void) { return env_mask("STRATA_CUDA_FUSE", 31); }
+
+int env_cuda_att_split(void) {
+    const char *v = getenv("STRATA_CUDA_ATT_SPLIT");
+    return !(v && strcmp(v, "0") == 0);
+}
+
 int env_cuda_store(void) {
     const char *v = getenv("STRATA_CUDA_STORE");
     if (v && strcmp(v, "register") == 0) return 1;
-    if (v && strcmp(v, "arena") == 0) return 2;
-    return 0;
+    if (v && strcmp(v, "ring") == 0) return 0;
+    return 2;
 }
 
 int env_cuda_copy_group(void) {
     const char *v = getenv("STRATA_CUDA_COPY_GROUP");
-    const int n = v ? atoi(v) : 0;
+    const int n = v ? atoi(v) : 16;
     return n > 0 ? n : 0;
 }
 

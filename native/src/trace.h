@@ -34,6 +34,14 @@ int env_cuda_overlap(void);
 double env_cuda_miss_split(void);
 /* 0 when STRATA_CUDA_MMQ=0 asks for the matrix-vector kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_mmq(void);
+/* STRATA_CUDA_FAST: the mask of latency-tuned decode kernel families (CUDA_FAST_*; unset: all, 63). */
+int env_cuda_fast(void);
+/* 0 when STRATA_CUDA_PDL=0 asks for decode kernels without programmatic dependent launch. */
+int env_cuda_pdl(void);
+/* STRATA_CUDA_FUSE: the mask of the second round of decode fusions (unset: all, 31; trace.c). */
+int env_cuda_fuse2(void);
+/* 0 when STRATA_CUDA_ATT_SPLIT=0 asks for decode attention in one block per head (trace.c). */
+int env_cuda_att_split(void);
 /* 0 when STRATA_CUDA_FLASH=0 asks for the decode attention kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_flash(void);
 

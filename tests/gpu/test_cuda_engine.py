@@ -102,11 +102,13 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
     # copy groups (a prompt's misses copied in groups under the last group's products), and the switches
     # that put the copies back on the compute stream and straight from pageable memory: the same bits
     cache = str(n_experts * 3 // 4)
+    # (the defaults: the pinned arena, copy groups of 16)
     for env in (
         {"STRATA_CUDA_MISS_SPLIT": "0.5"},
-        {"STRATA_CUDA_MISS_SPLIT": "0.5", "STRATA_CUDA_STORE": "arena", "STRATA_CUDA_COPY_GROUP": "1"},
+        {"STRATA_CUDA_MISS_SPLIT": "0.5", "STRATA_CUDA_STORE": "ring", "STRATA_CUDA_COPY_GROUP": "0"},
+        {"STRATA_CUDA_COPY_GROUP": "1"},
         {"STRATA_CUDA_STORE": "register", "STRATA_CUDA_COPY_GROUP": "2"},
-        {"STRATA_CUDA_OVERLAP": "0", "STRATA_CUDA_STAGING": "0"},
+        {"STRATA_CUDA_STORE": "ring", "STRATA_CUDA_OVERLAP": "0", "STRATA_CUDA_STAGING": "0"},
     ):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
@@ -119,6 +121,39 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
             assert stats.host_expert_runs > 0 and stats.misses > stats.host_expert_runs, (env, stats)
         for k in env:
             monkeypatch.delenv(k)
+
+
+def _expert_bytes(path) -> int:
+    """Bytes of one routed expert (gate + up + down of layer 0), from the file's tensor table."""
+    import gguf
+
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    parts = [tensors[f"blk.0.ffn_{m}_exps.weight"] for m in ("gate", "up", "down")]
+    return sum(int(t.n_bytes) // int(t.shape[-1]) for t in parts)  # the last dimension counts the experts
+
+
+def test_cuda_prompt_streams_through_its_own_slots():
+    """The slots a prompt copies experts into are its own first victims once their layer is done, so the
+    experts that were cached before the prompt (for later layers, and for decode) mostly stay: the prompt
+    evicts fewer of them than it makes copies. With plain least-recently-used victims every copy evicts an
+    expert that was cached before (those are the least recently used), and a later layer of the same chunk
+    then copies back what an earlier one evicted."""
+    path = _model("tiny", "q8_0")
+    with Engine(path, EngineConfig(device="cpu")) as eng:
+        vocab = eng.info.n_vocab
+        n_experts = eng.info.n_layer * eng.info.n_expert
+    per_expert = _expert_bytes(path)
+    cfg = EngineConfig(device="cuda", expert_cache=str(n_experts * 3 // 4))
+    with Engine(path, cfg) as eng:
+        before = eng.residency()
+        eng.reset_stats()
+        eng.prefill(_prompt(301, vocab, seed=5))
+        st = eng.stats()
+        after = eng.residency()
+    copies = st.bytes_copied / per_expert
+    assert copies == int(copies) and copies > 0, (st.bytes_copied, per_expert)
+    evicted = int(((before >= 0) & (after < 0)).sum())
+    assert evicted < copies, (evicted, copies, st.last_chunk)
 
 
 def test_cuda_budget_too_small_is_a_clear_error():

@@ -16,6 +16,7 @@
 
 #include "../cuda_mirror.h"
 #include "../group_dequant.h"
+#include "mirror_q4k.h"
 
 /* The butterfly's result for lanes 0..7, 8..15, 16..23, 24..31 in a0..a3. */
 static inline float reduce32(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
@@ -138,15 +139,8 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
             __m256 ds[4], dm[4];
             __m128i qv[8], hv[8];
             if (!q6) {
-                float dsc[8], dmn[8];
-                const float d = gq_f16(b), dmin = gq_f16(b + 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    gq_q4k_scale_min(b + 4, j, &sc, &m);
-                    dsc[j] = d * (float)sc;
-                    dmn[j] = dmin * (float)m;
-                }
-                const __m256 s8 = _mm256_loadu_ps(dsc), m8 = _mm256_loadu_ps(dmn);
+                __m256 s8, m8;
+                mirror_q4k_scales(b, &s8, &m8);
                 for (int k = 0; k < 4; k++) {
                     ds[k] = _mm256_permutevar8x32_ps(s8, si[k]);
                     dm[k] = _mm256_permutevar8x32_ps(m8, si[k]);
@@ -205,11 +199,53 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
     }
 }
 
+/* F32, F16, BF16: a step's 256 weights are widened to floats in value order (exact conversions), then
+ * gathered per value index v from that buffer: element l of vector v is lane l's value v. */
+static void rows_float(const mirror_x *px, const uint8_t *w, int64_t rows, float *y) {
+    const int64_t G = px->cols / 32, S = G / 8, rb = gq_row_bytes(px->type, px->cols);
+    const int64_t es = px->type == STRATA_TYPE_F32 ? 4 : 2;
+    const __m256i idx = _mm256_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56);
+    float buf[256] __attribute__((aligned(32)));
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * rb;
+        __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        for (int64_t t = 0; t < S; t++) {
+            const uint8_t *src = row + t * 256 * es;
+            for (int k = 0; k < 32; k++) {
+                __m256 v;
+                if (px->type == STRATA_TYPE_F32)
+                    v = _mm256_loadu_ps((const float *)(const void *)(src + 32 * k));
+                else if (px->type == STRATA_TYPE_F16)
+                    v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 16 * k)));
+                else
+                    v = _mm256_castsi256_ps(
+                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 16 * k))), 16));
+                _mm256_store_ps(buf + 8 * k, v);
+            }
+            const float *xt = px->xt + t * 256;
+            for (int v = 0; v < 8; v++)
+                for (int k = 0; k < 4; k++) {
+                    const __m256 wv = _mm256_i32gather_ps(buf + 64 * k + v, idx, 4);
+                    a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(wv, _mm256_loadu_ps(xt + 32 * v + 8 * k)));
+                }
+        }
+        if (8 * S < G) {
+            float acc[32];
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(acc + 8 * k, a[k]);
+            y[r] = mirror_finish_row(px, row, 8 * S, acc);
+        } else {
+            y[r] = reduce32(a[0], a[1], a[2], a[3]);
+        }
+    }
+}
+
 void mirror_rows_avx2(const mirror_x *px, const void *w, int64_t rows, float *y) {
     if (px->int8)
         rows_int8(px, (const uint8_t *)w, rows, y);
-    else
+    else if (px->type == STRATA_TYPE_Q4_K || px->type == STRATA_TYPE_Q6_K)
         rows_kquant(px, (const uint8_t *)w, rows, y);
+    else
+        rows_float(px, (const uint8_t *)w, rows, y);
 }
 
 /* ---- the serial steps of an expert: x's 8-bit quantization and SwiGLU, with the scalar bits ---------- */

@@ -17,6 +17,7 @@
 
 #include "../cuda_mirror.h"
 #include "../group_dequant.h"
+#include "mirror_q4k.h"
 
 /* The butterfly's result for lanes 0..15 in a, 16..31 in b: ((l + l^16) + (l^8 ...)) ... to lane 0. */
 static inline float reduce32(__m512 a, __m512 b) {
@@ -154,16 +155,10 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
             __m512i q0, q1, h0 = _mm512_setzero_si512(), h1 = _mm512_setzero_si512();
             if (!q6) {
                 /* d * sc and dmin * m of the 8 sub-blocks, each rounded once, as gq_dequant8 */
-                float dsc[8], dm[8];
-                const float d = gq_f16(b), dmin = gq_f16(b + 2);
-                for (int j = 0; j < 8; j++) {
-                    int sc, m;
-                    gq_q4k_scale_min(b + 4, j, &sc, &m);
-                    dsc[j] = d * (float)sc;
-                    dm[j] = dmin * (float)m;
-                }
-                const __m512 s8 = _mm512_castps256_ps512(_mm256_loadu_ps(dsc));
-                const __m512 m8 = _mm512_castps256_ps512(_mm256_loadu_ps(dm));
+                __m256 dsc, dm;
+                mirror_q4k_scales(b, &dsc, &dm);
+                const __m512 s8 = _mm512_castps256_ps512(dsc);
+                const __m512 m8 = _mm512_castps256_ps512(dm);
                 dlo = _mm512_permutexvar_ps(si0, s8);
                 dhi = _mm512_permutexvar_ps(si1, s8);
                 mlo = _mm512_permutexvar_ps(si0, m8);
@@ -216,11 +211,56 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
     }
 }
 
+/* F32, F16, BF16: a step's 256 weights are widened to floats in value order (exact conversions), then
+ * gathered per value index v from that buffer: element l of vector v is lane l's value v. */
+static void rows_float(const mirror_x *px, const uint8_t *w, int64_t rows, float *y) {
+    const int64_t G = px->cols / 32, S = G / 8, rb = gq_row_bytes(px->type, px->cols);
+    const int64_t es = px->type == STRATA_TYPE_F32 ? 4 : 2;
+    const __m512i idx0 = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(8));
+    const __m512i idx1 = _mm512_add_epi32(idx0, _mm512_set1_epi32(128));
+    float buf[256] __attribute__((aligned(64)));
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = w + r * rb;
+        __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+        for (int64_t t = 0; t < S; t++) {
+            const uint8_t *src = row + t * 256 * es;
+            for (int k = 0; k < 16; k++) {
+                __m512 v;
+                if (px->type == STRATA_TYPE_F32)
+                    v = _mm512_loadu_ps(src + 64 * k);
+                else if (px->type == STRATA_TYPE_F16)
+                    v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 32 * k)));
+                else
+                    v = _mm512_castsi512_ps(_mm512_slli_epi32(
+                        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + 32 * k))), 16));
+                _mm512_store_ps(buf + 16 * k, v);
+            }
+            const float *xt = px->xt + t * 256;
+            for (int v = 0; v < 8; v++) {
+                const __m512 w0 = _mm512_i32gather_ps(idx0, buf + v, 4), w1 = _mm512_i32gather_ps(idx1, buf + v, 4);
+                a0 = _mm512_add_ps(a0, _mm512_mul_ps(w0, _mm512_loadu_ps(xt + 32 * v)));
+                a1 = _mm512_add_ps(a1, _mm512_mul_ps(w1, _mm512_loadu_ps(xt + 32 * v + 16)));
+            }
+        }
+        if (8 * S < G) {
+            float acc[32];
+            _mm512_storeu_ps(acc, a0);
+            _mm512_storeu_ps(acc + 16, a1);
+            y[r] = mirror_finish_row(px, row, 8 * S, acc);
+        } else {
+            y[r] = reduce32(a0, a1);
+        }
+    }
+}
+
 void mirror_rows_avx512(const mirror_x *px, const void *w, int64_t rows, float *y) {
     if (px->int8)
         rows_int8(px, (const uint8_t *)w, rows, y);
-    else
+    else if (px->type == STRATA_TYPE_Q4_K || px->type == STRATA_TYPE_Q6_K)
         rows_kquant(px, (const uint8_t *)w, rows, y);
+    else
+        rows_float(px, (const uint8_t *)w, rows, y);
 }
 
 /* ---- the serial steps of an expert: x's 8-bit quantization and SwiGLU, with the scalar bits ---------- */

@@ -20,6 +20,11 @@ struct cuda_ctx {
     size_t *alloc_size;
     int32_t n_alloc, cap_alloc;
     int64_t bytes_now, bytes_peak;
+    /* decode options (cuda_ctx_set_decode): the latency-tuned kernels (same bits as the plain ones),
+     * and programmatic dependent launch for the kernels launched through cu_launch */
+    int fast, pdl;
+    /* the next cu_launch follows a copy or an event wait on the compute stream: launch it plainly */
+    int pdl_hold;
 };
 
 /* Record a failure in the context's message and return STRATA_ERR_DEVICE. */
@@ -47,6 +52,47 @@ static inline strata_status cuda_fail(cuda_ctx *ctx, cudaError_t e, const char *
 #define CU_LAUNCHED(ctx, name) CU_TRY((ctx), cudaGetLastError(), "launching %s", (name))
 
 #define CU_COMPUTE(ctx) ((ctx)->stream[CUDA_STREAM_COMPUTE])
+
+/* ---- programmatic dependent launch (sm_90) ------------------------------------------------------
+ * A kernel launched with cu_launch while ctx->pdl is on may start while the kernel before it in the
+ * stream is still running (its blocks start once every block of that kernel has called
+ * cu_pdl_trigger or exited). It must therefore call cu_pdl_wait (which returns once the kernel before
+ * it has finished and its writes are visible) before it reads anything another launch wrote, and
+ * before it writes anything; only reads of memory no launch writes (weights) may come before. Every
+ * thread of every kernel launched with cu_launch calls cu_pdl_wait, so a kernel never finishes before
+ * the one it follows, and a kernel two launches later can rely on both. Without the attribute (or on
+ * older devices) both calls do nothing. */
+__device__ __forceinline__ void cu_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cu_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Launch kern on the compute stream, with programmatic dependent launch when ctx->pdl is on and the
+ * launch follows another kernel (not a copy: cuda_h2d and the others set pdl_hold). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cu_launch(cuda_ctx *ctx, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                    Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = CU_COMPUTE(ctx);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = ctx->pdl && !ctx->pdl_hold ? 1 : 0;
+    ctx->pdl_hold = 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kern, ((KArgs)args)...);
+    if (e != cudaSuccess) cudaGetLastError(); /* reported through the return value, not by the next check */
+    return e;
+}
 
 static inline unsigned cu_blocks(int64_t n, int threads) { return (unsigned)((n + threads - 1) / threads); }
 

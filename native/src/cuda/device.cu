@@ -48,6 +48,7 @@ strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t 
         return s;
     }
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
+    ctx->fast = CUDA_FAST_ALL;
     *out = ctx;
     return STRATA_OK;
 }
@@ -65,6 +66,13 @@ void cuda_ctx_destroy(cuda_ctx *ctx) {
     free(ctx->alloc_ptr);
     free(ctx->alloc_size);
     free(ctx);
+}
+
+void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl) {
+    if (!ctx) return;
+    ctx->fast = fast & CUDA_FAST_ALL;
+    ctx->pdl = pdl != 0;
+    ctx->pdl_hold = 0;
 }
 
 const char *cuda_ctx_error(const cuda_ctx *ctx) { return ctx ? ctx->err : ""; }
@@ -170,29 +178,34 @@ void cuda_host_free(cuda_ctx *ctx, void *ptr) {
 strata_status cuda_h2d(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream) {
     CU_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream[stream & 1]),
            "copying %zu bytes to the device", bytes);
+    ctx->pdl_hold = 1;
     return STRATA_OK;
 }
 
 strata_status cuda_d2h(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream) {
     CU_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream[stream & 1]),
            "copying %zu bytes from the device", bytes);
+    ctx->pdl_hold = 1;
     return STRATA_OK;
 }
 
 strata_status cuda_d2d(cuda_ctx *ctx, void *dst, const void *src, size_t bytes, int32_t stream) {
     CU_TRY(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream[stream & 1]),
            "copying %zu bytes on the device", bytes);
+    ctx->pdl_hold = 1;
     return STRATA_OK;
 }
 
 strata_status cuda_memset(cuda_ctx *ctx, void *dst, int value, size_t bytes) {
     CU_TRY(ctx, cudaMemsetAsync(dst, value, bytes, CU_COMPUTE(ctx)), "clearing %zu bytes", bytes);
+    ctx->pdl_hold = 1;
     return STRATA_OK;
 }
 
 strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to) {
     CU_TRY(ctx, cudaEventRecord(ctx->order_event, ctx->stream[from & 1]), "recording a stream event");
     CU_TRY(ctx, cudaStreamWaitEvent(ctx->stream[to & 1], ctx->order_event, 0), "ordering streams");
+    ctx->pdl_hold = 1;
     return STRATA_OK;
 }
 
@@ -205,11 +218,13 @@ strata_status cuda_event_create(cuda_ctx *ctx, void **ev) {
 
 strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream) {
     CU_TRY(ctx, cudaEventRecord((cudaEvent_t)ev, ctx->stream[stream & 1]), "recording an event");
+    ctx->pdl_hold = 1;
     return STRATA_OK;
 }
 
 strata_status cuda_stream_wait(cuda_ctx *ctx, void *ev, int32_t stream) {
     CU_TRY(ctx, cudaStreamWaitEvent(ctx->stream[stream & 1], (cudaEvent_t)ev, 0), "ordering a stream after an event");
+    ctx->pdl_hold = 1;
     return STRATA_OK;
 }
 

@@ -11,6 +11,7 @@
  * processed alone or with others, and cuda_mirror_matvec reproduces it on the host.
  */
 #include "common.cuh"
+#include "router_topk.cuh"
 #include "../group_dequant.h"
 
 #define MV_WARPS 4 /* rows per block */
@@ -181,7 +182,13 @@ __device__ __forceinline__ float dot_row_f(const uint8_t *__restrict__ row, cons
 #pragma unroll 4
     for (int64_t g = lane >> 2; g < G; g += 8) {
         float w[8];
-        gq_dequant8(TYPE, row, g, sl, w);
+        if (TYPE == STRATA_TYPE_F32) { /* 16-byte loads (rows are 128-byte multiples): the same values */
+            const float4 *wp = (const float4 *)(row + (g * 32 + sl * 8) * 4);
+            const float4 w0 = __ldg(wp), w1 = __ldg(wp + 1);
+            w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+        } else {
+            gq_dequant8(TYPE, row, g, sl, w);
+        }
         const float4 *xp = (const float4 *)(x + g * 32 + sl * 8);
         const float4 a = __ldg(xp), b = __ldg(xp + 1);
         float s = acc;
@@ -312,6 +319,414 @@ __global__ void k_expert_down_combine(const uint8_t *const *__restrict__ wd, int
     }
 }
 
+/* ---- latency-tuned decode kernels (ctx->fast): the same bits as the three above ------------------
+ * A lane's groups of a row are summed in the same order (g = lane / 4, + 8, ...), but their loads are
+ * issued PF groups at a time for NR rows together (the plain kernels have 4 groups of one row in flight),
+ * so a row of 2048 values costs one round trip to memory, and gate and up, or the DC_ROWS rows of down,
+ * share it. With programmatic dependent launch (cu_launch), a product whose weights are fixed (not an
+ * expert chosen by the router) loads its first groups before waiting for the kernel before it. */
+template <int TYPE>
+__device__ __forceinline__ void q8w_load(const uint8_t *__restrict__ row, int64_t g, int sl, int &w0, int &w1,
+                                         float &dw) {
+    if (TYPE == STRATA_TYPE_Q8_0) {
+        const uint8_t *b = row + g * 34;
+        dw = gq_f16(b);
+        const uint16_t *p = (const uint16_t *)(b + 2 + 8 * sl);
+        w0 = (int)((uint32_t)p[0] | ((uint32_t)p[1] << 16));
+        w1 = (int)((uint32_t)p[2] | ((uint32_t)p[3] << 16));
+    } else {
+        const uint8_t *b = row + g * 18;
+        dw = gq_f16(b);
+        const uint16_t *p = (const uint16_t *)(b + 2 + 8 * (sl & 1));
+        const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 16), hi = (uint32_t)p[2] | ((uint32_t)p[3] << 16);
+        const int shift = (sl & 2) ? 4 : 0;
+        w0 = (int)__vsub4((lo >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+        w1 = (int)__vsub4((hi >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+    }
+}
+
+/* out[i] = row i . xr (8-bit activation row) for NR rows, each in dot_row_q8's order. wait_after_first:
+ * call cu_pdl_wait after the first weight loads (else the caller has waited already). */
+template <int TYPE, int NR, int PF>
+__device__ __forceinline__ void dot_rows_q8(const uint8_t *const *rows, const uint8_t *__restrict__ xr, int64_t cols,
+                                            int lane, float *out, bool wait_after_first) {
+    const int64_t G = cols >> 5;
+    const int sl = lane & 3;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+    bool waited = !wait_after_first;
+    for (int64_t g0 = lane >> 2; g0 < G; g0 += 8 * PF) {
+        int w0[NR][PF], w1[NR][PF];
+        float dw[NR][PF];
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                w0[r][i] = w1[r][i] = 0;
+                dw[r][i] = 0.0f;
+                if (g0 + 8 * i < G) q8w_load<TYPE>(rows[r], g0 + 8 * i, sl, w0[r][i], w1[r][i], dw[r][i]);
+            }
+        }
+        if (!waited) {
+            cu_pdl_wait();
+            waited = true;
+        }
+        int2 xv[PF];
+        float dx[PF];
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            const int64_t g = g0 + 8 * i;
+            xv[i] = make_int2(0, 0);
+            dx[i] = 0.0f;
+            if (g < G) {
+                xv[i] = *(const int2 *)(xr + g * 32 + 8 * sl);
+                dx[i] = ((const float *)(xr + cols))[g];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            if (g0 + 8 * i < G) {
+#pragma unroll
+                for (int r = 0; r < NR; r++) {
+                    const int isum = __dp4a(w1[r][i], xv[i].y, __dp4a(w0[r][i], xv[i].x, 0));
+                    acc[r] = __fadd_rn(acc[r], __fmul_rn(__fmul_rn(dw[r][i], dx[i]), (float)isum));
+                }
+            }
+        }
+    }
+    if (!waited) cu_pdl_wait();
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
+        out[r] = acc[r];
+    }
+}
+
+#define IS_Q8ACT(TYPE) ((TYPE) == STRATA_TYPE_Q8_0 || (TYPE) == STRATA_TYPE_Q4_0)
+
+template <int TYPE>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_matvec3_fast(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
+    cu_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const uint8_t *w = m.w[0];
+    float *y = m.y[0];
+    if (r >= m.rows[0]) {
+        r -= m.rows[0];
+        w = m.w[1];
+        y = m.y[1];
+        if (r >= m.rows[1]) {
+            r -= m.rows[1];
+            w = m.w[2];
+            y = m.y[2];
+            if (r >= m.rows[2]) {
+                cu_pdl_wait();
+                return;
+            }
+        }
+    }
+    const uint8_t *row = w + r * row_bytes;
+    float v;
+    if (IS_Q8ACT(TYPE)) {
+        dot_rows_q8<TYPE, 1, 8>(&row, (const uint8_t *)x, cols, lane, &v, true);
+    } else {
+        cu_pdl_wait();
+        v = dot_row<TYPE>(row, x, cols, lane);
+    }
+    if (lane == 0) y[r] = m.accumulate ? __fadd_rn(y[r], v) : v;
+}
+
+template <int TYPE>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_expert_gate_up_fast(const uint8_t *const *__restrict__ wg, const uint8_t *const *__restrict__ wu, int64_t row_bytes,
+                      int64_t F, int64_t D, const void *x, float *h) {
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* the router kernel wrote wg and wu */
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (r >= F) return;
+    const int k = blockIdx.y;
+    float gv, uv;
+    if (IS_Q8ACT(TYPE)) {
+        const uint8_t *rows[2] = {wg[k] + r * row_bytes, wu[k] + r * row_bytes};
+        float o[2];
+        dot_rows_q8<TYPE, 2, 4>(rows, (const uint8_t *)x, D, lane, o, false);
+        gv = o[0];
+        uv = o[1];
+    } else {
+        gv = dot_row<TYPE>(wg[k] + r * row_bytes, x, D, lane);
+        uv = dot_row<TYPE>(wu[k] + r * row_bytes, x, D, lane);
+    }
+    if (lane == 0) h[(int64_t)k * F + r] = gq_swiglu(gv, uv);
+}
+
+template <int TYPE>
+__global__ void k_expert_down_combine_fast(const uint8_t *const *__restrict__ wd, int64_t row_bytes, int64_t D,
+                                           int64_t F, const uint8_t *h, int64_t hs_bytes,
+                                           const float *__restrict__ wts, float *y, int K) {
+    extern __shared__ float part[]; /* [DC_ROWS][K] */
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
+    const int64_t r0 = (int64_t)blockIdx.x * DC_ROWS;
+    const void *hk = h + (int64_t)k * hs_bytes;
+    if (IS_Q8ACT(TYPE) && r0 + DC_ROWS <= D) {
+        const uint8_t *w = wd[k];
+        const uint8_t *rows[DC_ROWS];
+#pragma unroll
+        for (int i = 0; i < DC_ROWS; i++) rows[i] = w + (r0 + i) * row_bytes;
+        float o[DC_ROWS];
+        dot_rows_q8<TYPE, DC_ROWS, 4>(rows, (const uint8_t *)hk, F, lane, o, false);
+        if (lane == 0)
+#pragma unroll
+            for (int i = 0; i < DC_ROWS; i++) part[i * K + k] = o[i];
+    } else {
+        for (int i = 0; i < DC_ROWS; i++) {
+            const int64_t r = r0 + i;
+            if (r >= D) break;
+            const float v = dot_row<TYPE>(wd[k] + r * row_bytes, hk, F, lane);
+            if (lane == 0) part[i * K + k] = v;
+        }
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < DC_ROWS && r0 + threadIdx.x < D) {
+        const int i = threadIdx.x;
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(wts[j], part[i * K + j]));
+        y[r0 + i] = __fadd_rn(y[r0 + i], acc);
+    }
+}
+
+/* k_expert_down_combine_fast for 8-bit activations, reading h as floats (h: [K, hs] f32): each lane
+ * quantizes the slices of h it multiplies (slice sl of group g: 8 values; the block's max over the 4
+ * lanes of the quartet), with cu_q8_block's expression, so the products get the bits of
+ * cuda_quantize_act followed by the kernel above, with one launch fewer. */
+template <int TYPE>
+__global__ void k_expert_down_combine_hq(const uint8_t *const *__restrict__ wd, int64_t row_bytes, int64_t D,
+                                         int64_t F, const float *__restrict__ h, int64_t hs,
+                                         const float *__restrict__ wts, float *y, int K) {
+    extern __shared__ float part[]; /* [DC_ROWS][K] */
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int lane = threadIdx.x & 31, k = threadIdx.x >> 5;
+    const int64_t r0 = (int64_t)blockIdx.x * DC_ROWS;
+    const float *hk = h + (int64_t)k * hs;
+    const uint8_t *w = wd[k];
+    const uint8_t *rows[DC_ROWS];
+#pragma unroll
+    for (int i = 0; i < DC_ROWS; i++) rows[i] = w + (r0 + i < D ? r0 + i : D - 1) * row_bytes;
+    const int64_t G = F >> 5;
+    const int sl = lane & 3;
+    constexpr int PF = 4;
+    float acc[DC_ROWS];
+#pragma unroll
+    for (int r = 0; r < DC_ROWS; r++) acc[r] = 0.0f;
+    /* every lane runs every pass (the quartets' shuffles), a lane's groups past the row's end hold zeros */
+    for (int64_t base = 0; base < G; base += 8 * PF) {
+        const int64_t g0 = base + (lane >> 2);
+        int w0[DC_ROWS][PF], w1[DC_ROWS][PF];
+        float dw[DC_ROWS][PF];
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+#pragma unroll
+            for (int r = 0; r < DC_ROWS; r++) {
+                w0[r][i] = w1[r][i] = 0;
+                dw[r][i] = 0.0f;
+                if (g0 + 8 * i < G) q8w_load<TYPE>(rows[r], g0 + 8 * i, sl, w0[r][i], w1[r][i], dw[r][i]);
+            }
+        }
+        float4 ha[PF], hb[PF];
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            ha[i] = hb[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (g0 + 8 * i < G) {
+                const float4 *hp = (const float4 *)(hk + (g0 + 8 * i) * 32 + sl * 8);
+                ha[i] = hp[0];
+                hb[i] = hp[1];
+            }
+        }
+        int2 xv[PF];
+        float dx[PF];
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            const float v[8] = {ha[i].x, ha[i].y, ha[i].z, ha[i].w, hb[i].x, hb[i].y, hb[i].z, hb[i].w};
+            float amax = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(v[j]));
+            /* every lane takes part (a quartet past the row's end holds zeros) */
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint32_t b[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) b[j] = (uint32_t)(uint8_t)(int8_t)roundf(__fmul_rn(v[j], id));
+            xv[i].x = (int)(b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24));
+            xv[i].y = (int)(b[4] | (b[5] << 8) | (b[6] << 16) | (b[7] << 24));
+            dx[i] = __half2float(__float2half_rn(d));
+        }
+#pragma unroll
+        for (int i = 0; i < PF; i++) {
+            if (g0 + 8 * i < G) {
+#pragma unroll
+                for (int r = 0; r < DC_ROWS; r++) {
+                    const int isum = __dp4a(w1[r][i], xv[i].y, __dp4a(w0[r][i], xv[i].x, 0));
+                    acc[r] = __fadd_rn(acc[r], __fmul_rn(__fmul_rn(dw[r][i], dx[i]), (float)isum));
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < DC_ROWS; r++) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int i = 0; i < DC_ROWS; i++) part[i * K + k] = acc[i];
+    __syncthreads();
+    if ((int)threadIdx.x < DC_ROWS && r0 + threadIdx.x < D) {
+        const int i = threadIdx.x;
+        float a = 0.0f;
+        for (int j = 0; j < K; j++) a = __fadd_rn(a, __fmul_rn(wts[j], part[i * K + j]));
+        y[r0 + i] = __fadd_rn(y[r0 + i], a);
+    }
+}
+
+/* Decode, F32 router (cuda_norm_matvec_f32): xn = rmsnorm(x) * nw in every block (k_rmsnorm's bits, the
+ * reduction of k_rmsnorm_fast), kept in shared memory, then warp w of block b takes row 8 b + w of W (F32,
+ * dot_row_f's order). Block b also writes the blocks of 32 values c with c % gridDim.x == b of xn, and
+ * of their 8-bit quantization into q when q is given (cu_q8_block: k_quantize_q8's bits), for the
+ * experts. The weights' first groups are loaded before waiting for the kernel before. */
+#define NRM_THREADS 256
+#define NRM_MAXV 16
+#define NRM_PF 8
+/* TOPK: the router's top-k too, in the launch's last block to finish (cnt: a device counter at 0, put
+ * back to 0 by that block): cu_router_topk_warp on the logits, the bits of k_router_topk_fast. */
+template <bool TOPK>
+__global__ void __launch_bounds__(NRM_THREADS)
+k_norm_matvec_f32(const float *x, const float *nw, float *xn, uint8_t *q, const float *W, int64_t rows, int D,
+                  float eps, float *y, int K, int32_t *ids, float *weights, const void *const *table,
+                  const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half, int *cnt) {
+    __shared__ __align__(16) float xs[NRM_THREADS * NRM_MAXV];
+    __shared__ float sh[NRM_THREADS];
+    cu_pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t r = (int64_t)blockIdx.x * (NRM_THREADS / 32) + warp;
+    const int64_t G = D >> 5;
+    const int sl = lane & 3;
+    const float *row = W + (r < rows ? r : 0) * (int64_t)D;
+    /* first batch of the row's weights, and the norm's weights */
+    float4 wa[NRM_PF], wb[NRM_PF];
+#pragma unroll
+    for (int i = 0; i < NRM_PF; i++) {
+        const int64_t g = (lane >> 2) + 8 * i;
+        wa[i] = wb[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < rows && g < G) {
+            const float4 *wp = (const float4 *)(row + g * 32 + sl * 8);
+            wa[i] = __ldg(wp);
+            wb[i] = __ldg(wp + 1);
+        }
+    }
+    float nv[NRM_MAXV];
+#pragma unroll
+    for (int j = 0; j < NRM_MAXV; j++) {
+        const int i = tid + j * NRM_THREADS;
+        nv[j] = i < D ? __ldg(nw + i) : 0.0f;
+    }
+    cu_pdl_wait();
+    float xv[NRM_MAXV];
+#pragma unroll
+    for (int j = 0; j < NRM_MAXV; j++) {
+        const int i = tid + j * NRM_THREADS;
+        xv[j] = i < D ? x[i] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NRM_MAXV; j++)
+        if (tid + j * NRM_THREADS < D) ss = __fadd_rn(ss, __fmul_rn(xv[j], xv[j]));
+    /* block_sum's tree (see k_rmsnorm_fast in norm_rope.cu) */
+    sh[tid] = ss;
+    __syncthreads();
+    if (tid < 32) {
+        const float a0 = __fadd_rn(sh[tid], sh[tid + 128]), a1 = __fadd_rn(sh[tid + 32], sh[tid + 160]);
+        const float a2 = __fadd_rn(sh[tid + 64], sh[tid + 192]), a3 = __fadd_rn(sh[tid + 96], sh[tid + 224]);
+        float t = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) t = __fadd_rn(t, __shfl_down_sync(0xffffffffu, t, s));
+        if (tid == 0) sh[0] = t;
+    }
+    __syncthreads();
+    const float scale = 1.0f / sqrtf(sh[0] / (float)D + eps);
+#pragma unroll
+    for (int j = 0; j < NRM_MAXV; j++) {
+        const int i = tid + j * NRM_THREADS;
+        const int c = warp + j * (NRM_THREADS / 32); /* block of 32 of value i; warp-uniform */
+        if (c < D / 32) {
+            const float v = __fmul_rn(__fmul_rn(xv[j], scale), nv[j]);
+            xs[i] = v;
+            if (c % (int)gridDim.x == (int)blockIdx.x) {
+                xn[i] = v;
+                if (q) cu_q8_block(v, q, c, lane, D);
+            }
+        }
+    }
+    __syncthreads();
+    if (r < rows) {
+    float acc = 0.0f;
+    for (int64_t g0 = lane >> 2; g0 < G; g0 += 8 * NRM_PF) {
+        if (g0 != (lane >> 2)) { /* later batches (rows longer than 8 * NRM_PF groups) */
+#pragma unroll
+            for (int i = 0; i < NRM_PF; i++) {
+                const int64_t g = g0 + 8 * i;
+                if (g < G) {
+                    const float4 *wp = (const float4 *)(row + g * 32 + sl * 8);
+                    wa[i] = __ldg(wp);
+                    wb[i] = __ldg(wp + 1);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NRM_PF; i++) {
+            const int64_t g = g0 + 8 * i;
+            if (g < G) {
+                const float4 a = *(const float4 *)(xs + g * 32 + sl * 8), b = *(const float4 *)(xs + g * 32 + sl * 8 + 4);
+                float s = acc;
+                s = __fadd_rn(s, __fmul_rn(wa[i].x, a.x));
+                s = __fadd_rn(s, __fmul_rn(wa[i].y, a.y));
+                s = __fadd_rn(s, __fmul_rn(wa[i].z, a.z));
+                s = __fadd_rn(s, __fmul_rn(wa[i].w, a.w));
+                s = __fadd_rn(s, __fmul_rn(wb[i].x, b.x));
+                s = __fadd_rn(s, __fmul_rn(wb[i].y, b.y));
+                s = __fadd_rn(s, __fmul_rn(wb[i].z, b.z));
+                s = __fadd_rn(s, __fmul_rn(wb[i].w, b.w));
+                acc = s;
+            }
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+    if (lane == 0) y[r] = acc;
+    }
+    if (TOPK) {
+        __shared__ int last;
+        __threadfence(); /* this block's logits are visible before the counter says so */
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(cnt, 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        if (warp == 0) {
+            cu_router_topk_warp<true>(y, 0, (int)rows, K, lane, ids, weights, table, seg_w, seg_cap, seg_tok, seg_out,
+                                      seg_half);
+            if (lane == 0) *cnt = 0; /* for the next launch (stream-ordered after this one) */
+        }
+    }
+}
+
 template <int TOK>
 static strata_status launch(cuda_ctx *ctx, int32_t type, const void *w, const void *const *w_ptrs, int64_t rows,
                             int64_t cols, const void *x, int64_t xs, const int32_t *tok, const int32_t *outr,
@@ -421,9 +836,15 @@ strata_status cuda_matvec3(cuda_ctx *ctx, int32_t type, const void *const w[3], 
     if (total <= 0) return STRATA_OK;
     const int64_t rb = gq_row_bytes(type, cols);
     cudaStream_t s = CU_COMPUTE(ctx);
-#define M3_CASE(TY)                                                                          \
-    case TY:                                                                                 \
-        k_matvec3<TY><<<cu_blocks(total, MV_WARPS), MV_WARPS * 32, 0, s>>>(m, rb, cols, x); \
+    const int fast = ctx->fast & CUDA_FAST_MATVEC3;
+#define M3_CASE(TY)                                                                                          \
+    case TY:                                                                                                 \
+        if (fast)                                                                                            \
+            CU_TRY(ctx, cu_launch(ctx, k_matvec3_fast<TY>, dim3(cu_blocks(total, MV_WARPS)), dim3(MV_WARPS * 32), 0, \
+                                  m, rb, cols, x),                                                           \
+                   "launching matvec of three matrices");                                                   \
+        else                                                                                                 \
+            k_matvec3<TY><<<cu_blocks(total, MV_WARPS), MV_WARPS * 32, 0, s>>>(m, rb, cols, x);              \
         break;
     switch (type) {
         M3_CASE(STRATA_TYPE_F32)
@@ -449,9 +870,14 @@ strata_status cuda_expert_gate_up(cuda_ctx *ctx, int32_t type, const void *const
     dim3 grid(cu_blocks(F, MV_WARPS), (unsigned)K);
     const uint8_t *const *G = (const uint8_t *const *)wg, *const *U = (const uint8_t *const *)wu;
     cudaStream_t s = CU_COMPUTE(ctx);
+    const int fast = ctx->fast & CUDA_FAST_GATE_UP;
 #define GU_CASE(TY)                                                                                    \
     case TY:                                                                                           \
-        k_expert_gate_up<TY><<<grid, MV_WARPS * 32, 0, s>>>(G, U, rb, F, D, x, h);                    \
+        if (fast)                                                                                      \
+            CU_TRY(ctx, cu_launch(ctx, k_expert_gate_up_fast<TY>, grid, dim3(MV_WARPS * 32), 0, G, U, rb, F, D, x, h), \
+                   "launching expert gate and up");                                                   \
+        else                                                                                           \
+            k_expert_gate_up<TY><<<grid, MV_WARPS * 32, 0, s>>>(G, U, rb, F, D, x, h);                \
         break;
     switch (type) {
         GU_CASE(STRATA_TYPE_F32)
@@ -479,10 +905,16 @@ strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *
     const uint8_t *const *W = (const uint8_t *const *)wd;
     const size_t shm = (size_t)DC_ROWS * K * sizeof(float);
     cudaStream_t s = CU_COMPUTE(ctx);
+    const int fast = ctx->fast & CUDA_FAST_DOWN;
 #define DC_CASE(TY)                                                                                              \
     case TY:                                                                                                     \
-        k_expert_down_combine<TY><<<cu_blocks(D, DC_ROWS), 32 * K, shm, s>>>(W, rb, D, F, (const uint8_t *)h, hs, \
-                                                                             weights, y, K);                     \
+        if (fast)                                                                                                \
+            CU_TRY(ctx, cu_launch(ctx, k_expert_down_combine_fast<TY>, dim3(cu_blocks(D, DC_ROWS)), dim3(32 * K), shm, \
+                                  W, rb, D, F, (const uint8_t *)h, hs, weights, y, (int)K),                      \
+                   "launching expert down and combine");                                                        \
+        else                                                                                                     \
+            k_expert_down_combine<TY><<<cu_blocks(D, DC_ROWS), 32 * K, shm, s>>>(W, rb, D, F, (const uint8_t *)h, hs, \
+                                                                                 weights, y, K);                 \
         break;
     switch (type) {
         DC_CASE(STRATA_TYPE_F32)
@@ -497,6 +929,51 @@ strata_status cuda_expert_down_combine(cuda_ctx *ctx, int32_t type, const void *
     }
 #undef DC_CASE
     CU_LAUNCHED(ctx, "expert down and combine");
+    return STRATA_OK;
+}
+
+strata_status cuda_expert_down_combine_hq(cuda_ctx *ctx, int32_t type, const void *const *wd, int64_t D, int64_t F,
+                                          const float *h, int64_t h_stride, const float *weights, float *y, int32_t K) {
+    if (K <= 0 || D <= 0) return STRATA_OK;
+    if (cuda_act_type(type) != STRATA_TYPE_Q8_0 || F % 32 || K > 32 || h_stride % 4) return STRATA_ERR_INVALID_ARGUMENT;
+    const int64_t rb = gq_row_bytes(type, F);
+    const uint8_t *const *W = (const uint8_t *const *)wd;
+    const size_t shm = (size_t)DC_ROWS * K * sizeof(float);
+    const dim3 grid(cu_blocks(D, DC_ROWS)), block(32 * K);
+    cudaError_t e = type == STRATA_TYPE_Q8_0
+                        ? cu_launch(ctx, k_expert_down_combine_hq<STRATA_TYPE_Q8_0>, grid, block, shm, W, rb, D, F, h,
+                                    h_stride, weights, y, (int)K)
+                        : cu_launch(ctx, k_expert_down_combine_hq<STRATA_TYPE_Q4_0>, grid, block, shm, W, rb, D, F, h,
+                                    h_stride, weights, y, (int)K);
+    CU_TRY(ctx, e, "launching expert down and combine");
+    return STRATA_OK;
+}
+
+strata_status cuda_norm_matvec_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q, const float *w,
+                                  int64_t rows, int32_t D, float eps, float *y) {
+    if (rows <= 0) return STRATA_OK;
+    if (D % 32 || D > NRM_THREADS * NRM_MAXV) return STRATA_ERR_INVALID_ARGUMENT;
+    const unsigned blocks = cu_blocks(rows, NRM_THREADS / 32);
+    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<false>, dim3(blocks), dim3(NRM_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
+                          rows, (int)D, eps, y, 0, (int32_t *)NULL, (float *)NULL, (const void *const *)NULL,
+                          (const void **)NULL, 0, (int32_t *)NULL, (int32_t *)NULL, (int64_t)0, (int *)NULL),
+           "launching rmsnorm and router product");
+    return STRATA_OK;
+}
+
+strata_status cuda_norm_router_topk_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q,
+                                        const float *w, int32_t E, int32_t D, float eps, float *logits, int32_t K,
+                                        int32_t *ids, float *weights, const void *const *table, const void **seg_w,
+                                        int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half,
+                                        int32_t *cnt) {
+    if (D % 32 || D > NRM_THREADS * NRM_MAXV || E <= 0 || E > 32 * RT_MAXE || K <= 0 || K > 32 || K > E ||
+        K > seg_cap || K > seg_half)
+        return STRATA_ERR_INVALID_ARGUMENT;
+    const unsigned blocks = cu_blocks(E, NRM_THREADS / 32);
+    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<true>, dim3(blocks), dim3(NRM_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
+                          (int64_t)E, (int)D, eps, logits, (int)K, ids, weights, table, seg_w, (int)seg_cap, seg_tok,
+                          seg_out, seg_half, (int *)cnt),
+           "launching rmsnorm, router product and top-k");
     return STRATA_OK;
 }
 

@@ -1,6 +1,7 @@
 /* moe.cu — router top-k, SwiGLU, the weighted combine of expert outputs, residual add.
  * Legend: T tokens, E experts, K experts used per token, D model dim. */
 #include "common.cuh"
+#include "router_topk.cuh"
 #include "../group_dequant.h"
 
 #define RT_WARPS 4 /* tokens per block of the router */
@@ -74,6 +75,20 @@ k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *wei
         for (int k = 0; k < K; k++) wt[k] = wt[k] / sum;
 }
 
+/* Latency-tuned k_router_topk (ctx->fast, E <= 32 * RT_MAXE, K <= 32): the same picks and the same
+ * weight bits (cu_router_topk_warp, router_topk.cuh). */
+__global__ void __launch_bounds__(RT_WARPS * 32)
+k_router_topk_fast(const float *logits, int T, int E, int K, int32_t *ids, float *weights, const void *const *table,
+                   const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * RT_WARPS + (threadIdx.x >> 5);
+    if (t >= T) return;
+    cu_router_topk_warp<false>(logits + (int64_t)t * E, t, E, K, lane, ids, weights, table, seg_w, seg_cap, seg_tok,
+                               seg_out, seg_half);
+}
+
 __global__ void k_swiglu(const float *g, const float *u, float *h, int64_t n) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) h[i] = gq_swiglu(g[i], u[i]); /* the host mirror computes the same bits */
@@ -99,6 +114,13 @@ strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, in
                                float *weights) {
     if (T <= 0) return STRATA_OK;
     if (K <= 0 || K > E) return STRATA_ERR_INVALID_ARGUMENT;
+    if ((ctx->fast & CUDA_FAST_ROUTER) && E <= 32 * RT_MAXE && K <= 32) {
+        CU_TRY(ctx, cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits,
+                              (int)T, (int)E, (int)K, ids, weights, (const void *const *)NULL, (const void **)NULL, 0,
+                              (int32_t *)NULL, (int32_t *)NULL, (int64_t)0),
+               "launching router top-k");
+        return STRATA_OK;
+    }
     k_router_topk<<<cu_blocks(T, RT_WARPS), RT_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(logits, T, E, K, ids, weights, NULL,
                                                                             NULL, 0, NULL, NULL, 0);
     CU_LAUNCHED(ctx, "router top-k");
@@ -110,6 +132,13 @@ strata_status cuda_router_topk_segments(cuda_ctx *ctx, const float *logits, int3
                                         int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
     if (T <= 0) return STRATA_OK;
     if (K <= 0 || K > E || (int64_t)T * K > seg_cap || (int64_t)T * K > seg_half) return STRATA_ERR_INVALID_ARGUMENT;
+    if ((ctx->fast & CUDA_FAST_ROUTER) && E <= 32 * RT_MAXE && K <= 32) {
+        CU_TRY(ctx, cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits,
+                              (int)T, (int)E, (int)K, ids, weights, table, seg_w, (int)seg_cap, seg_tok, seg_out,
+                              seg_half),
+               "launching router top-k");
+        return STRATA_OK;
+    }
     k_router_topk<<<cu_blocks(T, RT_WARPS), RT_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(logits, T, E, K, ids, weights, table,
                                                                             seg_w, seg_cap, seg_tok, seg_out, seg_half);
     CU_LAUNCHED(ctx, "router top-k");

@@ -51,6 +51,76 @@ __global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, uint8_t *
     }
 }
 
+/* ---- latency-tuned RMSNorm (ctx->fast): the same bits as k_rmsnorm / k_rmsnorm_q8 ----------------
+ * Thread i owns x[i + 256 j] for every j (the values the plain kernels' loops give it, in the same
+ * order), loaded together at the start with the weights, instead of one dependent round trip per
+ * value. The sum of squares goes through block_sum's tree with one barrier: the 256 partials in
+ * shared memory, warp 0 doing the steps 128, 64, 32 from there and 16 .. 1 by shuffles (lane i adds
+ * lane i + s, the tree's pairing). For D <= NORM_THREADS * NORM_MAXV. Quantization (Q8): warp w holds
+ * blocks b = w + 8 j, k_rmsnorm_q8's assignment. */
+#define NORM_MAXV 16
+
+static __device__ __forceinline__ float block_sum_fast(float v, float *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    float r = 0.0f;
+    if (threadIdx.x < 32) {
+        const int l = threadIdx.x;
+        const float a0 = __fadd_rn(sh[l], sh[l + 128]), a1 = __fadd_rn(sh[l + 32], sh[l + 160]);
+        const float a2 = __fadd_rn(sh[l + 64], sh[l + 192]), a3 = __fadd_rn(sh[l + 96], sh[l + 224]);
+        r = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3)); /* steps 64 (l + 64, l + 96) then 32 */
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) r = __fadd_rn(r, __shfl_down_sync(0xffffffffu, r, s));
+        if (l == 0) sh[0] = r;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+template <bool Q8>
+__global__ void __launch_bounds__(NORM_THREADS)
+k_rmsnorm_fast(const float *x, const float *w, float *y, uint8_t *q, int64_t q_stride, int D, float eps) {
+    __shared__ float sh[NORM_THREADS];
+    cu_pdl_trigger();
+    float wv[NORM_MAXV];
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = tid + j * NORM_THREADS;
+        wv[j] = i < D ? __ldg(w + i) : 0.0f; /* weights: written by no launch, read before the wait */
+    }
+    cu_pdl_wait();
+    const float *xr = x + (int64_t)blockIdx.x * D;
+    float xv[NORM_MAXV];
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = tid + j * NORM_THREADS;
+        xv[j] = i < D ? xr[i] : 0.0f;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++)
+        if (tid + j * NORM_THREADS < D) ss = __fadd_rn(ss, __fmul_rn(xv[j], xv[j]));
+    ss = block_sum_fast(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)D + eps);
+    float *yr = y + (int64_t)blockIdx.x * D;
+    const int lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+    for (int j = 0; j < NORM_MAXV; j++) {
+        const int i = tid + j * NORM_THREADS;
+        if (Q8) {
+            const int b = warp + j * (NORM_THREADS / 32); /* warp-uniform: D is a multiple of 32 */
+            if (b < D / 32) {
+                const float v = __fmul_rn(__fmul_rn(xv[j], scale), wv[j]);
+                yr[i] = v;
+                cu_q8_block(v, q + (int64_t)blockIdx.x * q_stride, b, lane, D);
+            }
+        } else if (i < D) {
+            yr[i] = __fmul_rn(__fmul_rn(xv[j], scale), wv[j]);
+        }
+    }
+}
+
 /* one block per (token, head) of q and k: blockIdx.y < H are q heads, the rest k heads; hd threads */
 __global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float *kn, int H, int Hkv, int hd,
                                int pos0, float theta, float eps, const int32_t *pos_dev) {
@@ -109,10 +179,86 @@ __global__ void k_kv_store(int kv_type, const float *k, const float *v, uint8_t 
     }
 }
 
+/* Decode (cuda_qk_norm_rope_store): k_qk_norm_rope and k_kv_store in one launch. Blocks y < H are q
+ * heads, H .. H + Hkv - 1 k heads (normed, rotated, written to k and to the cache), the last Hkv v heads
+ * (written to the cache). hd threads, hd a multiple of 32; the values and every expression are those
+ * of the two kernels, so the cache gets the same bits. */
+__global__ void k_qk_norm_rope_store(float *q, float *k, const float *vsrc, const float *qn, const float *kn, int H,
+                                     int Hkv, int hd, int pos0, float theta, float eps, const int32_t *pos_dev,
+                                     int kv_type, uint8_t *kc, uint8_t *vc) {
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    if (pos_dev) pos0 = *pos_dev;
+    __shared__ float sh[NORM_THREADS];
+    __shared__ float v[512];
+    const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
+    const int kv_dim = Hkv * hd;
+    const int64_t p = pos0 + t;
+    float out = 0.0f; /* the value of element i to store (k and v heads) */
+    uint8_t *dst = NULL;
+    int col = 0;
+    if (hh < H + Hkv) {
+        const bool isq = hh < H;
+        float *x = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * Hkv + (hh - H)) * hd;
+        const float *w = isq ? qn : kn;
+        const float xi = i < hd ? x[i] : 0.0f;
+        const float ss = block_sum(__fmul_rn(xi, xi), sh);
+        const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+        if (i < hd) v[i] = w ? __fmul_rn(__fmul_rn(xi, scale), w[i]) : xi;
+        __syncthreads();
+        const int half = hd / 2;
+        if (i < half) {
+            const float freq = powf(theta, -2.0f * (float)i / (float)hd);
+            const float ang = (float)(pos0 + t) * freq;
+            float sn, cs;
+            sincosf(ang, &sn, &cs);
+            const float x0 = v[i], x1 = v[i + half];
+            const float r0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+            const float r1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+            x[i] = r0;
+            x[i + half] = r1;
+            if (!isq) { /* rotated pairs to shared memory: thread i stores element i */
+                v[i] = r0;
+                v[i + half] = r1;
+            }
+        }
+        if (isq) return; /* block-uniform */
+        __syncthreads();
+        out = v[i];
+        dst = kc;
+        col = (hh - H) * hd + i;
+    } else {
+        col = (hh - H - Hkv) * hd + i;
+        out = vsrc[(int64_t)t * kv_dim + col];
+        dst = vc;
+    }
+    if (kv_type == STRATA_KV_F16) {
+        ((__half *)(dst + p * (int64_t)kv_dim * 2))[col] = __float2half_rn(out);
+        return;
+    }
+    /* int8: one warp per block of 32 values (hd is a multiple of 32): k_kv_store's expression */
+    const int64_t rb = kv_dim + kv_dim / 8;
+    int8_t *row = (int8_t *)(dst + p * rb);
+    float *scales = (float *)(dst + p * rb + kv_dim);
+    const float xv = out;
+    float amax = fabsf(xv);
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    row[col] = (int8_t)__float2int_rn(xv * id);
+    if ((i & 31) == 0) scales[col >> 5] = d;
+}
+
 extern "C" {
 
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
+    if ((ctx->fast & CUDA_FAST_NORM) && D <= NORM_THREADS * NORM_MAXV) {
+        CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<false>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)NULL,
+                              (int64_t)0, (int)D, eps),
+               "launching rmsnorm");
+        return STRATA_OK;
+    }
     k_rmsnorm<<<T, NORM_THREADS, 0, CU_COMPUTE(ctx)>>>(x, w, y, D, eps);
     CU_LAUNCHED(ctx, "rmsnorm");
     return STRATA_OK;
@@ -122,6 +268,12 @@ strata_status cuda_rmsnorm_q8(cuda_ctx *ctx, const float *x, const float *w, flo
                              int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
     if (D % 32) return STRATA_ERR_INVALID_ARGUMENT;
+    if ((ctx->fast & CUDA_FAST_NORM) && D <= NORM_THREADS * NORM_MAXV) {
+        CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<true>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)q,
+                              (int64_t)q_stride, (int)D, eps),
+               "launching rmsnorm and quantization");
+        return STRATA_OK;
+    }
     k_rmsnorm_q8<<<T, NORM_THREADS, 0, CU_COMPUTE(ctx)>>>(x, w, y, (uint8_t *)q, q_stride, D, eps);
     CU_LAUNCHED(ctx, "rmsnorm and quantization");
     return STRATA_OK;
@@ -156,6 +308,23 @@ strata_status cuda_kv_store(cuda_ctx *ctx, int32_t kv_type, const float *k, cons
     k_kv_store<<<grid, 256, 0, CU_COMPUTE(ctx)>>>(kv_type, k, v, (uint8_t *)k_cache, (uint8_t *)v_cache, kv_dim, pos0,
                                                   pos_dev);
     CU_LAUNCHED(ctx, "kv store");
+    return STRATA_OK;
+}
+
+strata_status cuda_qk_norm_rope_store(cuda_ctx *ctx, float *q, float *k, const float *v, const float *q_norm,
+                                      const float *k_norm, int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos0,
+                                      float theta, float eps, const int32_t *pos_dev, int32_t kv_type, void *k_cache,
+                                      void *v_cache) {
+    if (T <= 0) return STRATA_OK;
+    /* one thread per value and a power-of-two block (block_sum): hd of 32, 64, 128 or 256 */
+    if (hd != 32 && hd != 64 && hd != 128 && hd != 256) {
+        snprintf(ctx->err, sizeof ctx->err, "CUDA: head dimension %d: no fused rope and cache store", hd);
+        return STRATA_ERR_UNSUPPORTED;
+    }
+    CU_TRY(ctx, cu_launch(ctx, k_qk_norm_rope_store, dim3(T, H + 2 * Hkv), dim3(hd), 0, q, k, v, q_norm, k_norm,
+                          (int)H, (int)Hkv, (int)hd, (int)pos0, theta, eps, pos_dev, (int)kv_type, (uint8_t *)k_cache,
+                          (uint8_t *)v_cache),
+           "launching q/k norm, rope and kv store");
     return STRATA_OK;
 }
 
