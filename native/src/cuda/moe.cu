@@ -36,21 +36,12 @@ k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *wei
         float bv = -INFINITY;
         for (int e = lane; e < E; e += 32) {
             const float v = lg[e];
-            const bool eligible = pi < 0 || v < pv || (v == pv && e > pi);
-            if (eligible && (best < 0 || v > bv)) { /* e rises: a tie keeps the lower id */
+            if (cu_router_takes(e, v, pi, pv, best, bv)) {
                 best = e;
                 bv = v;
             }
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const int ob = __shfl_xor_sync(0xffffffffu, best, off);
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
-                best = ob;
-                bv = ov;
-            }
-        }
+        cu_router_warp_best(best, bv);
         pi = best;
         pv = bv;
         if (lane == 0) {
@@ -58,17 +49,8 @@ k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *wei
             if (k == 0) mx = bv;
             wt[k] = expf(bv - mx); /* bv is lg[id[k]] */
             sum = __fadd_rn(sum, wt[k]);
-            if (table) {
-                const int64_t j = (int64_t)t * K + k;
-                const void *const *p = table + (int64_t)best * 3;
-                seg_w[j] = p[0];
-                seg_w[seg_cap + j] = p[1];
-                seg_w[2 * (int64_t)seg_cap + j] = p[2];
-                seg_tok[j] = t;            /* token row of xn */
-                seg_out[j] = (int32_t)j;   /* row t * K + k of g and u */
-                seg_tok[seg_half + j] = (int32_t)j; /* row of h */
-                seg_out[seg_half + j] = (int32_t)j; /* row of ye */
-            }
+            if (table)
+                cu_router_segment(table, best, (int64_t)t * K + k, t, seg_w, seg_cap, seg_tok, seg_out, seg_half);
         }
     }
     if (lane == 0)
