@@ -257,14 +257,11 @@ struct mv3 {
     int64_t rows[3];
     int accumulate; /* y += instead of y = */
 };
-template <int TYPE>
-__global__ void __launch_bounds__(MV_WARPS * 32)
-k_matvec3(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
-    const int lane = threadIdx.x & 31;
-    int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    /* selects, not an indexed parameter array (which would go through local memory) */
-    const uint8_t *w = m.w[0];
-    float *y = m.y[0];
+/* The matrix of stacked row r: its weights w and output y, r made relative to it; false past the last.
+ * Selects, not an indexed parameter array (which would go through local memory). */
+__device__ __forceinline__ bool mv3_row(const mv3 &m, int64_t &r, const uint8_t *&w, float *&y) {
+    w = m.w[0];
+    y = m.y[0];
     if (r >= m.rows[0]) {
         r -= m.rows[0];
         w = m.w[1];
@@ -273,9 +270,20 @@ k_matvec3(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
             r -= m.rows[1];
             w = m.w[2];
             y = m.y[2];
-            if (r >= m.rows[2]) return;
+            if (r >= m.rows[2]) return false;
         }
     }
+    return true;
+}
+
+template <int TYPE>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_matvec3(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
+    const int lane = threadIdx.x & 31;
+    int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    const uint8_t *w;
+    float *y;
+    if (!mv3_row(m, r, w, y)) return;
     const float v = dot_row<TYPE>(w + r * row_bytes, x, cols, lane);
     if (lane == 0) y[r] = m.accumulate ? __fadd_rn(y[r], v) : v; /* k_matvec's expression */
 }
@@ -297,6 +305,18 @@ k_expert_gate_up(const uint8_t *const *__restrict__ wg, const uint8_t *const *__
 /* block = DC_ROWS rows x K warps: warp k computes (down_k h_k)[r] for the block's rows; then one thread
  * per row adds sum_k w_k * y_k (k order, k_moe_combine's expression) to y[r] */
 #define DC_ROWS 4
+
+/* After the block's barrier: thread i < DC_ROWS adds sum_k w_k * part[i][k] (k order, k_moe_combine's
+ * expression) to y[r0 + i]. */
+__device__ __forceinline__ void dc_combine(const float *part, const float *__restrict__ wts, float *y, int64_t r0,
+                                           int64_t D, int K) {
+    if ((int)threadIdx.x < DC_ROWS && r0 + threadIdx.x < D) {
+        const int i = threadIdx.x;
+        float acc = 0.0f;
+        for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(wts[j], part[i * K + j]));
+        y[r0 + i] = __fadd_rn(y[r0 + i], acc);
+    }
+}
 template <int TYPE>
 __global__ void k_expert_down_combine(const uint8_t *const *__restrict__ wd, int64_t row_bytes, int64_t D, int64_t F,
                                       const uint8_t *h, int64_t hs_bytes, const float *__restrict__ wts, float *y, int K) {
@@ -311,12 +331,7 @@ __global__ void k_expert_down_combine(const uint8_t *const *__restrict__ wd, int
         if (lane == 0) part[i * K + k] = v;
     }
     __syncthreads();
-    if ((int)threadIdx.x < DC_ROWS && r0 + threadIdx.x < D) {
-        const int i = threadIdx.x;
-        float acc = 0.0f;
-        for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(wts[j], part[i * K + j]));
-        y[r0 + i] = __fadd_rn(y[r0 + i], acc);
-    }
+    dc_combine(part, wts, y, r0, D, K);
 }
 
 /* ---- latency-tuned decode kernels (ctx->fast): the same bits as the three above ------------------
@@ -412,21 +427,11 @@ k_matvec3_fast(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
     cu_pdl_trigger();
     const int lane = threadIdx.x & 31;
     int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    const uint8_t *w = m.w[0];
-    float *y = m.y[0];
-    if (r >= m.rows[0]) {
-        r -= m.rows[0];
-        w = m.w[1];
-        y = m.y[1];
-        if (r >= m.rows[1]) {
-            r -= m.rows[1];
-            w = m.w[2];
-            y = m.y[2];
-            if (r >= m.rows[2]) {
-                cu_pdl_wait();
-                return;
-            }
-        }
+    const uint8_t *w;
+    float *y;
+    if (!mv3_row(m, r, w, y)) {
+        cu_pdl_wait();
+        return;
     }
     const uint8_t *row = w + r * row_bytes;
     float v;
@@ -492,12 +497,7 @@ __global__ void k_expert_down_combine_fast(const uint8_t *const *__restrict__ wd
         }
     }
     __syncthreads();
-    if ((int)threadIdx.x < DC_ROWS && r0 + threadIdx.x < D) {
-        const int i = threadIdx.x;
-        float acc = 0.0f;
-        for (int j = 0; j < K; j++) acc = __fadd_rn(acc, __fmul_rn(wts[j], part[i * K + j]));
-        y[r0 + i] = __fadd_rn(y[r0 + i], acc);
-    }
+    dc_combine(part, wts, y, r0, D, K);
 }
 
 /* k_expert_down_combine_fast for 8-bit activations, reading h as floats (h: [K, hs] f32): each lane
@@ -588,12 +588,7 @@ __global__ void k_expert_down_combine_hq(const uint8_t *const *__restrict__ wd, 
 #pragma unroll
         for (int i = 0; i < DC_ROWS; i++) part[i * K + k] = acc[i];
     __syncthreads();
-    if ((int)threadIdx.x < DC_ROWS && r0 + threadIdx.x < D) {
-        const int i = threadIdx.x;
-        float a = 0.0f;
-        for (int j = 0; j < K; j++) a = __fadd_rn(a, __fmul_rn(wts[j], part[i * K + j]));
-        y[r0 + i] = __fadd_rn(y[r0 + i], a);
-    }
+    dc_combine(part, wts, y, r0, D, K);
 }
 
 /* Decode, F32 router (cuda_norm_matvec_f32): xn = rmsnorm(x) * nw in every block (k_rmsnorm's bits, the
