@@ -84,6 +84,28 @@ k_matvec(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptr
     }
 }
 
+/* Lane slice sl of Q8_0 / Q4_0 block g of a row: its 8 weights as two words of 4 int8 (w0, w1) and the
+ * block's scale dw. Q4_0: slices 0, 1 are the low nibbles of qs[0..15], slices 2, 3 the high nibbles. */
+template <int TYPE>
+__device__ __forceinline__ void q8w_load(const uint8_t *__restrict__ row, int64_t g, int sl, int &w0, int &w1,
+                                         float &dw) {
+    if (TYPE == STRATA_TYPE_Q8_0) {
+        const uint8_t *b = row + g * 34;
+        dw = gq_f16(b);
+        const uint16_t *p = (const uint16_t *)(b + 2 + 8 * sl); /* blocks are 2-byte aligned */
+        w0 = (int)((uint32_t)p[0] | ((uint32_t)p[1] << 16));
+        w1 = (int)((uint32_t)p[2] | ((uint32_t)p[3] << 16));
+    } else {
+        const uint8_t *b = row + g * 18;
+        dw = gq_f16(b);
+        const uint16_t *p = (const uint16_t *)(b + 2 + 8 * (sl & 1));
+        const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 16), hi = (uint32_t)p[2] | ((uint32_t)p[3] << 16);
+        const int shift = (sl & 2) ? 4 : 0;
+        w0 = (int)__vsub4((lo >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+        w1 = (int)__vsub4((hi >> shift) & 0x0F0F0F0Fu, 0x08080808u);
+    }
+}
+
 /* Q8_0 / Q4_0 weights against activations quantized to 8 bits per block of 32 (the host engine's
  * scheme: d = max|x| / 127 stored as f16, q = round(x / d)). Activation row layout: cols int8 values,
  * then cols / 32 float scales. Lane l owns slice l % 4 of blocks l / 4, l / 4 + 8, ...: an exact
@@ -118,21 +140,7 @@ k_matvec_q8(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_
     for (int64_t g = lane >> 2; g < G; g += 8) {
         int w0, w1;
         float dw;
-        if (TYPE == STRATA_TYPE_Q8_0) {
-            const uint8_t *b = row + g * 34;
-            dw = gq_f16(b);
-            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * sl); /* blocks are 2-byte aligned */
-            w0 = (int)((uint32_t)p[0] | ((uint32_t)p[1] << 16));
-            w1 = (int)((uint32_t)p[2] | ((uint32_t)p[3] << 16));
-        } else { /* Q4_0: slices 0, 1 are low nibbles of qs[0..15], slices 2, 3 high nibbles */
-            const uint8_t *b = row + g * 18;
-            dw = gq_f16(b);
-            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * (sl & 1));
-            const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 16), hi = (uint32_t)p[2] | ((uint32_t)p[3] << 16);
-            const int shift = (sl & 2) ? 4 : 0;
-            w0 = (int)__vsub4((lo >> shift) & 0x0F0F0F0Fu, 0x08080808u);
-            w1 = (int)__vsub4((hi >> shift) & 0x0F0F0F0Fu, 0x08080808u);
-        }
+        q8w_load<TYPE>(row, g, sl, w0, w1, dw);
 #pragma unroll
         for (int t = 0; t < TOK; t++) {
             if (xrow[t] >= 0) {
@@ -217,21 +225,7 @@ __device__ __forceinline__ float dot_row_q8(const uint8_t *__restrict__ row, con
     for (int64_t g = lane >> 2; g < G; g += 8) {
         int w0, w1;
         float dw;
-        if (TYPE == STRATA_TYPE_Q8_0) {
-            const uint8_t *b = row + g * 34;
-            dw = gq_f16(b);
-            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * sl);
-            w0 = (int)((uint32_t)p[0] | ((uint32_t)p[1] << 16));
-            w1 = (int)((uint32_t)p[2] | ((uint32_t)p[3] << 16));
-        } else {
-            const uint8_t *b = row + g * 18;
-            dw = gq_f16(b);
-            const uint16_t *p = (const uint16_t *)(b + 2 + 8 * (sl & 1));
-            const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 16), hi = (uint32_t)p[2] | ((uint32_t)p[3] << 16);
-            const int shift = (sl & 2) ? 4 : 0;
-            w0 = (int)__vsub4((lo >> shift) & 0x0F0F0F0Fu, 0x08080808u);
-            w1 = (int)__vsub4((hi >> shift) & 0x0F0F0F0Fu, 0x08080808u);
-        }
+        q8w_load<TYPE>(row, g, sl, w0, w1, dw);
         const int2 xv = *(const int2 *)(xr + g * 32 + 8 * sl);
         const float dx = ((const float *)(xr + cols))[g];
         const int isum = __dp4a(w1, xv.y, __dp4a(w0, xv.x, 0));
@@ -340,26 +334,6 @@ __global__ void k_expert_down_combine(const uint8_t *const *__restrict__ wd, int
  * so a row of 2048 values costs one round trip to memory, and gate and up, or the DC_ROWS rows of down,
  * share it. With programmatic dependent launch (cu_launch), a product whose weights are fixed (not an
  * expert chosen by the router) loads its first groups before waiting for the kernel before it. */
-template <int TYPE>
-__device__ __forceinline__ void q8w_load(const uint8_t *__restrict__ row, int64_t g, int sl, int &w0, int &w1,
-                                         float &dw) {
-    if (TYPE == STRATA_TYPE_Q8_0) {
-        const uint8_t *b = row + g * 34;
-        dw = gq_f16(b);
-        const uint16_t *p = (const uint16_t *)(b + 2 + 8 * sl);
-        w0 = (int)((uint32_t)p[0] | ((uint32_t)p[1] << 16));
-        w1 = (int)((uint32_t)p[2] | ((uint32_t)p[3] << 16));
-    } else {
-        const uint8_t *b = row + g * 18;
-        dw = gq_f16(b);
-        const uint16_t *p = (const uint16_t *)(b + 2 + 8 * (sl & 1));
-        const uint32_t lo = (uint32_t)p[0] | ((uint32_t)p[1] << 16), hi = (uint32_t)p[2] | ((uint32_t)p[3] << 16);
-        const int shift = (sl & 2) ? 4 : 0;
-        w0 = (int)__vsub4((lo >> shift) & 0x0F0F0F0Fu, 0x08080808u);
-        w1 = (int)__vsub4((hi >> shift) & 0x0F0F0F0Fu, 0x08080808u);
-    }
-}
-
 /* out[i] = row i . xr (8-bit activation row) for NR rows, each in dot_row_q8's order. wait_after_first:
  * call cu_pdl_wait after the first weight loads (else the caller has waited already). */
 template <int TYPE, int NR, int PF>
