@@ -11,6 +11,7 @@
  * processed alone or with others, and cuda_mirror_matvec reproduces it on the host.
  */
 #include "common.cuh"
+#include "rms.cuh"
 #include "router_topk.cuh"
 #include "../group_dequant.h"
 
@@ -570,21 +571,19 @@ __global__ void k_expert_down_combine_hq(const uint8_t *const *__restrict__ wd, 
  * dot_row_f's order). Block b also writes the blocks of 32 values c with c % gridDim.x == b of xn, and
  * of their 8-bit quantization into q when q is given (cu_q8_block: k_quantize_q8's bits), for the
  * experts. The weights' first groups are loaded before waiting for the kernel before. */
-#define NRM_THREADS 256
-#define NRM_MAXV 16
 #define NRM_PF 8
 /* TOPK: the router's top-k too, in the launch's last block to finish (cnt: a device counter at 0, put
  * back to 0 by that block): cu_router_topk_warp on the logits, the bits of k_router_topk_fast. */
 template <bool TOPK>
-__global__ void __launch_bounds__(NRM_THREADS)
+__global__ void __launch_bounds__(RMS_THREADS)
 k_norm_matvec_f32(const float *x, const float *nw, float *xn, uint8_t *q, const float *W, int64_t rows, int D,
                   float eps, float *y, int K, int32_t *ids, float *weights, const void *const *table,
                   const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half, int *cnt) {
-    __shared__ __align__(16) float xs[NRM_THREADS * NRM_MAXV];
-    __shared__ float sh[NRM_THREADS];
+    __shared__ __align__(16) float xs[RMS_THREADS * RMS_MAXV];
+    __shared__ float sh[RMS_THREADS];
     cu_pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t r = (int64_t)blockIdx.x * (NRM_THREADS / 32) + warp;
+    const int64_t r = (int64_t)blockIdx.x * (RMS_THREADS / 32) + warp;
     const int64_t G = D >> 5;
     const int sl = lane & 3;
     const float *row = W + (r < rows ? r : 0) * (int64_t)D;
@@ -600,40 +599,15 @@ k_norm_matvec_f32(const float *x, const float *nw, float *xn, uint8_t *q, const 
             wb[i] = __ldg(wp + 1);
         }
     }
-    float nv[NRM_MAXV];
-#pragma unroll
-    for (int j = 0; j < NRM_MAXV; j++) {
-        const int i = tid + j * NRM_THREADS;
-        nv[j] = i < D ? __ldg(nw + i) : 0.0f;
-    }
+    float nv[RMS_MAXV];
+    rms_load_weights(nw, D, nv);
     cu_pdl_wait();
-    float xv[NRM_MAXV];
+    float xv[RMS_MAXV];
+    const float scale = rms_load_scale(x, D, eps, xv, sh);
 #pragma unroll
-    for (int j = 0; j < NRM_MAXV; j++) {
-        const int i = tid + j * NRM_THREADS;
-        xv[j] = i < D ? x[i] : 0.0f;
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NRM_MAXV; j++)
-        if (tid + j * NRM_THREADS < D) ss = __fadd_rn(ss, __fmul_rn(xv[j], xv[j]));
-    /* block_sum's tree (see k_rmsnorm_fast in norm_rope.cu) */
-    sh[tid] = ss;
-    __syncthreads();
-    if (tid < 32) {
-        const float a0 = __fadd_rn(sh[tid], sh[tid + 128]), a1 = __fadd_rn(sh[tid + 32], sh[tid + 160]);
-        const float a2 = __fadd_rn(sh[tid + 64], sh[tid + 192]), a3 = __fadd_rn(sh[tid + 96], sh[tid + 224]);
-        float t = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3));
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) t = __fadd_rn(t, __shfl_down_sync(0xffffffffu, t, s));
-        if (tid == 0) sh[0] = t;
-    }
-    __syncthreads();
-    const float scale = 1.0f / sqrtf(sh[0] / (float)D + eps);
-#pragma unroll
-    for (int j = 0; j < NRM_MAXV; j++) {
-        const int i = tid + j * NRM_THREADS;
-        const int c = warp + j * (NRM_THREADS / 32); /* block of 32 of value i; warp-uniform */
+    for (int j = 0; j < RMS_MAXV; j++) {
+        const int i = tid + j * RMS_THREADS;
+        const int c = warp + j * (RMS_THREADS / 32); /* block of 32 of value i; warp-uniform */
         if (c < D / 32) {
             const float v = __fmul_rn(__fmul_rn(xv[j], scale), nv[j]);
             xs[i] = v;
@@ -921,9 +895,9 @@ strata_status cuda_expert_down_combine_hq(cuda_ctx *ctx, int32_t type, const voi
 strata_status cuda_norm_matvec_f32(cuda_ctx *ctx, const float *x, const float *nw, float *xn, void *q, const float *w,
                                   int64_t rows, int32_t D, float eps, float *y) {
     if (rows <= 0) return STRATA_OK;
-    if (D % 32 || D > NRM_THREADS * NRM_MAXV) return STRATA_ERR_INVALID_ARGUMENT;
-    const unsigned blocks = cu_blocks(rows, NRM_THREADS / 32);
-    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<false>, dim3(blocks), dim3(NRM_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
+    if (D % 32 || D > RMS_THREADS * RMS_MAXV) return STRATA_ERR_INVALID_ARGUMENT;
+    const unsigned blocks = cu_blocks(rows, RMS_THREADS / 32);
+    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<false>, dim3(blocks), dim3(RMS_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
                           rows, (int)D, eps, y, 0, (int32_t *)NULL, (float *)NULL, (const void *const *)NULL,
                           (const void **)NULL, 0, (int32_t *)NULL, (int32_t *)NULL, (int64_t)0, (int *)NULL),
            "launching rmsnorm and router product");
@@ -935,11 +909,11 @@ strata_status cuda_norm_router_topk_f32(cuda_ctx *ctx, const float *x, const flo
                                         int32_t *ids, float *weights, const void *const *table, const void **seg_w,
                                         int32_t seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half,
                                         int32_t *cnt) {
-    if (D % 32 || D > NRM_THREADS * NRM_MAXV || E <= 0 || E > 32 * RT_MAXE || K <= 0 || K > 32 || K > E ||
+    if (D % 32 || D > RMS_THREADS * RMS_MAXV || E <= 0 || E > 32 * RT_MAXE || K <= 0 || K > 32 || K > E ||
         K > seg_cap || K > seg_half)
         return STRATA_ERR_INVALID_ARGUMENT;
-    const unsigned blocks = cu_blocks(E, NRM_THREADS / 32);
-    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<true>, dim3(blocks), dim3(NRM_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
+    const unsigned blocks = cu_blocks(E, RMS_THREADS / 32);
+    CU_TRY(ctx, cu_launch(ctx, k_norm_matvec_f32<true>, dim3(blocks), dim3(RMS_THREADS), 0, x, nw, xn, (uint8_t *)q, w,
                           (int64_t)E, (int)D, eps, logits, (int)K, ids, weights, table, seg_w, (int)seg_cap, seg_tok,
                           seg_out, seg_half, (int *)cnt),
            "launching rmsnorm, router product and top-k");

@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "common.cuh"
+#include "rms.cuh"
 
 #define NORM_THREADS 256
 
@@ -54,59 +55,26 @@ __global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, uint8_t *
 /* ---- latency-tuned RMSNorm (ctx->fast): the same bits as k_rmsnorm / k_rmsnorm_q8 ----------------
  * Thread i owns x[i + 256 j] for every j (the values the plain kernels' loops give it, in the same
  * order), loaded together at the start with the weights, instead of one dependent round trip per
- * value. The sum of squares goes through block_sum's tree with one barrier: the 256 partials in
- * shared memory, warp 0 doing the steps 128, 64, 32 from there and 16 .. 1 by shuffles (lane i adds
- * lane i + s, the tree's pairing). For D <= NORM_THREADS * NORM_MAXV. Quantization (Q8): warp w holds
- * blocks b = w + 8 j, k_rmsnorm_q8's assignment. */
-#define NORM_MAXV 16
-
-static __device__ __forceinline__ float block_sum_fast(float v, float *sh) {
-    sh[threadIdx.x] = v;
-    __syncthreads();
-    float r = 0.0f;
-    if (threadIdx.x < 32) {
-        const int l = threadIdx.x;
-        const float a0 = __fadd_rn(sh[l], sh[l + 128]), a1 = __fadd_rn(sh[l + 32], sh[l + 160]);
-        const float a2 = __fadd_rn(sh[l + 64], sh[l + 192]), a3 = __fadd_rn(sh[l + 96], sh[l + 224]);
-        r = __fadd_rn(__fadd_rn(a0, a2), __fadd_rn(a1, a3)); /* steps 64 (l + 64, l + 96) then 32 */
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1) r = __fadd_rn(r, __shfl_down_sync(0xffffffffu, r, s));
-        if (l == 0) sh[0] = r;
-    }
-    __syncthreads();
-    return sh[0];
-}
+ * value; the sum of squares goes through block_sum's tree with one barrier (rms.cuh). For
+ * D <= RMS_THREADS * RMS_MAXV. Quantization (Q8): warp w holds blocks b = w + 8 j, k_rmsnorm_q8's
+ * assignment. */
+static_assert(NORM_THREADS == RMS_THREADS, "k_rmsnorm_fast runs the plain kernels' block size");
 
 template <bool Q8>
 __global__ void __launch_bounds__(NORM_THREADS)
 k_rmsnorm_fast(const float *x, const float *w, float *y, uint8_t *q, int64_t q_stride, int D, float eps) {
     __shared__ float sh[NORM_THREADS];
     cu_pdl_trigger();
-    float wv[NORM_MAXV];
+    float wv[RMS_MAXV];
     const int tid = threadIdx.x;
-#pragma unroll
-    for (int j = 0; j < NORM_MAXV; j++) {
-        const int i = tid + j * NORM_THREADS;
-        wv[j] = i < D ? __ldg(w + i) : 0.0f; /* weights: written by no launch, read before the wait */
-    }
+    rms_load_weights(w, D, wv); /* weights: written by no launch, read before the wait */
     cu_pdl_wait();
-    const float *xr = x + (int64_t)blockIdx.x * D;
-    float xv[NORM_MAXV];
-#pragma unroll
-    for (int j = 0; j < NORM_MAXV; j++) {
-        const int i = tid + j * NORM_THREADS;
-        xv[j] = i < D ? xr[i] : 0.0f;
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NORM_MAXV; j++)
-        if (tid + j * NORM_THREADS < D) ss = __fadd_rn(ss, __fmul_rn(xv[j], xv[j]));
-    ss = block_sum_fast(ss, sh);
-    const float scale = 1.0f / sqrtf(ss / (float)D + eps);
+    float xv[RMS_MAXV];
+    const float scale = rms_load_scale(x + (int64_t)blockIdx.x * D, D, eps, xv, sh);
     float *yr = y + (int64_t)blockIdx.x * D;
     const int lane = tid & 31, warp = tid >> 5;
 #pragma unroll
-    for (int j = 0; j < NORM_MAXV; j++) {
+    for (int j = 0; j < RMS_MAXV; j++) {
         const int i = tid + j * NORM_THREADS;
         if (Q8) {
             const int b = warp + j * (NORM_THREADS / 32); /* warp-uniform: D is a multiple of 32 */
@@ -253,7 +221,7 @@ extern "C" {
 
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
-    if ((ctx->fast & CUDA_FAST_NORM) && D <= NORM_THREADS * NORM_MAXV) {
+    if ((ctx->fast & CUDA_FAST_NORM) && D <= RMS_THREADS * RMS_MAXV) {
         CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<false>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)NULL,
                               (int64_t)0, (int)D, eps),
                "launching rmsnorm");
@@ -268,7 +236,7 @@ strata_status cuda_rmsnorm_q8(cuda_ctx *ctx, const float *x, const float *w, flo
                              int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
     if (D % 32) return STRATA_ERR_INVALID_ARGUMENT;
-    if ((ctx->fast & CUDA_FAST_NORM) && D <= NORM_THREADS * NORM_MAXV) {
+    if ((ctx->fast & CUDA_FAST_NORM) && D <= RMS_THREADS * RMS_MAXV) {
         CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<true>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)q,
                               (int64_t)q_stride, (int)D, eps),
                "launching rmsnorm and quantization");
