@@ -89,6 +89,34 @@ k_rmsnorm_fast(const float *x, const float *w, float *y, uint8_t *q, int64_t q_s
     }
 }
 
+/* One head of hd values at position pos, thread i holding element i (a power-of-two block, block_sum):
+ * x = RoPE(rmsnorm(x) * w) (w NULL: no norm), with v (shared, hd floats) holding the normed head. NeoX
+ * layout: element i pairs with i + hd/2. keep: the rotated pairs also go to v. */
+static __device__ __forceinline__ void head_norm_rope(float *x, const float *w, int hd, int i, int pos, float theta,
+                                                      float eps, float *sh, float *v, bool keep) {
+    const float xi = i < hd ? x[i] : 0.0f;
+    const float ss = block_sum(__fmul_rn(xi, xi), sh);
+    const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+    if (i < hd) v[i] = w ? __fmul_rn(__fmul_rn(xi, scale), w[i]) : xi;
+    __syncthreads();
+    const int half = hd / 2;
+    if (i < half) {
+        const float freq = powf(theta, -2.0f * (float)i / (float)hd);
+        const float ang = (float)pos * freq;
+        float sn, cs;
+        sincosf(ang, &sn, &cs);
+        const float x0 = v[i], x1 = v[i + half];
+        const float r0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+        const float r1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+        x[i] = r0;
+        x[i + half] = r1;
+        if (keep) {
+            v[i] = r0;
+            v[i + half] = r1;
+        }
+    }
+}
+
 /* one block per (token, head) of q and k: blockIdx.y < H are q heads, the rest k heads; hd threads */
 __global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float *kn, int H, int Hkv, int hd,
                                int pos0, float theta, float eps, const int32_t *pos_dev) {
@@ -98,23 +126,7 @@ __global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float 
     const int t = blockIdx.x, hh = blockIdx.y, i = threadIdx.x;
     const bool isq = hh < H;
     float *x = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * Hkv + (hh - H)) * hd;
-    const float *w = isq ? qn : kn;
-    const float xi = i < hd ? x[i] : 0.0f;
-    const float ss = block_sum(__fmul_rn(xi, xi), sh);
-    const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
-    if (i < hd) v[i] = w ? __fmul_rn(__fmul_rn(xi, scale), w[i]) : xi;
-    __syncthreads();
-    /* NeoX layout: element i pairs with i + hd/2 */
-    const int half = hd / 2;
-    if (i < half) {
-        const float freq = powf(theta, -2.0f * (float)i / (float)hd);
-        const float ang = (float)(pos0 + t) * freq;
-        float sn, cs;
-        sincosf(ang, &sn, &cs);
-        const float x0 = v[i], x1 = v[i + half];
-        x[i] = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-        x[i + half] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-    }
+    head_norm_rope(x, isq ? qn : kn, hd, i, pos0 + t, theta, eps, sh, v, false);
 }
 
 /* f16 cache: row p = kv_dim halves.  int8 cache: row p = kv_dim int8 then kv_dim/32 f32 scales. */
@@ -168,28 +180,8 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *vsrc, cons
     if (hh < H + Hkv) {
         const bool isq = hh < H;
         float *x = isq ? q + ((int64_t)t * H + hh) * hd : k + ((int64_t)t * Hkv + (hh - H)) * hd;
-        const float *w = isq ? qn : kn;
-        const float xi = i < hd ? x[i] : 0.0f;
-        const float ss = block_sum(__fmul_rn(xi, xi), sh);
-        const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
-        if (i < hd) v[i] = w ? __fmul_rn(__fmul_rn(xi, scale), w[i]) : xi;
-        __syncthreads();
-        const int half = hd / 2;
-        if (i < half) {
-            const float freq = powf(theta, -2.0f * (float)i / (float)hd);
-            const float ang = (float)(pos0 + t) * freq;
-            float sn, cs;
-            sincosf(ang, &sn, &cs);
-            const float x0 = v[i], x1 = v[i + half];
-            const float r0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-            const float r1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-            x[i] = r0;
-            x[i + half] = r1;
-            if (!isq) { /* rotated pairs to shared memory: thread i stores element i */
-                v[i] = r0;
-                v[i + half] = r1;
-            }
-        }
+        /* k heads: the rotated pairs to shared memory too (thread i then stores element i) */
+        head_norm_rope(x, isq ? qn : kn, hd, i, pos0 + t, theta, eps, sh, v, !isq);
         if (isq) return; /* block-uniform */
         __syncthreads();
         out = v[i];
