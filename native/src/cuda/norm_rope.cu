@@ -129,6 +129,17 @@ __global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float 
     head_norm_rope(x, isq ? qn : kn, hd, i, pos0 + t, theta, eps, sh, v, false);
 }
 
+/* int8 cache, one warp per block of 32 values (x: this lane's): q = round(x / d) with d = max|x| / 127,
+ * kept as a float; the lane given a scale pointer writes d. */
+static __device__ __forceinline__ void kv_q8(float x, int8_t *q, float *scale) {
+    float amax = fabsf(x);
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    *q = (int8_t)__float2int_rn(x * id);
+    if (scale) *scale = d;
+}
+
 /* f16 cache: row p = kv_dim halves.  int8 cache: row p = kv_dim int8 then kv_dim/32 f32 scales. */
 __global__ void k_kv_store(int kv_type, const float *k, const float *v, uint8_t *kc, uint8_t *vc, int kv_dim,
                            int pos0, const int32_t *pos_dev) {
@@ -149,13 +160,7 @@ __global__ void k_kv_store(int kv_type, const float *k, const float *v, uint8_t 
     /* one warp per block of 32 values */
     const int lane = threadIdx.x & 31;
     for (int b = threadIdx.x >> 5; b < kv_dim / 32; b += blockDim.x >> 5) {
-        const float x = s[b * 32 + lane];
-        float amax = fabsf(x);
-        for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        const float d = amax / 127.0f;
-        const float id = d > 0.0f ? 1.0f / d : 0.0f;
-        row[b * 32 + lane] = (int8_t)__float2int_rn(x * id);
-        if (lane == 0) scales[b] = d;
+        kv_q8(s[b * 32 + lane], row + b * 32 + lane, lane == 0 ? scales + b : NULL);
     }
 }
 
@@ -200,13 +205,7 @@ __global__ void k_qk_norm_rope_store(float *q, float *k, const float *vsrc, cons
     const int64_t rb = kv_dim + kv_dim / 8;
     int8_t *row = (int8_t *)(dst + p * rb);
     float *scales = (float *)(dst + p * rb + kv_dim);
-    const float xv = out;
-    float amax = fabsf(xv);
-    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    const float d = amax / 127.0f;
-    const float id = d > 0.0f ? 1.0f / d : 0.0f;
-    row[col] = (int8_t)__float2int_rn(xv * id);
-    if ((i & 31) == 0) scales[col >> 5] = d;
+    kv_q8(out, row + col, (i & 31) == 0 ? scales + (col >> 5) : NULL);
 }
 
 extern "C" {
