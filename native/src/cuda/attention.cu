@@ -139,8 +139,9 @@ __device__ __forceinline__ void att_tiles(const float *qv, const uint8_t *__rest
 }
 
 /* Merge n states (m, l, o) in order 0..n-1 (o's value e of lane at o + i * o_stride + lane * E + e), the
- * block's warps or a query's splits. A state with l = 0 (no tiles) adds nothing. */
-template <int E>
+ * block's warps or a query's splits. A state with l = 0 (no tiles) adds nothing. L2: read o through L2
+ * (__ldcg: the splits' partials, written by other blocks of the launch). */
+template <int E, bool L2 = false>
 __device__ __forceinline__ void att_merge(const float *ms, const float *ls, const float *os, int o_stride, int n,
                                           int lane, float &M, float &L, float *O) {
     M = ms[0];
@@ -152,7 +153,10 @@ __device__ __forceinline__ void att_merge(const float *ms, const float *ls, cons
         const float c = ls[w] > 0.0f ? expf(ms[w] - M) : 0.0f;
         L = __fadd_rn(L, __fmul_rn(ls[w], c));
 #pragma unroll
-        for (int e = 0; e < E; e++) O[e] = __fadd_rn(O[e], __fmul_rn(os[w * o_stride + lane * E + e], c));
+        for (int e = 0; e < E; e++) {
+            const float *op = os + (int64_t)w * o_stride + lane * E + e;
+            O[e] = __fadd_rn(O[e], __fmul_rn(L2 ? __ldcg(op) : *op, c));
+        }
     }
 }
 
@@ -288,17 +292,8 @@ k_attention_dec(const float *q, const uint8_t *kc, const uint8_t *vc, float *out
         pl[i] = __ldcg(hp + (int64_t)i * ps + 1);
     }
     __syncwarp();
-    float Mx = pm[0];
-    for (int i = 1; i < S; i++) Mx = fmaxf(Mx, pm[i]);
-    float Lx = 0.0f, Ox[E];
-#pragma unroll
-    for (int e = 0; e < E; e++) Ox[e] = 0.0f;
-    for (int i = 0; i < S; i++) {
-        const float c = pl[i] > 0.0f ? expf(pm[i] - Mx) : 0.0f;
-        Lx = __fadd_rn(Lx, __fmul_rn(pl[i], c));
-#pragma unroll
-        for (int e = 0; e < E; e++) Ox[e] = __fadd_rn(Ox[e], __fmul_rn(__ldcg(hp + (int64_t)i * ps + 2 + lane * E + e), c));
-    }
+    float Mx, Lx, Ox[E];
+    att_merge<E, true>(pm, pl, hp + 2, ps, S, lane, Mx, Lx, Ox);
     att_write<E, Q8OUT>(Ox, Lx, out, q8, q8_stride, 0, h, H, lane);
     if (lane == 0) cnt[h] = 0; /* for the next launch (stream-ordered after this one) */
 }
