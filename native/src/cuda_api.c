@@ -261,59 +261,24 @@ done:
     return s;
 }
 
-strata_status strata_cuda_attention(int32_t kv_type, const float *q, const float *k, const float *v, int32_t n_pos,
-                                    int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos_on_device, float *out) {
+/* strata_cuda_attention and strata_cuda_flash_attention: store k and v into a cache, run attention for
+ * the last T of n_pos positions, download the output. flash: the tensor-core prompt kernel, with room for
+ * a whole tile after the chunk, all bits set (f16 NaNs), which the kernel must not read. */
+static strata_status attention_entry(int flash, int32_t kv_type, const float *q, const float *k, const float *v,
+                                     int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                                     int32_t pos_on_device, float *out) {
     if (!q || !k || !v || !out || n_pos <= 0 || T <= 0 || T > n_pos || H <= 0 || Hkv <= 0 || hd <= 0 ||
         (kv_type != STRATA_KV_F16 && kv_type != STRATA_KV_INT8))
         return STRATA_ERR_INVALID_ARGUMENT;
+    if (flash && !cuda_device_present()) return STRATA_ERR_DEVICE;
+    if (flash && !cuda_flash_attention_supported(kv_type, H, Hkv, hd)) return STRATA_ERR_UNSUPPORTED;
     char err[512];
     cuda_ctx *ctx = NULL;
     strata_status s = cuda_ctx_create(0, &ctx, err, sizeof err);
     if (s != STRATA_OK) return s;
     const int64_t kd = (int64_t)Hkv * hd, qd = (int64_t)H * hd;
     const int64_t row = kv_type == STRATA_KV_F16 ? kd * 2 : kd + kd / 8;
-    const int32_t pos0 = n_pos - T;
-    void *dq = NULL, *dk = NULL, *dv = NULL, *kc = NULL, *vc = NULL, *dout = NULL, *dpos = NULL;
-    if ((s = cuda_alloc(ctx, (size_t)(T * qd * 4), &dq, "q")) || (s = cuda_alloc(ctx, (size_t)(n_pos * kd * 4), &dk, "k")) ||
-        (s = cuda_alloc(ctx, (size_t)(n_pos * kd * 4), &dv, "v")) ||
-        (s = cuda_alloc(ctx, (size_t)(n_pos * row), &kc, "k cache")) ||
-        (s = cuda_alloc(ctx, (size_t)(n_pos * row), &vc, "v cache")) ||
-        (s = cuda_alloc(ctx, (size_t)(T * qd * 4), &dout, "out")) || (s = cuda_alloc(ctx, 4, &dpos, "position")))
-        goto done;
-    if ((s = cuda_h2d(ctx, dq, q, (size_t)(T * qd * 4), CUDA_STREAM_COMPUTE)) ||
-        (s = cuda_h2d(ctx, dk, k, (size_t)(n_pos * kd * 4), CUDA_STREAM_COMPUTE)) ||
-        (s = cuda_h2d(ctx, dv, v, (size_t)(n_pos * kd * 4), CUDA_STREAM_COMPUTE)) ||
-        (s = cuda_h2d(ctx, dpos, &pos0, 4, CUDA_STREAM_COMPUTE)) ||
-        (s = cuda_kv_store(ctx, kv_type, (const float *)dk, (const float *)dv, kc, vc, n_pos, (int32_t)kd, 0, NULL)))
-        goto done;
-    /* with the position on the device, the argument is garbage: the kernel must not read it */
-    if ((s = cuda_attention(ctx, kv_type, (const float *)dq, kc, vc, (float *)dout, T, H, Hkv, hd,
-                            pos_on_device ? -77777 : pos0, pos_on_device ? (const int32_t *)dpos : NULL)) ||
-        (s = cuda_d2h(ctx, out, dout, (size_t)(T * qd * 4), CUDA_STREAM_COMPUTE)) || (s = cuda_sync(ctx)))
-        goto done;
-done:
-    if (ctx) cuda_sync(ctx);
-    void *p[] = {dq, dk, dv, kc, vc, dout, dpos};
-    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(ctx, p[i]);
-    cuda_ctx_destroy(ctx);
-    return s;
-}
-
-strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const float *k, const float *v,
-                                          int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
-                                          int32_t pos_on_device, float *out) {
-    if (!q || !k || !v || !out || n_pos <= 0 || T <= 0 || T > n_pos || H <= 0 || Hkv <= 0 || hd <= 0 ||
-        (kv_type != STRATA_KV_F16 && kv_type != STRATA_KV_INT8))
-        return STRATA_ERR_INVALID_ARGUMENT;
-    if (!cuda_device_present()) return STRATA_ERR_DEVICE;
-    if (!cuda_flash_attention_supported(kv_type, H, Hkv, hd)) return STRATA_ERR_UNSUPPORTED;
-    char err[512];
-    cuda_ctx *ctx = NULL;
-    strata_status s = cuda_ctx_create(0, &ctx, err, sizeof err);
-    if (s != STRATA_OK) return s;
-    const int64_t kd = (int64_t)Hkv * hd, qd = (int64_t)H * hd, row = kd * 2;
-    /* room for a whole tile after the chunk, all bits set (f16 NaNs): the kernel must not read them */
-    const int64_t n_alloc = (int64_t)n_pos + 64;
+    const int64_t n_alloc = flash ? (int64_t)n_pos + 64 : n_pos;
     const int32_t pos0 = n_pos - T;
     void *dq = NULL, *dk = NULL, *dv = NULL, *kc = NULL, *vc = NULL, *dout = NULL, *dpos = NULL;
     if ((s = cuda_alloc(ctx, (size_t)(T * qd * 4), &dq, "q")) ||
@@ -323,18 +288,22 @@ strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const
         (s = cuda_alloc(ctx, (size_t)(n_alloc * row), &vc, "v cache")) ||
         (s = cuda_alloc(ctx, (size_t)(T * qd * 4), &dout, "out")) || (s = cuda_alloc(ctx, 4, &dpos, "position")))
         goto done;
-    if ((s = cuda_memset(ctx, kc, 0xff, (size_t)(n_alloc * row))) ||
-        (s = cuda_memset(ctx, vc, 0xff, (size_t)(n_alloc * row))) ||
-        (s = cuda_h2d(ctx, dq, q, (size_t)(T * qd * 4), CUDA_STREAM_COMPUTE)) ||
+    if (flash && ((s = cuda_memset(ctx, kc, 0xff, (size_t)(n_alloc * row))) ||
+                  (s = cuda_memset(ctx, vc, 0xff, (size_t)(n_alloc * row)))))
+        goto done;
+    if ((s = cuda_h2d(ctx, dq, q, (size_t)(T * qd * 4), CUDA_STREAM_COMPUTE)) ||
         (s = cuda_h2d(ctx, dk, k, (size_t)(n_pos * kd * 4), CUDA_STREAM_COMPUTE)) ||
         (s = cuda_h2d(ctx, dv, v, (size_t)(n_pos * kd * 4), CUDA_STREAM_COMPUTE)) ||
         (s = cuda_h2d(ctx, dpos, &pos0, 4, CUDA_STREAM_COMPUTE)) ||
         (s = cuda_kv_store(ctx, kv_type, (const float *)dk, (const float *)dv, kc, vc, n_pos, (int32_t)kd, 0, NULL)))
         goto done;
     /* with the position on the device, the argument is garbage: the kernel must not read it */
-    if ((s = cuda_flash_attention(ctx, kv_type, (const float *)dq, kc, vc, (float *)dout, T, H, Hkv, hd,
-                                  pos_on_device ? -77777 : pos0, pos_on_device ? (const int32_t *)dpos : NULL)) ||
-        (s = cuda_d2h(ctx, out, dout, (size_t)(T * qd * 4), CUDA_STREAM_COMPUTE)) || (s = cuda_sync(ctx)))
+    const int32_t pos_arg = pos_on_device ? -77777 : pos0;
+    const int32_t *pos_dev = pos_on_device ? (const int32_t *)dpos : NULL;
+    s = flash ? cuda_flash_attention(ctx, kv_type, (const float *)dq, kc, vc, (float *)dout, T, H, Hkv, hd, pos_arg,
+                                     pos_dev)
+              : cuda_attention(ctx, kv_type, (const float *)dq, kc, vc, (float *)dout, T, H, Hkv, hd, pos_arg, pos_dev);
+    if (s || (s = cuda_d2h(ctx, out, dout, (size_t)(T * qd * 4), CUDA_STREAM_COMPUTE)) || (s = cuda_sync(ctx)))
         goto done;
 done:
     if (ctx) cuda_sync(ctx);
@@ -342,4 +311,15 @@ done:
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(ctx, p[i]);
     cuda_ctx_destroy(ctx);
     return s;
+}
+
+strata_status strata_cuda_attention(int32_t kv_type, const float *q, const float *k, const float *v, int32_t n_pos,
+                                    int32_t T, int32_t H, int32_t Hkv, int32_t hd, int32_t pos_on_device, float *out) {
+    return attention_entry(0, kv_type, q, k, v, n_pos, T, H, Hkv, hd, pos_on_device, out);
+}
+
+strata_status strata_cuda_flash_attention(int32_t kv_type, const float *q, const float *k, const float *v,
+                                          int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
+                                          int32_t pos_on_device, float *out) {
+    return attention_entry(1, kv_type, q, k, v, n_pos, T, H, Hkv, hd, pos_on_device, out);
 }
