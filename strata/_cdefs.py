@@ -590,24 +590,28 @@ def strata_cuda_router_topk(
 ) -> int: ...
 
 
+# the argument types of strata_cuda_attention and strata_cuda_flash_attention (the same prototype)
+_ATTENTION_ARGS = [
+    c_int32,
+    POINTER(c_float),
+    POINTER(c_float),
+    POINTER(c_float),
+    c_int32,
+    c_int32,
+    c_int32,
+    c_int32,
+    c_int32,
+    c_int32,
+    POINTER(c_float),
+]
+
+
 # STRATA_API strata_status strata_cuda_attention(int32_t kv_type, const float *q, const float *k, const float *v,
 #                                                int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
 #                                                int32_t pos_on_device, float *out);
 @c_function(
     "strata_cuda_attention",
-    [
-        c_int32,
-        POINTER(c_float),
-        POINTER(c_float),
-        POINTER(c_float),
-        c_int32,
-        c_int32,
-        c_int32,
-        c_int32,
-        c_int32,
-        c_int32,
-        POINTER(c_float),
-    ],
+    _ATTENTION_ARGS,
     c_int32,
 )
 def strata_cuda_attention(
@@ -677,19 +681,7 @@ def strata_cuda_mirror_swiglu(g: Any, u: Any, n: int) -> int: ...
 #                                                      int32_t Hkv, int32_t hd, int32_t pos_on_device, float *out);
 @c_function(
     "strata_cuda_flash_attention",
-    [
-        c_int32,
-        POINTER(c_float),
-        POINTER(c_float),
-        POINTER(c_float),
-        c_int32,
-        c_int32,
-        c_int32,
-        c_int32,
-        c_int32,
-        c_int32,
-        POINTER(c_float),
-    ],
+    _ATTENTION_ARGS,
     c_int32,
 )
 def strata_cuda_flash_attention(
