@@ -53,6 +53,30 @@ def cuda_lib() -> ctypes.CDLL:
     return lib
 
 
+def attention(
+    lib: ctypes.CDLL,
+    name: str,
+    kv_type: int,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    T: int,
+    H: int,
+    Hkv: int,
+    hd: int,
+    on_device: int = 0,
+) -> tuple[int, np.ndarray]:
+    """Run ``strata_cuda_attention`` or ``strata_cuda_flash_attention`` (``name``): the last T of k's positions
+    attending over the cache made of k and v. Returns (status, out [T, H * hd]; NaN where not written)."""
+    out = np.full((T, H * hd), np.nan, dtype=np.float32)
+    fn = getattr(lib, name)
+    fn.argtypes = [ctypes.c_int32] + [ctypes.c_void_p] * 3 + [ctypes.c_int32] * 6 + [ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    st = fn(kv_type, ptr(q), ptr(k), ptr(v), k.shape[0], T, H, Hkv, hd, on_device, ptr(out))
+    return st, out
+
+
 def _f16_bytes(v: np.ndarray) -> np.ndarray:
     return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
 

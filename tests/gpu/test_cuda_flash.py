@@ -5,12 +5,10 @@ the same bits whatever the chunking."""
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
-from tests.gpu._cuda_util import cuda_lib
+from tests.gpu._cuda_util import attention, cuda_lib
 
 pytestmark = pytest.mark.gpu
 
@@ -18,22 +16,12 @@ STATUS_UNSUPPORTED = 4
 
 
 def _flash(lib, q, k, v, T, H, Hkv, hd, on_device=0, kv_type=0):
-    out = np.full((T, H * hd), np.nan, dtype=np.float32)
-    fn = lib.strata_cuda_flash_attention
-    fn.argtypes = [ctypes.c_int32] + [ctypes.c_void_p] * 3 + [ctypes.c_int32] * 6 + [ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    st = fn(kv_type, ptr(q), ptr(k), ptr(v), k.shape[0], T, H, Hkv, hd, on_device, ptr(out))
-    return st, out
+    return attention(lib, "strata_cuda_flash_attention", kv_type, q, k, v, T, H, Hkv, hd, on_device)
 
 
 def _decode_kernel(lib, q, k, v, T, H, Hkv, hd):
-    out = np.full((T, H * hd), np.nan, dtype=np.float32)
-    fn = lib.strata_cuda_attention
-    fn.argtypes = [ctypes.c_int32] + [ctypes.c_void_p] * 3 + [ctypes.c_int32] * 6 + [ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    assert fn(0, ptr(q), ptr(k), ptr(v), k.shape[0], T, H, Hkv, hd, 0, ptr(out)) == 0
+    st, out = attention(lib, "strata_cuda_attention", 0, q, k, v, T, H, Hkv, hd)
+    assert st == 0
     return out
 
 

@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from tests.gpu._cuda_util import cuda_lib, random_rows
+from tests.gpu._cuda_util import attention, cuda_lib, random_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -151,12 +151,7 @@ def test_router_topk_matches_serial_scan(E, K, T, with_segments):
 
 
 def _attention(lib, kv_type, q, k, v, T, H, Hkv, hd, on_device=0):
-    out = np.full((T, H * hd), np.nan, dtype=np.float32)
-    fn = lib.strata_cuda_attention
-    fn.argtypes = [ctypes.c_int32] + [ctypes.c_void_p] * 3 + [ctypes.c_int32] * 6 + [ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-    st = fn(kv_type, ptr(q), ptr(k), ptr(v), k.shape[0], T, H, Hkv, hd, on_device, ptr(out))
+    st, out = attention(lib, "strata_cuda_attention", kv_type, q, k, v, T, H, Hkv, hd, on_device)
     assert st == 0, f"strata_cuda_attention failed with status {st}"
     return out
 
