@@ -335,6 +335,39 @@ __global__ void k_expert_down_combine(const uint8_t *const *__restrict__ wd, int
  * so a row of 2048 values costs one round trip to memory, and gate and up, or the DC_ROWS rows of down,
  * share it. With programmatic dependent launch (cu_launch), a product whose weights are fixed (not an
  * expert chosen by the router) loads its first groups before waiting for the kernel before it. */
+/* The weights of groups g0, g0 + 8, .. g0 + 8 (PF - 1) (slice sl) of NR rows, zeros past the row's G groups:
+ * PF groups of every row in flight together. */
+template <int TYPE, int NR, int PF>
+__device__ __forceinline__ void q8w_load_batch(const uint8_t *const *rows, int64_t g0, int64_t G, int sl,
+                                               int (&w0)[NR][PF], int (&w1)[NR][PF], float (&dw)[NR][PF]) {
+#pragma unroll
+    for (int i = 0; i < PF; i++) {
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            w0[r][i] = w1[r][i] = 0;
+            dw[r][i] = 0.0f;
+            if (g0 + 8 * i < G) q8w_load<TYPE>(rows[r], g0 + 8 * i, sl, w0[r][i], w1[r][i], dw[r][i]);
+        }
+    }
+}
+
+/* acc[r] += those groups' products with the activations' (xv, dx), group by group: dot_row_q8's order. */
+template <int NR, int PF>
+__device__ __forceinline__ void q8_accumulate(int64_t g0, int64_t G, const int (&w0)[NR][PF], const int (&w1)[NR][PF],
+                                              const float (&dw)[NR][PF], const int2 (&xv)[PF], const float (&dx)[PF],
+                                              float (&acc)[NR]) {
+#pragma unroll
+    for (int i = 0; i < PF; i++) {
+        if (g0 + 8 * i < G) {
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                const int isum = __dp4a(w1[r][i], xv[i].y, __dp4a(w0[r][i], xv[i].x, 0));
+                acc[r] = __fadd_rn(acc[r], __fmul_rn(__fmul_rn(dw[r][i], dx[i]), (float)isum));
+            }
+        }
+    }
+}
+
 /* out[i] = row i . xr (8-bit activation row) for NR rows, each in dot_row_q8's order. wait_after_first:
  * call cu_pdl_wait after the first weight loads (else the caller has waited already). */
 template <int TYPE, int NR, int PF>
@@ -349,15 +382,7 @@ __device__ __forceinline__ void dot_rows_q8(const uint8_t *const *rows, const ui
     for (int64_t g0 = lane >> 2; g0 < G; g0 += 8 * PF) {
         int w0[NR][PF], w1[NR][PF];
         float dw[NR][PF];
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                w0[r][i] = w1[r][i] = 0;
-                dw[r][i] = 0.0f;
-                if (g0 + 8 * i < G) q8w_load<TYPE>(rows[r], g0 + 8 * i, sl, w0[r][i], w1[r][i], dw[r][i]);
-            }
-        }
+        q8w_load_batch<TYPE, NR, PF>(rows, g0, G, sl, w0, w1, dw);
         if (!waited) {
             cu_pdl_wait();
             waited = true;
@@ -374,16 +399,7 @@ __device__ __forceinline__ void dot_rows_q8(const uint8_t *const *rows, const ui
                 dx[i] = ((const float *)(xr + cols))[g];
             }
         }
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-            if (g0 + 8 * i < G) {
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    const int isum = __dp4a(w1[r][i], xv[i].y, __dp4a(w0[r][i], xv[i].x, 0));
-                    acc[r] = __fadd_rn(acc[r], __fmul_rn(__fmul_rn(dw[r][i], dx[i]), (float)isum));
-                }
-            }
-        }
+        q8_accumulate<NR, PF>(g0, G, w0, w1, dw, xv, dx, acc);
     }
     if (!waited) cu_pdl_wait();
 #pragma unroll
@@ -504,15 +520,7 @@ __global__ void k_expert_down_combine_hq(const uint8_t *const *__restrict__ wd, 
         const int64_t g0 = base + (lane >> 2);
         int w0[DC_ROWS][PF], w1[DC_ROWS][PF];
         float dw[DC_ROWS][PF];
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-#pragma unroll
-            for (int r = 0; r < DC_ROWS; r++) {
-                w0[r][i] = w1[r][i] = 0;
-                dw[r][i] = 0.0f;
-                if (g0 + 8 * i < G) q8w_load<TYPE>(rows[r], g0 + 8 * i, sl, w0[r][i], w1[r][i], dw[r][i]);
-            }
-        }
+        q8w_load_batch<TYPE, DC_ROWS, PF>(rows, g0, G, sl, w0, w1, dw);
         float4 ha[PF], hb[PF];
 #pragma unroll
         for (int i = 0; i < PF; i++) {
@@ -543,16 +551,7 @@ __global__ void k_expert_down_combine_hq(const uint8_t *const *__restrict__ wd, 
             xv[i].y = (int)(b[4] | (b[5] << 8) | (b[6] << 16) | (b[7] << 24));
             dx[i] = __half2float(__float2half_rn(d));
         }
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-            if (g0 + 8 * i < G) {
-#pragma unroll
-                for (int r = 0; r < DC_ROWS; r++) {
-                    const int isum = __dp4a(w1[r][i], xv[i].y, __dp4a(w0[r][i], xv[i].x, 0));
-                    acc[r] = __fadd_rn(acc[r], __fmul_rn(__fmul_rn(dw[r][i], dx[i]), (float)isum));
-                }
-            }
-        }
+        q8_accumulate<DC_ROWS, PF>(g0, G, w0, w1, dw, xv, dx, acc);
     }
 #pragma unroll
     for (int r = 0; r < DC_ROWS; r++) {
