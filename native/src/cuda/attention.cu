@@ -160,6 +160,30 @@ __device__ __forceinline__ void att_merge(const float *ms, const float *ls, cons
     }
 }
 
+/* The lane's E values of a query head (qr), times 1 / sqrt(hd). */
+template <int E>
+__device__ __forceinline__ void att_load_q(const float *qr, float *qv) {
+    const float scale = 1.0f / sqrtf((float)(32 * E));
+#pragma unroll
+    for (int e = 0; e < E; e++) qv[e] = __fmul_rn(qr[e], scale);
+}
+
+/* The block's warps' states (m, l, o) to shared memory (sm, sl: ATT_WARPS floats, so: ATT_WARPS x hd), a
+ * barrier, then warp 0 merges them in order 0..ATT_WARPS-1 into (M, L, O); the other warps' M, L, O are not
+ * set. */
+template <int E>
+__device__ __forceinline__ void att_warps_merge(float m, float l, const float *o, float *sm, float *sl, float *so,
+                                                int warp, int lane, float &M, float &L, float *O) {
+    if (lane == 0) {
+        sm[warp] = m;
+        sl[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < E; e++) so[warp * 32 * E + lane * E + e] = o[e];
+    __syncthreads();
+    if (warp == 0) att_merge<E>(sm, sl, so, 32 * E, ATT_WARPS, lane, M, L, O);
+}
+
 /* Warp 0 writes the query's output O / L (row t, head h), and with Q8OUT its 8-bit row (cuda_quantize_act's
  * layout and bits for Q8_0 over H * hd values; the 32 / E lanes of a block of 32 values share its scale). */
 template <int E, bool Q8OUT>
@@ -198,28 +222,16 @@ k_attention(const float *q, const uint8_t *kc, const uint8_t *vc, float *out, in
     const int t = blockIdx.x / H, h = blockIdx.x % H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int off = (h / (H / Hkv)) * hd + lane * E;
-    const float scale = 1.0f / sqrtf((float)hd);
     float qv[E];
-    const float *qr = q + ((int64_t)t * H + h) * hd + lane * E;
-#pragma unroll
-    for (int e = 0; e < E; e++) qv[e] = __fmul_rn(qr[e], scale);
+    att_load_q<E>(q + ((int64_t)t * H + h) * hd + lane * E, qv);
     float m = -INFINITY, l = 0.0f, o[E];
 #pragma unroll
     for (int e = 0; e < E; e++) o[e] = 0.0f;
     att_tiles<E, KVT, B, false>(qv, kc, vc, kv_dim, off, pos0 + t + 1, warp, ATT_WARPS, lane, m, l, o);
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], so[ATT_WARPS][32 * E];
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) so[warp][lane * E + e] = o[e];
-    __syncthreads();
-    if (warp == 0) {
-        float M, L, O[E];
-        att_merge<E>(sm, sl, &so[0][0], 32 * E, ATT_WARPS, lane, M, L, O);
-        att_write<E, false>(O, L, out, NULL, 0, t, h, H, lane);
-    }
+    float M, L, O[E];
+    att_warps_merge<E>(m, l, o, sm, sl, &so[0][0], warp, lane, M, L, O);
+    if (warp == 0) att_write<E, false>(O, L, out, NULL, 0, t, h, H, lane);
 }
 
 /* Decode (one query, cuda_attention_decode), grid H * S blocks (query head h, split s), with cu_launch.
@@ -243,11 +255,8 @@ k_attention_dec(const float *q, const uint8_t *kc, const uint8_t *vc, float *out
     const bool split = ntile > ATT_WARPS && S > 1; /* block-uniform */
     if (!split && sp > 0) return;
     const int off = (h / (H / Hkv)) * hd + lane * E;
-    const float scale = 1.0f / sqrtf((float)hd);
     float qv[E];
-    const float *qr = q + (int64_t)h * hd + lane * E;
-#pragma unroll
-    for (int e = 0; e < E; e++) qv[e] = __fmul_rn(qr[e], scale);
+    att_load_q<E>(q + (int64_t)h * hd + lane * E, qv);
     float m = -INFINITY, l = 0.0f, o[E];
 #pragma unroll
     for (int e = 0; e < E; e++) o[e] = 0.0f;
@@ -255,15 +264,8 @@ k_attention_dec(const float *q, const uint8_t *kc, const uint8_t *vc, float *out
     else att_tiles<E, KVT, B, true>(qv, kc, vc, kv_dim, off, npos, warp, ATT_WARPS, lane, m, l, o);
     __shared__ float sm[ATT_WARPS], sl[ATT_WARPS], so[ATT_WARPS][32 * E];
     __shared__ int last;
-    if (lane == 0) {
-        sm[warp] = m;
-        sl[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < E; e++) so[warp][lane * E + e] = o[e];
-    __syncthreads();
     float M, L, O[E];
-    if (warp == 0) att_merge<E>(sm, sl, &so[0][0], 32 * E, ATT_WARPS, lane, M, L, O);
+    att_warps_merge<E>(m, l, o, sm, sl, &so[0][0], warp, lane, M, L, O);
     if (!split) {
         if (warp == 0) att_write<E, Q8OUT>(O, L, out, q8, q8_stride, 0, h, H, lane);
         return;
