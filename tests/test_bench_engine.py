@@ -123,7 +123,7 @@ def test_sigint_keeps_finished_engine_rows(tiny, tmp_path) -> None:
             "-p",
             "16",
             "-n",
-            "64",
+            "1024",  # tiny decodes at ~24k t/s: short rows let a starved test see the grid already done
             "-r",
             "5",
             "--threads",

@@ -119,7 +119,8 @@ def test_failing_llama_bench_keeps_finished_rows(fake_bin, model_file, tmp_path,
 
 def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
-    env = {**os.environ, "FAKE_LLAMA_BENCH_DELAY": "0.4"}
+    # rows 1.5 s apart: a test process starved for a few seconds on a loaded machine still interrupts mid-run
+    env = {**os.environ, "FAKE_LLAMA_BENCH_DELAY": "1.5"}
     cmd = f"run --target llama.cpp --model {model_file} -p 16,32,64,128,256 -n 8,16,32 -r 5 --output {out}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "strata_bench.cli", *cmd.split()],
