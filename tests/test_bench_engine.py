@@ -21,6 +21,13 @@ pytest.importorskip("strata._engine")
 FAKE = Path(__file__).parent / "bench_support" / "fake_llama_bench.py"
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default. A runner that starts the tests in the background
+    of a non-interactive shell has SIGINT ignored, the child would inherit that, and Python installs no
+    KeyboardInterrupt handler where SIGINT is ignored at start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def tiny() -> Path:
     from strata.model import ensure_model
@@ -137,6 +144,7 @@ def test_sigint_keeps_finished_engine_rows(tiny, tmp_path) -> None:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_sigint_default,
     )
     try:
         deadline = time.monotonic() + 120

@@ -19,6 +19,13 @@ from strata_bench.cli import main
 FAKE = Path(__file__).parent / "bench_support" / "fake_llama_bench.py"
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default. A runner that starts the tests in the background
+    of a non-interactive shell has SIGINT ignored, the child would inherit that, and Python installs no
+    KeyboardInterrupt handler where SIGINT is ignored at start."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def bench(cmd: str) -> int:
     return main(cmd.split())
 
@@ -125,6 +132,7 @@ def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "strata_bench.cli", *cmd.split()],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=_sigint_default,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
