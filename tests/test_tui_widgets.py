@@ -168,6 +168,37 @@ def test_log_follows_a_growing_reply_until_scrolled_up() -> None:
     asyncio.run(run())
 
 
+def test_folding_the_reasoning_when_the_answer_starts_keeps_the_log_at_its_end() -> None:
+    from strata_tui.widgets import ChatLog
+
+    async def run() -> None:
+        log = ChatLog()
+        async with _One(log).run_test(size=(80, 20)) as pilot:
+            view = MessageView("assistant", streaming=True)
+            await log.add(view)
+            await view.append(Delta(reasoning="Thinking about it at length. " * 120))  # taller than the view
+            view.set_footer("a line below the reasoning")  # the box does not end at the view's bottom edge
+            await pilot.pause(0.3)
+            assert log.scroll_y == log.max_scroll_y > 0
+            # the answer starts: the reasoning is folded away (above the view), the answer grows
+            await view.append(Delta(content="\n\n".join(f"answer paragraph {i}" for i in range(40))))
+            await pilot.pause(0.5)  # longer than a scroll animation
+            await view.append(Delta(content="\n\nthe last words"))
+            await view.end_stream()
+            await pilot.pause(0.5)
+            assert view.query_one(".reasoning-box").collapsed  # type: ignore[attr-defined]
+            assert log.sticky  # still following: nothing scrolled it up
+            assert log.scroll_y == log.max_scroll_y > 0
+            # the user's own toggle (t) still shows the reasoning box
+            view.action_toggle_reasoning()
+            await pilot.pause(0.5)
+            box = view.query_one(".reasoning-box")
+            assert not box.collapsed  # type: ignore[attr-defined]
+            assert box.region.overlaps(log.region)
+
+    asyncio.run(run())
+
+
 def test_a_log_that_is_not_full_starts_at_the_top() -> None:
     from strata_tui.widgets import ChatLog
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -21,6 +22,26 @@ _SEAL_CHARS = 1200  # a streaming segment ends at the next block boundary after 
 _FORCE_CHARS = 4 * _SEAL_CHARS  # ... or here, wherever that is
 
 _LABELS = {"user": "You", "assistant": "Assistant", "error": "Error", "note": "strata"}
+
+
+class _ReasoningBox(Collapsible):
+    """The reasoning's box. Textual's Collapsible scrolls itself into view after every change; for the
+    fold that happens when the answer starts (nobody asked for it), that scrolled a log that follows the
+    reply back up to the reasoning and stopped the following, so the answer went on below the view.
+    ``fold()`` leaves the view alone; a toggle the reader asks for still brings the box into view."""
+
+    _quiet = False
+
+    def fold(self) -> None:
+        if not self.collapsed:
+            self._quiet = self.is_mounted  # the change's scroll_visible runs after the next refresh
+            self.collapsed = True
+
+    def scroll_visible(self, *args: Any, **kwargs: Any) -> None:
+        if self._quiet:
+            self._quiet = False
+            return
+        super().scroll_visible(*args, **kwargs)
 
 
 class MessageView(Vertical, OneLayout, can_focus=True):
@@ -67,7 +88,7 @@ class MessageView(Vertical, OneLayout, can_focus=True):
 
     def compose(self) -> ComposeResult:
         yield Static(_LABELS.get(self.role, self.role), classes="role")
-        with Collapsible(
+        with _ReasoningBox(
             title=self._reasoning_title(), collapsed=not self._streaming, classes="reasoning-box"
         ) as c:
             c.display = bool(self.reasoning)
@@ -92,7 +113,7 @@ class MessageView(Vertical, OneLayout, can_focus=True):
             if self.reasoning and not self._folded and delta.content.strip():
                 # the answer has started: fold the reasoning away, once (it stays one click away)
                 self._folded = True
-                self.query_one(".reasoning-box", Collapsible).collapsed = True
+                self.query_one(".reasoning-box", _ReasoningBox).fold()
             self.content += delta.content
             await self._append_content(delta.content)
 
