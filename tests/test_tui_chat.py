@@ -430,3 +430,36 @@ def test_chat_starts_and_stops_its_own_server(tmp_path: Path) -> None:
     finally:
         proc.stop()
     assert proc.exited() is not None
+
+
+def test_a_settings_toast_leaves_no_text_behind_after_the_log_scrolled(server: ServerProcess, tmp_path: Path) -> None:
+    """The toast that confirms a setting, then a scroll of the log, then the toast expires: the terminal
+    (the app's updates replayed, tests/_terminal.py) shows what the screen shows where it was."""
+    from _terminal import now_drawn, record
+    from textual.widgets._toast import Toast
+
+    async def run() -> None:
+        app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
+        app.NOTIFICATION_TIMEOUT = 1.5
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            await ready(pilot, app)
+            await setup_greedy(pilot, app, 300)
+            await send_and_wait(pilot, app, "Tell me a long story.")
+            log = app.chat.log_view
+            await log.add(MessageView("note", "\n\n".join(f"line {i}" for i in range(30))))  # a full log
+            await pilot.pause(0.2)
+            assert log.scroll_y == log.max_scroll_y > 5
+            await wait_for(pilot, lambda: not app.screen.query(Toast), "the earlier toasts to go")
+            terminal = record(app)
+            app.screen.refresh()  # one full paint, then only updates
+            await pilot.pause(0.2)
+            await type_and_send(pilot, app, "/max-tokens 3000")
+            await wait_for(pilot, lambda: bool(app.screen.query(Toast)), "the toast")
+            region = app.screen.query_one(Toast).region
+            assert "max 3000" in "".join(terminal.text(region))
+            log.scroll_to(y=log.max_scroll_y - 5, animate=False)  # the reader scrolls up a little
+            await wait_for(pilot, lambda: not app.screen.query(Toast), "the toast to expire")
+            await pilot.pause(0.3)
+            assert terminal.text(region) == now_drawn(app).text(region)
+            assert "max 3000" not in "".join(terminal.text(region))
+    asyncio.run(run())

@@ -22,6 +22,7 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, ListView, Static
 
+from .._compositor import RepaintingCompositor
 from ..client import ApiError, Delta, Finished, Unreachable, friendly_error
 from ..commands import SCREEN_KEYS, parse_slash
 from ..messages import (
@@ -120,6 +121,7 @@ class ChatScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
+        self._compositor = RepaintingCompositor()  # nothing is laid out yet: see _compositor.py
         self.conv: Conversation | None = None
         self.history: list[StoredMessage] = []
         self.reply: _Reply | None = None
