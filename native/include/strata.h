@@ -217,7 +217,7 @@ typedef struct strata_plan {
     int32_t lend_floor;        /* slots never lent */
     int32_t max_lend_slots;    /* the most slots a loan may take (lend_pct and floor applied) */
     int32_t lend_policy;       /* strata_lend_policy */
-    int32_t miss_policy;       /* strata_miss_policy actually used (never AUTO) */
+    int32_t miss_policy;       /* strata_miss_policy actually used: AUTO only on CUDA (each decode step splits its misses) */
     int32_t cache_policy;      /* strata_cache_policy */
     int64_t host_expert_bytes; /* host RAM holding the experts (pinned or mapped) */
     int64_t host_borrow_bytes; /* host RAM the prompt path borrows for auto_chunk */

@@ -167,8 +167,10 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->simd = in->simd;
     pp->lend_policy = prm->lend_policy;
     pp->cache_policy = prm->cache_policy;
-    /* On the CPU backend a host miss is the same work as a copy minus the copy. */
-    pp->miss_policy = prm->miss_policy == STRATA_MISS_AUTO ? STRATA_MISS_HOST : prm->miss_policy;
+    /* On the CPU backend a host miss is the same work as a copy minus the copy, so auto is host. On CUDA,
+     * auto stays auto: each decode step splits its misses between the host and copies (cuda_forward.c). */
+    pp->miss_policy = prm->miss_policy == STRATA_MISS_AUTO && in->device != STRATA_DEVICE_CUDA ? STRATA_MISS_HOST
+                                                                                             : prm->miss_policy;
     pp->kv_type = prm->kv_type;
     pp->n_experts_total = in->n_layer * in->n_expert;
     pp->slot_bytes = slot_round(in->expert_bytes);
