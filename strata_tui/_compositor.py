@@ -14,15 +14,18 @@ after a layout) and marks the region of every widget that a layout hides as dirt
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from textual._compositor import Compositor, CompositorMap, ReflowResult
+from textual.screen import ModalScreen, Screen
 
 if TYPE_CHECKING:
     from textual.geometry import Size
     from textual.widget import Widget
 
-__all__ = ["RepaintingCompositor"]
+__all__ = ["RepaintingCompositor", "RepaintingModalScreen", "RepaintingScreen"]
+
+ResultType = TypeVar("ResultType")
 
 
 class RepaintingCompositor(Compositor):
@@ -49,3 +52,20 @@ class RepaintingCompositor(Compositor):
         exposed = super().reflow_visible(parent, size)
         self._drawn = self._visible_map or {}
         return exposed
+
+
+class RepaintingScreen(Screen[ResultType]):
+    """A screen laid out by RepaintingCompositor (set before anything is laid out): every screen of the chat
+    shows toasts, and any of them that scrolls could leave one's text behind."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._compositor = RepaintingCompositor()
+
+
+class RepaintingModalScreen(ModalScreen[ResultType]):
+    """A modal screen laid out by RepaintingCompositor, as RepaintingScreen."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._compositor = RepaintingCompositor()

@@ -8,18 +8,13 @@ import asyncio
 from _terminal import now_drawn, record
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
-from textual.screen import Screen
 from textual.widgets import Input, Static
 from textual.widgets._toast import Toast
 
-from strata_tui._compositor import RepaintingCompositor
+from strata_tui._compositor import RepaintingCompositor, RepaintingScreen
 
 
-class _Screen(Screen[None]):
-    def __init__(self) -> None:
-        super().__init__()
-        self._compositor = RepaintingCompositor()
-
+class _Screen(RepaintingScreen[None]):
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="log"):
             for i in range(60):
@@ -58,3 +53,17 @@ def test_an_expired_toast_is_wiped_after_a_scroll() -> None:
             assert "▔" * 20 in "".join(terminal.text(region))  # the input's frame is back where the toast was
 
     asyncio.run(run())
+
+
+def test_every_screen_of_the_chat_repaints_where_a_widget_went() -> None:
+    """Toasts show on whichever screen is on top, and the help and settings screens scroll too."""
+    from strata_tui.screens.chat import ChatScreen
+    from strata_tui.screens.confirm import ConfirmScreen
+    from strata_tui.screens.help import HelpScreen
+    from strata_tui.screens.prompt import PromptScreen
+    from strata_tui.screens.settings import SettingsScreen
+    from strata_tui.store import Settings
+
+    screens = [ChatScreen(), ConfirmScreen("?"), HelpScreen(), PromptScreen("?"), SettingsScreen("", Settings())]
+    for screen in screens:
+        assert isinstance(screen._compositor, RepaintingCompositor), type(screen).__name__

@@ -18,11 +18,10 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Header, ListView, Static
 
-from .._compositor import RepaintingCompositor
+from .._compositor import RepaintingScreen
 from ..client import ApiError, Delta, Finished, Unreachable, friendly_error
 from ..commands import SCREEN_KEYS, parse_slash
 from ..messages import (
@@ -113,7 +112,7 @@ class _Reply:
         self.last_draw = time.monotonic()
 
 
-class ChatScreen(Screen[None]):
+class ChatScreen(RepaintingScreen[None]):
     BINDINGS = [
         Binding(k, a, label, tooltip=d, show=k in ("escape", "ctrl+n", "ctrl+r", "f3", "f1"))
         for k, a, label, d in SCREEN_KEYS
@@ -121,7 +120,6 @@ class ChatScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__()
-        self._compositor = RepaintingCompositor()  # nothing is laid out yet: see _compositor.py
         self.conv: Conversation | None = None
         self.history: list[StoredMessage] = []
         self.reply: _Reply | None = None

@@ -6,13 +6,14 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Static
+
+from .._compositor import RepaintingModalScreen
 
 __all__ = ["ConfirmScreen"]
 
 
-class ConfirmScreen(ModalScreen[bool]):
+class ConfirmScreen(RepaintingModalScreen[bool]):
     BINDINGS = [Binding("escape,n", "no", "No"), Binding("y", "yes", "Yes")]
 
     def __init__(self, question: str, yes: str = "Yes") -> None:

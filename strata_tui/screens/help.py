@@ -6,15 +6,15 @@ from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from .._compositor import RepaintingModalScreen
 from ..commands import KEYS, SLASH_COMMANDS
 
 __all__ = ["HelpScreen"]
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(RepaintingModalScreen[None]):
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
 
     def compose(self) -> ComposeResult:

@@ -6,13 +6,14 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Input, Static
+
+from .._compositor import RepaintingModalScreen
 
 __all__ = ["PromptScreen"]
 
 
-class PromptScreen(ModalScreen[str | None]):
+class PromptScreen(RepaintingModalScreen[str | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, question: str, value: str = "") -> None:

@@ -8,9 +8,9 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, Switch, TextArea
 
+from .._compositor import RepaintingModalScreen
 from ..store import Settings
 
 __all__ = ["SettingsResult", "SettingsScreen", "parse_optional"]
@@ -36,7 +36,7 @@ def parse_optional(text: str, kind: type, name: str, lo: float | None = None, hi
     return v  # type: ignore[no-any-return]
 
 
-class SettingsScreen(ModalScreen[SettingsResult | None]):
+class SettingsScreen(RepaintingModalScreen[SettingsResult | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
     def __init__(self, system_prompt: str, settings: Settings) -> None:
