@@ -88,6 +88,23 @@ static inline __m256i mins_pairs(uint64_t m) {
     return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m));
 }
 
+/* The 16 integer sums of one super-block for 4 weight rows x 4 tokens, acc[4 r + k]: per quarter q (64
+ * values), row r's unsigned values wq[r][q] times token k's 8-bit values, adjacent products summed
+ * (maddubs), then each pair weighted by the row's int16 scale lanes sq[r][q] (dpwssd). Exact, so any
+ * caller's float step sees the same integers as its one-row kernel. */
+static inline __attribute__((always_inline)) void dot16_scaled(const __m512i *const wq[4], const __m512i *const sq[4],
+                                                               const block_q8_K *const y[4], int64_t c,
+                                                               __m512i acc[16]) {
+    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
+    for (int q = 0; q < 4; q++) {
+        __m512i a[4];
+        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
+        for (int r = 0; r < 4; r++)
+            for (int k = 0; k < 4; k++)
+                acc[4 * r + k] = _mm512_dpwssd_epi32(acc[4 * r + k], _mm512_maddubs_epi16(wq[r][q], a[k]), sq[r][q]);
+    }
+}
+
 /* Unpacked Q4_K block in the activations' order: w[q] holds values 64q .. 64q + 63 (sub-block 2q
  * from the low nibbles of bytes 32q .. 32q + 31, sub-block 2q + 1 from their high nibbles), so each
  * activation row is read with four plain 64-byte loads; s[q] the matching int16 scale lanes. */
@@ -235,15 +252,9 @@ static void q4k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
-                    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
-                    for (int q = 0; q < 4; q++) {
-                        __m512i a[4];
-                        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
-                        for (int r = 0; r < 4; r++)
-                            for (int k = 0; k < 4; k++)
-                                acc[4 * r + k] = _mm512_dpwssd_epi32(
-                                    acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].w[q], a[k]), u[r][c].s[q]);
-                    }
+                    const __m512i *wq[4] = {u[0][c].w, u[1][c].w, u[2][c].w, u[3][c].w};
+                    const __m512i *sq[4] = {u[0][c].s, u[1][c].s, u[2][c].s, u[3][c].s};
+                    dot16_scaled(wq, sq, y, c, acc);
                     __m512i bl[8];
                     const __m256i f[4] = {u[0][c].mpair, u[1][c].mpair, u[2][c].mpair, u[3][c].mpair};
                     bsum_pairs(f, y, c, bl);
@@ -457,15 +468,9 @@ static void q6k_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const vo
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
-                    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
-                    for (int q = 0; q < 4; q++) {
-                        __m512i a[4];
-                        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
-                        for (int r = 0; r < 4; r++)
-                            for (int k = 0; k < 4; k++)
-                                acc[4 * r + k] = _mm512_dpwssd_epi32(
-                                    acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
-                    }
+                    const __m512i *wq[4] = {u[0][c].q, u[1][c].q, u[2][c].q, u[3][c].q};
+                    const __m512i *sq[4] = {u[0][c].s, u[1][c].s, u[2][c].s, u[3][c].s};
+                    dot16_scaled(wq, sq, y, c, acc);
                     __m512i cl[8];
                     const __m256i f[4] = {u[0][c].sc16, u[1][c].sc16, u[2][c].sc16, u[3][c].sc16};
                     bsum_pairs(f, y, c, cl);
@@ -695,15 +700,9 @@ static inline __attribute__((always_inline)) void k16_vec_dot_4xn(int64_t n, con
                 __m512 sum = sums[k0 / 4];
                 for (int64_t c = 0; c < cn; c++) {
                     __m512i acc[16];
-                    for (int p = 0; p < 16; p++) acc[p] = _mm512_setzero_si512();
-                    for (int q = 0; q < 4; q++) {
-                        __m512i a[4];
-                        for (int k = 0; k < 4; k++) a[k] = _mm512_loadu_si512((const void *)(y[k][c].qs + 64 * q));
-                        for (int r = 0; r < 4; r++)
-                            for (int k = 0; k < 4; k++)
-                                acc[4 * r + k] = _mm512_dpwssd_epi32(
-                                    acc[4 * r + k], _mm512_maddubs_epi16(u[r][c].q[q], a[k]), u[r][c].s[q]);
-                    }
+                    const __m512i *wq[4] = {u[0][c].q, u[1][c].q, u[2][c].q, u[3][c].q};
+                    const __m512i *sq[4] = {u[0][c].s, u[1][c].s, u[2][c].s, u[3][c].s};
+                    dot16_scaled(wq, sq, y, c, acc);
                     __m512i cl[8];
                     const __m256i f[4] = {u[0][c].c16, u[1][c].c16, u[2][c].c16, u[3][c].c16};
                     bsum_pairs(f, y, c, cl);
