@@ -96,6 +96,60 @@ def open_engine(model: Path, cfg: EngineConfig, trace: Callable[[str], None] | N
         return None
 
 
+def check_requests(eng: Engine, lengths: list[int], lines: list[str]) -> None:
+    """Prompts of the given lengths through a drawn engine: under the current policy every request is
+    served with a loan of exactly its own layout (halved, with its trace line, only when it did not fit);
+    under the legacy policy a request fails, with the one message, exactly when its layout needs more
+    slots than the loan sized for the auto chunk; _memplan.predict says which beforehand; the refill
+    restores the residency table. Shared by the GPU suite (tests/gpu/test_memplan_gpu.py)."""
+    p = eng.plan
+    assert p.auto_loan_slots <= p.max_lend_slots
+    for i, n in enumerate(lengths):
+        eng.kv_reset()
+        before = eng.residency()
+        halvings0 = eng.stats().halvings
+        pred = predict(eng, n)
+        lines.clear()
+        t = request_chunk(p.auto_chunk, n)
+        if p.lend_policy == 0:
+            eng.prefill(_prompt(n, i))  # every request is served
+            lent = [LENT.match(ln) for ln in lines if LENT.match(ln)]
+            assert len(lent) == 1, lines
+            k, used = int(lent[0].group(1)), int(lent[0].group(2))
+            lay = eng.layout(used)
+            assert k == lay.slots_needed <= p.max_lend_slots  # the loan holds the request's own layout
+            assert eng.stats().last_loan_slots == k
+            halved = [HALVED.match(ln) for ln in lines if HALVED.match(ln)]
+            assert len(halved) == eng.stats().halvings - halvings0
+            if halved:  # each halving is traced, and only a chunk that did not fit is halved
+                assert int(halved[0].group(1)) == t and int(halved[-1].group(2)) == used
+                assert all(int(h.group(3)) > int(h.group(4)) for h in halved)
+            else:
+                assert used == t
+            assert (used, k, len(halved)) == (pred.chunk_used, pred.loan_slots, pred.halvings)
+            assert eng.n_past == n
+            event("current: halved" if halved else "current: served at its chunk")
+        else:
+            fails = t < p.auto_chunk and eng.layout(t).slots_needed > p.auto_loan_slots
+            assert (pred.verdict == "lend failed") == fails
+            if fails:
+                with pytest.raises(LendError) as ei:
+                    eng.prefill(_prompt(n, i))
+                m = LEND_MSG.match(str(ei.value))
+                assert m and int(m.group(1)) == t, str(ei.value)
+                assert eng.n_past == 0
+                event("legacy: lend failed")
+            else:
+                eng.prefill(_prompt(n, i))
+                assert f"lent {p.auto_loan_slots} slots for {t} tokens" in lines
+                assert eng.n_past == n
+                event("legacy: served")
+        assert (eng.residency() == before).all()  # the refill restored the cache exactly
+        assert eng.stats().slots_lent_now == 0
+        if any(ln.startswith("lent ") for ln in lines):
+            assert any(ln.startswith(f"refilled {eng.stats().last_loan_slots} slots") for ln in lines), lines
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(engine_settings())
 def test_every_request_is_served_with_its_own_layout(tiny: Path, setting: tuple[dict[str, object], list[int]]) -> None:
@@ -105,49 +159,7 @@ def test_every_request_is_served_with_its_own_layout(tiny: Path, setting: tuple[
     if eng is None:
         return
     with eng:
-        p = eng.plan
-        assert p.auto_loan_slots <= p.max_lend_slots
-        for i, n in enumerate(lengths):
-            eng.kv_reset()
-            before = eng.residency()
-            halvings0 = eng.stats().halvings
-            pred = predict(eng, n)
-            lines.clear()
-            t = request_chunk(p.auto_chunk, n)
-            if p.lend_policy == 0:
-                eng.prefill(_prompt(n, i))  # every request is served
-                lent = [LENT.match(ln) for ln in lines if LENT.match(ln)]
-                assert len(lent) == 1, lines
-                k, used = int(lent[0].group(1)), int(lent[0].group(2))
-                lay = eng.layout(used)
-                assert k == lay.slots_needed <= p.max_lend_slots  # the loan holds the request's own layout
-                halved = [HALVED.match(ln) for ln in lines if HALVED.match(ln)]
-                assert len(halved) == eng.stats().halvings - halvings0
-                if halved:  # each halving is traced, and only a chunk that did not fit is halved
-                    assert int(halved[0].group(1)) == t and int(halved[-1].group(2)) == used
-                    assert all(int(h.group(3)) > int(h.group(4)) for h in halved)
-                else:
-                    assert used == t
-                assert (used, k, len(halved)) == (pred.chunk_used, pred.loan_slots, pred.halvings)
-                assert eng.n_past == n
-                event("current: halved" if halved else "current: served at its chunk")
-            else:
-                fails = t < p.auto_chunk and eng.layout(t).slots_needed > p.auto_loan_slots
-                assert (pred.verdict == "lend failed") == fails
-                if fails:
-                    with pytest.raises(LendError) as ei:
-                        eng.prefill(_prompt(n, i))
-                    m = LEND_MSG.match(str(ei.value))
-                    assert m and int(m.group(1)) == t, str(ei.value)
-                    assert eng.n_past == 0
-                    event("legacy: lend failed")
-                else:
-                    eng.prefill(_prompt(n, i))
-                    assert f"lent {p.auto_loan_slots} slots for {t} tokens" in lines
-                    assert eng.n_past == n
-                    event("legacy: served")
-            assert (eng.residency() == before).all()  # the refill restored the cache exactly
-            assert eng.stats().slots_lent_now == 0
+        check_requests(eng, lengths, lines)
 
 
 # ---- identity --------------------------------------------------------------------------------------

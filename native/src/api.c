@@ -222,18 +222,12 @@ strata_status strata_cache_residency(const strata_engine *e, int32_t *slot_of, i
     if (!e || !slot_of) return STRATA_ERR_INVALID_ARGUMENT;
     int64_t n = (int64_t)e->hp.n_layer * e->hp.n_expert;
     if (cap < n) return STRATA_ERR_INVALID_ARGUMENT;
-    for (int64_t i = 0; i < n; i++)
-        slot_of[i] = e->gpu ? cuda_forward_slot_of(e, (int32_t)(i / e->hp.n_expert), (int32_t)(i % e->hp.n_expert))
-                            : e->cache.slot_of ? e->cache.slot_of[i] : -1;
+    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of ? e->cache.slot_of[i] : -1;
     return STRATA_OK;
 }
 
 strata_status strata_profile_save(strata_engine *e, const char *path) {
     if (!e || !path) return STRATA_ERR_INVALID_ARGUMENT;
-    if (e->gpu)
-        return err_set(&e->err, STRATA_ERR_STATE,
-                       "saving a learned profile is not available on --device cuda yet; run the workload with --device "
-                       "cpu to learn one");
     if (!e->cache.slot_of)
         return err_set(&e->err, STRATA_ERR_STATE, "this engine has no expert cache (--expert-cache 0): no profile to save");
     return cache_profile_save(&e->cache, path, &e->err);

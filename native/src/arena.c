@@ -68,3 +68,16 @@ void arena_chunk_fail_msg(const arena *a, int32_t n_tokens, char *buf, size_t le
              "failure; %.1f MiB taken, the failing buffer wanted %.1f MiB)",
              n_tokens, mib(a->fail_free), mib(a->cap), mib(a->cap - a->fail_free), mib(a->fail_want));
 }
+
+void arena_chunk_fail_msg_device(const arena *a, int32_t n_tokens, int64_t dev_free, int64_t dev_total, char *buf,
+                                 size_t len) {
+    if (!buf || len == 0) return;
+    if (!a || !a->failed) {
+        buf[0] = '\0';
+        return;
+    }
+    snprintf(buf, len,
+             "prefill: device buffers for a chunk of %d tokens do not fit (%.1f of %.1f MiB free at the "
+             "failure; %.1f MiB taken, the failing buffer wanted %.1f MiB)",
+             n_tokens, mib(dev_free), mib(dev_total), mib(a->cap - a->fail_free), mib(a->fail_want));
+}

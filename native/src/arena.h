@@ -47,5 +47,9 @@ int64_t arena_size_of(int64_t bytes);
  * "prefill: device buffers for a chunk of N tokens do not fit (X of Y MiB free at the failure;
  *  Z MiB taken, the failing buffer wanted W MiB)". Writes "" when the arena has not failed. */
 void arena_chunk_fail_msg(const arena *a, int32_t n_tokens, char *buf, size_t len);
+/* The same message with a real device's figures (an arena over device memory): X of Y are the free and
+ * total bytes the device's allocator reports, Z what the arena's buffers took before the failure. */
+void arena_chunk_fail_msg_device(const arena *a, int32_t n_tokens, int64_t dev_free, int64_t dev_total, char *buf,
+                                 size_t len);
 
 #endif

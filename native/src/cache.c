@@ -222,6 +222,21 @@ static int32_t victim(const expert_cache *c) {
 }
 
 int32_t cache_decode_lookup(expert_cache *c, int32_t layer, int32_t expert) {
+    return cache_decode_lookup_as(c, layer, expert, c->miss);
+}
+
+int32_t cache_peek(const expert_cache *c, int32_t layer, int32_t expert) {
+    int32_t s = c->slot_of ? c->slot_of[layer * c->n_expert + expert] : -1;
+    return s >= 0 && s < c->n_usable ? s : -1;
+}
+
+int32_t cache_resident(const expert_cache *c) {
+    int32_t n = 0;
+    for (int32_t s = 0; s < c->n_usable; s++) n += c->expert_in[s] >= 0;
+    return n;
+}
+
+int32_t cache_decode_lookup_as(expert_cache *c, int32_t layer, int32_t expert, int32_t miss) {
     int32_t id = layer * c->n_expert + expert;
     c->lookups++;
     c->score[id] += 1.0f;
@@ -233,14 +248,14 @@ int32_t cache_decode_lookup(expert_cache *c, int32_t layer, int32_t expert) {
         return s;
     }
     c->misses++;
-    int admit = c->policy == STRATA_CACHE_LRU || c->miss == STRATA_MISS_COPY;
+    int admit = c->policy == STRATA_CACHE_LRU || miss == STRATA_MISS_COPY;
     if (admit && c->n_usable > 0) {
         int32_t v = victim(c);
         if (v >= 0) {
             place(c, v, id);
             c->swaps++;
             c->pin[v] = c->stamp;
-            if (c->miss == STRATA_MISS_COPY) return v;
+            if (miss == STRATA_MISS_COPY) return v;
         }
     }
     c->host_runs++;

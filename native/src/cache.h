@@ -79,6 +79,13 @@ strata_status cache_profile_save(const expert_cache *c, const char *path, errbuf
 void cache_step_begin(expert_cache *c);
 /* Decode lookup of (layer, expert): the slot to run from, or -1 to run from host memory. */
 int32_t cache_decode_lookup(expert_cache *c, int32_t layer, int32_t expert);
+/* The same lookup with this lookup's miss policy given (STRATA_MISS_HOST or STRATA_MISS_COPY): a
+ * backend that splits one step's misses between the host and copies (--miss auto on CUDA). */
+int32_t cache_decode_lookup_as(expert_cache *c, int32_t layer, int32_t expert, int32_t miss);
+/* The slot of (layer, expert) when it is resident in a usable slot, else -1 (no counting). */
+int32_t cache_peek(const expert_cache *c, int32_t layer, int32_t expert);
+/* Experts resident in usable slots. */
+int32_t cache_resident(const expert_cache *c);
 /* Prefill lookup: the slot when resident (and usable), else -1 (the caller streams it through the ring). */
 int32_t cache_prefill_lookup(expert_cache *c, int32_t layer, int32_t expert);
 /* One decode token finished: adapt when it is time. */

@@ -1,28 +1,35 @@
 /*
- * cuda_forward.c — the forward pass on an NVIDIA GPU: the same blocks as the host engine (engine.c,
- * attention.c, moe.c), with every weight that is not a routed expert, the KV cache and the expert
- * cache in device memory, and the routed experts that are not cached streamed from host RAM.
+ * cuda_forward.c — the CUDA backend: the forward pass on an NVIDIA GPU with the same blocks as the host
+ * engine (engine.c, attention.c, moe.c), and the backend operations that the plan, the expert cache and
+ * the loan (plan.c, cache.c, prefill.c) run on the device through (cuda_backend_ops).
  *
  * Legend: T tokens in a chunk (1 in decode), D model dim, E experts, K used per token, F expert ffn
- *         dim, QD = H * hd, KD = Hkv * hd, V vocabulary, S slots in the expert cache.
+ *         dim, QD = H * hd, KD = Hkv * hd, V vocabulary, S slots in the expert cache, L layers.
  *
- * Device memory, laid out once at open from the plan:
+ * Device memory, laid out once at open from the plan (prefill.c's mem_open), in the plan's order:
  *   resident   norms (f32) and wq/wk/wv/wo/router/output in the file's own types
  *   kv         [L][n_ctx] rows of K and V (f16, or int8 + scales)
+ *   scratch    the decode step's buffers: layout(1) and the decode tables (never move, so a captured
+ *              CUDA Graph of the step stays valid)
  *   slab       S slots of slot_bytes: gate | up | down of one expert, in the file's layout
- *   work       activations for the largest chunk
- After the router, the choices come to the host, which groups the (token, expert) pairs into
- * segments (each expert's tokens, CUDA_SEG_TOKENS at a time) pointing at the experts' slots, copies
- * the experts that are not cached into the least recently used slots first, and launches one product
- * per matrix (gate, up, down) for all segments of the layer.
+ * The expert cache is cache.c's, the same as the CPU backend's: its slab is this device slab and its copy
+ * function (copy_expert) a DMA from the host store. A prompt chunk's buffers and its ring of staging slots
+ * are laid out (layout(T), the function the plan sized them with) inside the slots the cache lends for
+ * the prompt, and the refill copies the displaced experts back afterwards on the copy stream.
  *
- * Decode with every expert resident (the slot table can never change) skips that round trip: the
- * router kernel writes the segment tables itself from a device copy of the expert -> slot addresses
- * (ptr_dev), every lookup is a hit, and a token's step runs from the embedding upload to the logits
- * without waiting for the device. The reply is the same: a pair's product does not depend on the
- * order of the segments, and the kernels are the same. That step is then captured once as a CUDA Graph
- * (the position comes from device memory, pos_dev, so one graph serves every position) and replayed
- * with one launch per token; the graph is dropped when the work buffers move.
+ * A layer's experts, after the router: the choices come to the host, which looks each chosen expert up in
+ * the cache. A prompt runs the cached ones from their slots and streams the others through the ring, in
+ * waves of half the ring (one half is copied while the other's products run). A decode step runs hits
+ * from their slots; a miss is copied into the slot the cache's policy picks (--miss copy), or runs on the
+ * host from host RAM with the device's bits (--miss host; --miss auto splits the misses from the measured
+ * rates). Then one product per matrix (gate, up, down) for all segments of the wave.
+ *
+ * Decode with every expert resident skips that round trip: the router kernel writes the segment tables
+ * itself from a device copy of the expert -> slot addresses (ptr_dev, made from the cache's residency
+ * table), so a hit needs no host round trip; the step is captured once as a CUDA Graph (the position comes
+ * from device memory, pos_dev) and replayed with one launch per token. Each layer's choices land in their
+ * own row of the scratch and come back with the logits, so the cache counts them (lookups, the adaptive
+ * policy's routing counts, profiles) exactly as the host engine does.
  *
  * A decode step is nine launches per layer: RMSNorm + 8-bit row; q/k/v; q/k norm + RoPE + KV store;
  * attention (+ Wo's 8-bit row); Wo; ffn norm + F32 router + the experts' 8-bit row (+ top-k and the
@@ -32,24 +39,24 @@
  * separate launches (STRATA_CUDA_FAST, _FUSE and _PDL in trace.c switch them off), except attention
  * beyond 256 positions, split over blocks in a fixed order (STRATA_CUDA_ATT_SPLIT).
  *
- * Expert copies (the cache fill at open, decode misses under --miss copy, prompt waves) come from the
- * expert store (STRATA_CUDA_STORE, trace.c). By default a ring of STAGE_RING pinned buffers of one slot
- * each: the pool's threads copy the expert's bytes from the mapped file into a free buffer, and one DMA
- * at full PCIe speed takes it to its slot, while the host fills the next buffer (a buffer is reused
- * once the event after its DMA has passed). A copy straight from the mapping would be a pageable copy:
- * a fraction of the bandwidth, with the host blocked. The other stores need no host copy: the mapped
- * file page-locked for the device, or every expert copied once at open into pinned host memory.
+ * Expert copies (the cache fill, decode misses under --miss copy, swaps, the prompt's ring, the refill)
+ * come from the expert store (STRATA_CUDA_STORE, trace.c). By default every routed expert is copied once
+ * at open into pinned host memory, when the plan's host RAM allows it (plan.c: "experts pinned"); else a
+ * ring of STAGE_RING pinned buffers of one slot each: the pool's threads copy the expert's bytes from the
+ * mapped file into a free buffer, and one DMA at full PCIe speed takes it to its slot. A copy straight
+ * from the mapping would be a pageable copy: a fraction of the bandwidth, with the host blocked.
  *
  * Copies run on their own stream (CUDA_STREAM_COPY) and the products wait for them through events, so
  * that a layer's hits run while its misses are copied (STRATA_CUDA_OVERLAP=0: all on the compute
- * stream). Under --miss host or auto, a decode step's misses (all, or auto's share from the measured
- * copy and host times) run on the host while the device runs the rest.
+ * stream). Copies made outside a forward (the refill, swaps between tokens) are ordered before the next
+ * forward's work (copies_pending).
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "common.h"
 #include "cuda_backend.h"
 #include "cuda_forward.h"
@@ -78,16 +85,14 @@ struct cuda_state {
     dev_layer *layers;       /* [L] */
     float *output_norm;      /* [D] */
     void *output;            /* [V, D] */
-    uint8_t *slab;           /* [S, slot_bytes] */
-    int32_t n_slots;
-    int64_t slot_bytes;
-    int64_t gate_bytes, up_bytes, down_bytes; /* of one expert */
-    int32_t *slot_of;        /* host [L * E]: slot or -1 */
-    int32_t *expert_in;      /* host [S]: l * E + e held, or -1 */
-    uint64_t *last_use;      /* host [S]: decode step of last use (victim choice) */
-    uint64_t step;
-    exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down */
-    exp_ptrs *ptr_dev;       /* device [L * E]: the same, when every expert is resident (else NULL) */
+    uint8_t *slab;           /* [S, slot_bytes]: the expert cache's slots (cache.c owns what is in them) */
+    int64_t slot_bytes;      /* the plan's */
+    int64_t *xbytes;         /* [L][3]: bytes of one expert's gate, up and down in layer l */
+    int64_t *store_off;      /* [L]: where layer l's experts start in the pinned store */
+    const uint8_t **addr;    /* [E]: where each expert of the layer being run is (a slot or a ring slot) */
+    exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down (ptr_dev's source) */
+    exp_ptrs *ptr_dev;       /* device [L * E]: the same (when the slab can hold every expert, else NULL) */
+    int32_t routing;         /* decode routes on the device now: every expert resident in a usable slot */
     int32_t *pos_dev;        /* device [1]: the position of a graph-replayed decode step */
     const int32_t *pos_arg;  /* pos_dev while a step is captured, else NULL (kernels take pos0) */
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
@@ -105,22 +110,26 @@ struct cuda_state {
     int prompt;              /* the forward in progress reads a prompt chunk (cuda_forward) */
     int32_t kv_type;
     int64_t kv_row;          /* bytes of one position of K (or V) of one layer */
-    /* work buffers for up to cap tokens */
+    /* the buffers of the chunk in progress (cap tokens): the decode scratch, or laid out in a loan */
     int32_t cap;
-    float *x, *xn, *q, *k, *v, *att, *logits_dev, *router, *wsel, *g, *u, *h, *ye; /* device */
-    int32_t *sel;            /* device [T, K] */
+    float *x, *xn, *q, *k, *v, *att, *router, *wsel, *g, *u, *h, *ye; /* device */
+    int32_t *sel;            /* device [max(T, L), K]: decode on the device writes layer l's choices in row l */
     uint8_t *act, *hact;     /* device quantized activations [T, act_row], [T*K, hact_row] */
     int64_t act_row, hact_row;
     /* segment tables for the expert products (device) and their host staging (pinned) */
     const void **seg_w;      /* device [3][n_seg] */
     int32_t *seg_tok, *seg_out; /* device [2][n_seg * SEG] */
     int32_t seg_cap;
+    void *scratch;           /* device: the decode scratch, layout(1) */
+    int64_t scratch_len;
+    float *logits_dev;       /* device [V] */
     void *stage;             /* pinned host staging */
     size_t stage_bytes;
     float *host_logits;      /* pinned [V] */
+    int32_t *host_sel;       /* pinned [L, K]: a device-routed decode step's choices */
     float *host_tmp;         /* pinned [D + K * D + cuda_mirror_scratch_floats(D, F, K)]: decode misses run on the host
                               * (xn, outputs, scratch) */
-    uint8_t *exp_state;      /* [2E]: EXP_* of each expert of the layer being run; then 1 if a prompt copied it */
+    uint8_t *exp_state;      /* [E]: EXP_* of each expert of the layer being run */
     uint8_t *ring[STAGE_RING];   /* pinned [slot_bytes] each, or NULL (STRATA_CUDA_STAGING=0: direct copies) */
     void *ring_done[STAGE_RING]; /* event after the DMA out of each buffer */
     int32_t ring_next;
@@ -129,16 +138,19 @@ struct cuda_state {
     int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
     int32_t bucket_cap;
     /* the expert store (STRATA_CUDA_STORE): the mapped file page-locked for the device (reg_ptr), or every
-     * expert copied once into pinned host memory (arena); a slot is then filled by DMAs with no host
+     * expert copied once into pinned host memory (store); a slot is then filled by DMAs with no host
      * copy. Neither: through the ring above. */
     void *reg_ptr;
-    uint8_t *arena;          /* pinned [L * E, expert bytes]: gate | up | down of each expert, or NULL */
-    int32_t direct;          /* reg_ptr or arena: a copy needs no work from the host */
-    int32_t copy_group;      /* STRATA_CUDA_COPY_GROUP: least experts per copy group of a prompt, 0 = one */
+    uint8_t *store;          /* pinned: gate | up | down of each expert, layer after layer, or NULL */
+    int32_t direct;          /* reg_ptr or store: a copy needs no work from the host */
     int32_t overlap;         /* copies on CUDA_STREAM_COPY, ordered by the events below (STRATA_CUDA_OVERLAP) */
+    int32_t copies_pending;  /* copies were enqueued outside a wave (refill, swaps): the next forward waits */
+    strata_status copy_status; /* the first failed copy of the cache's copy function (it returns bytes) */
     void *ev_copy;           /* copy stream: after the copies of the last wave */
     void *ev_prod;           /* compute stream: after the products of the last wave */
     void *ev_tables;         /* compute stream: after the last wave's segment tables left the staging */
+    void *ev_half[2];        /* compute stream: after the products that last read each half of the prompt's ring */
+    int64_t ring_wave;       /* prompt waves through the ring so far (which half is next) */
     double copy_ms;          /* measured time of one expert's copy (the fill at open) */
     double host_ms;          /* measured time of one expert on the host (at open, then a running mean) */
     double miss_split;       /* STRATA_CUDA_MISS_SPLIT, or -1: --miss auto's host share from the rates */
@@ -167,11 +179,22 @@ static strata_status check_type(strata_engine *e, const wview *w, const char *na
         return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
                        "--device cuda: tensor %s is %s, which the CUDA kernels do not run yet (they run F32, F16, "
                        "BF16, Q8_0, Q4_0, Q4_K and Q6_K); use --device cpu for this file",
-                       name, strata_type_name(w->type) ? strata_type_name(w->type) : "an unknown type");
+                       name, quant_type_name(w->type) ? quant_type_name(w->type) : "an unknown type");
     return STRATA_OK;
 }
 
-/* ---- open / close ------------------------------------------------------------------------------ */
+/* Bytes of one expert of layer l (gate + up + down). */
+static int64_t expert_bytes(const cuda_state *g, int32_t l) {
+    return g->xbytes[3 * l] + g->xbytes[3 * l + 1] + g->xbytes[3 * l + 2];
+}
+
+/* The gate, up and down of an expert of layer l whose slot (or ring slot) starts at base. */
+static exp_ptrs slot_ptrs(const cuda_state *g, int32_t l, const uint8_t *base) {
+    const int64_t gb = g->xbytes[3 * l], ub = g->xbytes[3 * l + 1];
+    return (exp_ptrs){base, base + gb, base + gb + ub};
+}
+
+/* ---- layout(T): the buffers of a chunk ---------------------------------------------------------- */
 
 /* Splits per head of decode attention beyond 256 positions: about 128 blocks in all, at most 8 (a shape
  * fact, so the reply does not depend on anything else). */
@@ -180,81 +203,125 @@ static int32_t att_splits(int32_t H) {
     return s < 1 ? 1 : (s > 8 ? 8 : s);
 }
 
-int64_t cuda_forward_work_bytes(const strata_engine *e, int32_t T) {
+/* Lay the buffers of T tokens out in arena a into the buffer fields of b (the engine's state, or a copy
+ * of it when only measuring). The one layout the plan sizes loans with (cuda_layout_bytes) and the loan
+ * and the decode scratch use. */
+static strata_status layout_into(const strata_engine *e, cuda_state *b, arena *a, int32_t T) {
     const hparams *hp = &e->hp;
     const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
     const int64_t QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
-    const int64_t act = cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D) + 64;
-    const int64_t hact = cuda_act_row_bytes(STRATA_TYPE_Q8_0, F) + 64;
-    const int64_t f = 4;
-    /* + the decode step's expert address table and position (when every expert is resident) */
-    const int64_t decode_tables = (int64_t)hp->n_layer * E * (int64_t)sizeof(exp_ptrs) + 256 +
-                                  (int64_t)hp->n_head * (att_splits(hp->n_head) * (hp->head_dim + 2) + 1) * 4 + 4 + 512;
-    return T * (2 * D * f + QD * f * 2 + KD * f * 2 + E * f + K * f * 2 + K * F * f * 3 + K * D * f + act + K * hact) +
-           hp->n_vocab * f + 4 * (T * K + E) * 16 + decode_tables;
-}
-
-static strata_status work_alloc(strata_engine *e, int32_t T) {
-    cuda_state *g = e->gpu;
-    if (T <= g->cap) return STRATA_OK;
-    /* a captured graph holds the addresses of the buffers that move now */
-    cuda_graph_free(g->graph);
-    g->graph = NULL;
-    if (g->graph_state == 1) g->graph_state = 0;
-    void *old[] = {g->x, g->xn, g->q, g->k, g->v, g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye,
-                   g->sel, g->act, g->hact, (void *)g->seg_w, g->seg_tok, g->seg_out};
-    /* x carries the residual stream between calls only within one forward; safe to drop */
-    for (size_t i = 0; i < sizeof old / sizeof old[0]; i++) cuda_free(g->ctx, old[i]);
-    const hparams *hp = &e->hp;
-    const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
-    const int64_t QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
-    g->act_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D), 16);
-    g->hact_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, F), 16);
+    const int64_t rows_sel = T > hp->n_layer ? T : hp->n_layer;
+    b->act_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D), 16);
+    b->hact_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, F), 16);
     /* at most T * K pairs, grouped by expert into segments of CUDA_SEG_TOKENS: <= T * K / SEG + E */
-    g->seg_cap = (int32_t)(T * K / CUDA_SEG_TOKENS + E + 1);
+    b->seg_cap = (int32_t)(T * K / CUDA_SEG_TOKENS + E + 1);
     struct {
         void **p;
         int64_t bytes;
         const char *what;
-    } b[] = {
-        {(void **)&g->x, T * D * 4, "the residual stream"},
-        {(void **)&g->xn, T * (QD > D ? QD : D) * 4, "normed activations"},
-        {(void **)&g->q, T * QD * 4, "queries"},
-        {(void **)&g->k, T * KD * 4, "keys"},
-        {(void **)&g->v, T * KD * 4, "values"},
-        {(void **)&g->att, T * QD * 4, "attention output"},
-        {(void **)&g->router, T * E * 4, "router logits"},
-        {(void **)&g->wsel, T * K * 4, "expert weights"},
-        {(void **)&g->g, T * K * F * 4, "gate products"},
-        {(void **)&g->u, T * K * F * 4, "up products"},
-        {(void **)&g->h, T * K * F * 4, "expert hidden states"},
-        {(void **)&g->ye, T * K * D * 4, "expert outputs"},
-        {(void **)&g->sel, T * K * 4, "expert choices"},
-        {(void **)&g->act, T * g->act_row, "quantized activations"},
-        {(void **)&g->hact, T * K * g->hact_row, "quantized expert activations"},
-        {(void **)&g->seg_w, 3 * (int64_t)g->seg_cap * (int64_t)sizeof(void *), "expert segment table"},
-        {(void **)&g->seg_tok, 2 * (int64_t)g->seg_cap * CUDA_SEG_TOKENS * 4, "segment tokens"},
-        {(void **)&g->seg_out, 2 * (int64_t)g->seg_cap * CUDA_SEG_TOKENS * 4, "segment rows"},
+    } s[] = {
+        {(void **)&b->x, T * D * 4, "the residual stream"},
+        {(void **)&b->xn, T * (QD > D ? QD : D) * 4, "normed activations"},
+        {(void **)&b->q, T * QD * 4, "queries"},
+        {(void **)&b->k, T * KD * 4, "keys"},
+        {(void **)&b->v, T * KD * 4, "values"},
+        {(void **)&b->att, T * QD * 4, "attention output"},
+        {(void **)&b->router, T * E * 4, "router logits"},
+        {(void **)&b->wsel, T * K * 4, "expert weights"},
+        {(void **)&b->g, T * K * F * 4, "gate products"},
+        {(void **)&b->u, T * K * F * 4, "up products"},
+        {(void **)&b->h, T * K * F * 4, "expert hidden states"},
+        {(void **)&b->ye, T * K * D * 4, "expert outputs"},
+        {(void **)&b->sel, rows_sel * K * 4, "expert choices"},
+        {(void **)&b->act, T * b->act_row, "quantized activations"},
+        {(void **)&b->hact, T * K * b->hact_row, "quantized expert activations"},
+        {(void **)&b->seg_w, 3 * (int64_t)b->seg_cap * (int64_t)sizeof(void *), "expert segment table"},
+        {(void **)&b->seg_tok, 2 * (int64_t)b->seg_cap * CUDA_SEG_TOKENS * 4, "segment tokens"},
+        {(void **)&b->seg_out, 2 * (int64_t)b->seg_cap * CUDA_SEG_TOKENS * 4, "segment rows"},
     };
-    g->cap = 0;
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
-        strata_status s = cuda_alloc(g->ctx, (size_t)b[i].bytes, b[i].p, b[i].what);
-        if (s != STRATA_OK)
-            return err_set(&e->err, s, "device buffers for a chunk of %d tokens: %s", T, cuda_ctx_error(g->ctx));
+    b->cap = 0;
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        /* every buffer on 64 bytes: the kernels' 16-byte loads of activation rows need it */
+        *s[i].p = arena_alloc(a, s[i].bytes, s[i].what);
+        if (!*s[i].p) return STRATA_ERR_BUDGET;
     }
-    /* pinned staging: embeddings [T, D] f32, expert choices [T, K], and 3 tables of segments */
-    const size_t need = (size_t)(T * D * 4 + T * K * 8 + 3 * g->seg_cap * sizeof(void *) +
-                                 4 * g->seg_cap * CUDA_SEG_TOKENS * 4 + 4096);
-    if (need > g->stage_bytes) {
-        cuda_host_free(g->ctx, g->stage);
-        g->stage = NULL;
-        g->stage_bytes = 0;
-        DEV(e, cuda_host_alloc(g->ctx, need, &g->stage));
-        g->stage_bytes = need;
-    }
-    g->cap = T;
+    b->cap = T;
     return STRATA_OK;
 }
+
+static int64_t cuda_layout_bytes(const strata_engine *e, int32_t T) {
+    cuda_state tmp = *e->gpu; /* the live buffers are untouched: layout(T) may be asked at any time */
+    arena a;
+    arena_init_measure(&a);
+    return layout_into(e, &tmp, &a, T) == STRATA_OK ? a.used : -1;
+}
+
+/* Host RAM a chunk of T tokens borrows: the pinned staging of its embeddings, the expert choices and the
+ * segment tables of one wave. */
+static int64_t stage_bytes_of(const strata_engine *e, int32_t T) {
+    const int64_t D = e->hp.n_embd, K = e->hp.n_expert_used, E = e->hp.n_expert;
+    const int64_t seg_cap = T * K / CUDA_SEG_TOKENS + E + 1;
+    const int64_t rows = T > e->hp.n_layer ? T : e->hp.n_layer;
+    return T * D * 4 + rows * K * 8 + 3 * seg_cap * (int64_t)sizeof(void *) + 4 * seg_cap * CUDA_SEG_TOKENS * 4 + 4096;
+}
+
+static int64_t cuda_host_bytes(const strata_engine *e, int32_t T) { return stage_bytes_of(e, T); }
+
+/* The pinned staging for chunks of up to T tokens (grown, never shrunk: it is host RAM the plan counted). */
+static strata_status stage_reserve(strata_engine *e, int32_t T) {
+    cuda_state *g = e->gpu;
+    const size_t need = (size_t)stage_bytes_of(e, T);
+    if (need <= g->stage_bytes) return STRATA_OK;
+    DEV(e, cuda_sync(g->ctx)); /* the old staging may still be read by a copy */
+    cuda_host_free(g->ctx, g->stage);
+    g->stage = NULL;
+    g->stage_bytes = 0;
+    DEV(e, cuda_host_alloc(g->ctx, need, &g->stage));
+    g->stage_bytes = need;
+    return STRATA_OK;
+}
+
+static strata_status cuda_layout(strata_engine *e, arena *a, int32_t T) {
+    STRATA_TRY(layout_into(e, e->gpu, a, T));
+    return stage_reserve(e, T);
+}
+
+static strata_status cuda_use_scratch(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    arena a;
+    arena_init(&a, g->scratch, g->scratch_len);
+    return layout_into(e, g, &a, 1); /* the same addresses every time: the captured graph holds them */
+}
+
+/* Device bytes of the decode scratch: layout(1) plus the decode step's own tables (logits, the split
+ * attention's states, counters, the expert address table and the position), each rounded as cuda_alloc
+ * hands them out. */
+static int64_t decode_tables_bytes(const strata_engine *e) {
+    const hparams *hp = &e->hp;
+    const int64_t LE = (int64_t)hp->n_layer * hp->n_expert;
+    return arena_size_of((int64_t)hp->n_vocab * 4) +
+           arena_size_of((int64_t)hp->n_head * att_splits(hp->n_head) * (hp->head_dim + 2) * 4) +
+           arena_size_of((int64_t)(hp->n_head + 1) * 4) + arena_size_of(LE * (int64_t)sizeof(exp_ptrs)) +
+           arena_size_of(4);
+}
+
+int64_t cuda_forward_scratch_bytes(const strata_engine *e) {
+    const int64_t one = cuda_layout_bytes(e, 1);
+    return one < 0 ? -1 : one + decode_tables_bytes(e);
+}
+
+/* A chunk's layout that did not fit its loan, with the device's figures: the free memory the CUDA
+ * allocator reports and the card's total, what the loan's buffers took, and the failing buffer. */
+static void cuda_fail_msg(strata_engine *e, const arena *a, int32_t T, char *buf, size_t len) {
+    int64_t free_b = 0, total_b = 0;
+    if (cuda_mem_info(e->gpu->ctx, &free_b, &total_b) != STRATA_OK) {
+        arena_chunk_fail_msg(a, T, buf, len);
+        return;
+    }
+    arena_chunk_fail_msg_device(a, T, free_b, total_b, buf, len);
+}
+
+/* ---- the expert store and copies into slots ---------------------------------------------------- */
 
 /* One expert's gate | up | down, copied piece by piece into a staging buffer by the pool. */
 typedef struct stage_job {
@@ -275,51 +342,105 @@ static void stage_piece(void *ctx, int64_t item, int thread) {
     }
 }
 
-/* Put expert (l, ex) into slot s: copy its gate, up and down from the mapped file. */
-static strata_status slot_fill(strata_engine *e, int32_t s, int32_t l, int32_t ex, int32_t stream) {
+/* Copy expert (l, ex) — gate, up and down back to back — into device memory at dst (a slot or a ring
+ * slot) on `stream`, from the store. */
+static strata_status expert_to(strata_engine *e, uint8_t *dst, int32_t l, int32_t ex, int32_t stream) {
     cuda_state *g = e->gpu;
     const layer_weights *L = &e->w.layers[l];
-    const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd;
-    uint8_t *dst = g->slab + (int64_t)s * g->slot_bytes;
-    const uint8_t *src_g = L->gate_exps.data + ex * F * L->gate_exps.row_bytes;
-    const uint8_t *src_u = L->up_exps.data + ex * F * L->up_exps.row_bytes;
-    const uint8_t *src_d = L->down_exps.data + ex * D * L->down_exps.row_bytes;
-    if (g->arena) {
+    const int64_t gb = g->xbytes[3 * l], ub = g->xbytes[3 * l + 1], db = g->xbytes[3 * l + 2], n = gb + ub + db;
+    const uint8_t *src_g = L->gate_exps.data + ex * gb;
+    const uint8_t *src_u = L->up_exps.data + ex * ub;
+    const uint8_t *src_d = L->down_exps.data + ex * db;
+    if (g->store) {
         /* pinned: one DMA at full PCIe speed, nothing for the host to copy and nothing to wait for */
-        const int64_t n = g->gate_bytes + g->up_bytes + g->down_bytes;
-        DEV(e, cuda_h2d(g->ctx, dst, g->arena + ((int64_t)l * e->hp.n_expert + ex) * n, (size_t)n, stream));
-    } else if (g->reg_ptr) {
-        /* the mapping is page-locked: three DMAs straight from the file, nothing for the host to copy */
-        DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)g->gate_bytes, stream));
-        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, src_u, (size_t)g->up_bytes, stream));
-        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, src_d, (size_t)g->down_bytes, stream));
-    } else if (g->ring[0]) {
+        DEV(e, cuda_h2d(g->ctx, dst, g->store + g->store_off[l] + ex * n, (size_t)n, stream));
+    } else if (g->reg_ptr || !g->ring[0]) {
+        /* the mapping page-locked (or, without staging, pageable): three DMAs straight from the file */
+        DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)gb, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + gb, src_u, (size_t)ub, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + gb + ub, src_d, (size_t)db, stream));
+    } else {
         const int32_t i = g->ring_next;
         g->ring_next = (i + 1) % STAGE_RING;
         DEV(e, cuda_event_wait(g->ctx, g->ring_done[i])); /* its last DMA has left the buffer */
-        const int64_t n = g->gate_bytes + g->up_bytes + g->down_bytes;
         /* one piece per thread, so that every thread copies */
         const int64_t nt = pool_size(e->pool) > 0 ? pool_size(e->pool) : 1;
         const int64_t piece = STRATA_ALIGN_UP((n + nt - 1) / nt, STAGE_PIECE);
-        stage_job j = {g->ring[i], {src_g, src_u, src_d}, {g->gate_bytes, g->up_bytes, g->down_bytes}, piece};
+        stage_job j = {g->ring[i], {src_g, src_u, src_d}, {gb, ub, db}, piece};
         pool_run(e->pool, (n + piece - 1) / piece, stage_piece, &j);
         /* the slot's layout is gate | up | down back to back, as in the buffer: one DMA */
         DEV(e, cuda_h2d(g->ctx, dst, g->ring[i], (size_t)n, stream));
         DEV(e, cuda_event_record(g->ctx, g->ring_done[i], stream));
-    } else {
-        DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)g->gate_bytes, stream));
-        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes, src_u, (size_t)g->up_bytes, stream));
-        DEV(e, cuda_h2d(g->ctx, dst + g->gate_bytes + g->up_bytes, src_d, (size_t)g->down_bytes, stream));
     }
-    const int32_t id = l * e->hp.n_expert + ex;
-    if (g->expert_in[s] >= 0) {
-        g->slot_of[g->expert_in[s]] = -1;
-        g->ptr_host[g->expert_in[s]] = (exp_ptrs){NULL, NULL, NULL};
-    }
-    g->expert_in[s] = id;
-    g->slot_of[id] = s;
-    g->ptr_host[id] = (exp_ptrs){dst, dst + g->gate_bytes, dst + g->gate_bytes + g->up_bytes};
     return STRATA_OK;
+}
+
+static int32_t copy_stream(const cuda_state *g) { return g->overlap ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE; }
+
+/* The expert cache's copy function (cache.c calls it when it places an expert in a slot): a DMA on the
+ * copy stream. A failure is kept in copy_status (the function returns bytes) and reported by the caller
+ * of the cache operation. */
+static int64_t cuda_copy_expert(void *ctx, int32_t l, int32_t ex, uint8_t *dst) {
+    strata_engine *e = ctx;
+    cuda_state *g = e->gpu;
+    const strata_status s = expert_to(e, dst, l, ex, copy_stream(g));
+    if (s != STRATA_OK) {
+        if (g->copy_status == STRATA_OK) g->copy_status = s;
+        return 0;
+    }
+    if (g->overlap) g->copies_pending = 1;
+    return expert_bytes(g, l);
+}
+
+/* The cache operation that just ran copied with no failure (else its message). */
+static strata_status copies_ok(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const strata_status s = g->copy_status;
+    g->copy_status = STRATA_OK;
+    if (s != STRATA_OK) return err_prefix(&e->err, "copying an expert into the device cache: ");
+    return STRATA_OK;
+}
+
+/* Work enqueued on the compute stream from now on comes after every copy enqueued so far. */
+static strata_status order_copies(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (!g->copies_pending) return STRATA_OK;
+    g->copies_pending = 0;
+    DEV(e, cuda_stream_order(g->ctx, CUDA_STREAM_COPY, CUDA_STREAM_COMPUTE));
+    return STRATA_OK;
+}
+
+/* Every expert is resident in a usable slot: decode routes on the device, from ptr_dev (made from the
+ * cache's residency table; uploaded on the compute stream, so the next step reads the new table). */
+static strata_status routing_refresh(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const expert_cache *c = &e->cache;
+    const int32_t LE = e->hp.n_layer * e->hp.n_expert;
+    g->routing = 0;
+    if (!g->ptr_dev || !env_cuda_device_routing() || cache_lent(c) > 0 || cache_resident(c) < LE) return STRATA_OK;
+    for (int32_t id = 0; id < LE; id++) {
+        const int32_t s = c->slot_of[id];
+        STRATA_ASSERT(&e->err, s >= 0);
+        g->ptr_host[id] = slot_ptrs(g, id / e->hp.n_expert, cache_slot_ptr(c, s));
+    }
+    DEV(e, cuda_h2d(g->ctx, g->ptr_dev, g->ptr_host, (size_t)LE * sizeof(exp_ptrs), CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_sync(g->ctx)); /* ptr_host is the upload's source */
+    g->routing = 1;
+    return STRATA_OK;
+}
+
+/* The prompt is done with its loan: the refill's copies (copy stream) come after the prompt's work. */
+static strata_status cuda_loan_end(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (g->overlap) DEV(e, cuda_stream_order(g->ctx, CUDA_STREAM_COMPUTE, CUDA_STREAM_COPY));
+    return STRATA_OK;
+}
+
+/* The cache changed between forwards (refill, swaps): the next forward's work waits for the copies
+ * (order_copies), and decode's routing follows the residency. */
+static strata_status cuda_cache_changed(strata_engine *e) {
+    STRATA_TRY(copies_ok(e));
+    return routing_refresh(e);
 }
 
 static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const float *x, float *out,
@@ -327,39 +448,40 @@ static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, co
 static void host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
                          float *const *out, float *scratch);
 
-/* One expert's gate | up | down from the mapped file into its place in the arena (pool item = l * E + e). */
-static void arena_piece(void *ctx, int64_t item, int thread) {
+/* One expert's gate | up | down from the mapped file into its place in the store (pool item = l * E + e). */
+static void store_piece(void *ctx, int64_t item, int thread) {
     (void)thread;
     strata_engine *e = ctx;
     cuda_state *g = e->gpu;
-    const int64_t E = e->hp.n_expert, F = e->hp.n_ff_exp, D = e->hp.n_embd;
-    const layer_weights *L = &e->w.layers[item / E];
-    const int64_t ex = item % E, n = g->gate_bytes + g->up_bytes + g->down_bytes;
-    uint8_t *dst = g->arena + item * n;
-    memcpy(dst, L->gate_exps.data + ex * F * L->gate_exps.row_bytes, (size_t)g->gate_bytes);
-    memcpy(dst + g->gate_bytes, L->up_exps.data + ex * F * L->up_exps.row_bytes, (size_t)g->up_bytes);
-    memcpy(dst + g->gate_bytes + g->up_bytes, L->down_exps.data + ex * D * L->down_exps.row_bytes, (size_t)g->down_bytes);
+    const int64_t E = e->hp.n_expert;
+    const int32_t l = (int32_t)(item / E);
+    const layer_weights *L = &e->w.layers[l];
+    const int64_t ex = item % E, gb = g->xbytes[3 * l], ub = g->xbytes[3 * l + 1], db = g->xbytes[3 * l + 2];
+    uint8_t *dst = g->store + g->store_off[l] + ex * (gb + ub + db);
+    memcpy(dst, L->gate_exps.data + ex * gb, (size_t)gb);
+    memcpy(dst + gb, L->up_exps.data + ex * ub, (size_t)ub);
+    memcpy(dst + gb + ub, L->down_exps.data + ex * db, (size_t)db);
 }
 
 /* The expert store (STRATA_CUDA_STORE, trace.c): "register" page-locks the mapped model file for the
- * device (read-only); "arena" copies every routed expert once into pinned host memory. Either makes
- * every expert copy a DMA with no host work. Not when every expert is resident (nothing is copied after
- * the fill) or when the store does not fit in the host RAM the plan may use; a failure is not an error:
- * the copies go through the staging ring. The trace says which store is in use and what it cost. */
+ * device (read-only); the default copies every routed expert once into pinned host memory. Either makes
+ * every expert copy a DMA with no host work. The plan decides whether the experts may be pinned (plan.c:
+ * the store and the chunk's host borrow within the host RAM it may use, --host-ram-budget): when not, or
+ * when pinning fails, the copies go through the ring of pinned staging buffers and the plan says
+ * "mapped". Not at all when every expert is resident (nothing is copied after the fill). */
 static void store_open(strata_engine *e) {
     cuda_state *g = e->gpu;
     const int64_t all = (int64_t)e->hp.n_layer * e->hp.n_expert;
-    const int64_t xb = g->gate_bytes + g->up_bytes + g->down_bytes;
     const int store = env_cuda_store();
-    const int64_t bytes = store == 1 ? (int64_t)e->file.size : all * xb;
+    const int64_t bytes = store == 1 ? (int64_t)e->file.size : g->store_off[e->hp.n_layer];
     const double gib = (double)bytes / (1 << 30);
     char why[640];
     why[0] = 0;
     if (store == 0) {
         snprintf(why, sizeof why, "STRATA_CUDA_STORE=ring");
-    } else if (g->n_slots >= all) {
+    } else if (e->plan.n_slots >= all + e->plan.max_lend_slots) {
         snprintf(why, sizeof why, "every expert is resident");
-    } else if (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes) {
+    } else if (!e->mp.experts_pinned || (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes)) {
         snprintf(why, sizeof why, "%.1f GiB is more than the host RAM the plan may use (%.1f GiB)", gib,
                  (double)e->plan.host_avail_bytes / (1 << 30));
     } else if (store == 1) {
@@ -374,17 +496,18 @@ static void store_open(strata_engine *e) {
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
     } else {
         const double t0 = engine_now_ms();
-        if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->arena) == STRATA_OK) {
+        if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->store) == STRATA_OK) {
             const double t1 = engine_now_ms();
-            pool_run(e->pool, all, arena_piece, e);
+            pool_run(e->pool, all, store_piece, e);
             g->direct = 1;
             trace_emit(&e->trace, "cuda: expert store: %.1f GiB of pinned host memory in %.0f ms, experts copied into it in "
                        "%.0f ms", gib, t1 - t0, engine_now_ms() - t1);
             return;
         }
-        g->arena = NULL;
+        g->store = NULL;
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
     }
+    e->mp.experts_pinned = 0; /* the plan line says what was done */
     trace_emit(&e->trace, "cuda: expert store: %s; experts are copied %s", why,
                env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
 }
@@ -415,6 +538,8 @@ static void host_rate(strata_engine *e) {
     g->host_ms = best;
 }
 
+/* ---- open / close ------------------------------------------------------------------------------ */
+
 strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     char err[512];
     cuda_state *g = calloc(1, sizeof *g);
@@ -426,12 +551,27 @@ strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     DEV(e, cuda_mem_info(g->ctx, free_bytes, &total));
     /* leave room for the runtime's own allocations (module images, stream and event state) */
     *free_bytes -= 256LL << 20;
+    /* the experts' sizes per layer (a mix may give layers different types) and the store's layout */
+    const int32_t L = e->hp.n_layer;
+    const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd, E = e->hp.n_expert;
+    g->xbytes = malloc((size_t)L * 3 * sizeof(int64_t));
+    g->store_off = malloc((size_t)(L + 1) * sizeof(int64_t));
+    if (!g->xbytes || !g->store_off) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
+    g->store_off[0] = 0;
+    for (int32_t l = 0; l < L; l++) {
+        const layer_weights *W = &e->w.layers[l];
+        g->xbytes[3 * l] = F * (int64_t)W->gate_exps.row_bytes;
+        g->xbytes[3 * l + 1] = F * (int64_t)W->up_exps.row_bytes;
+        g->xbytes[3 * l + 2] = D * (int64_t)W->down_exps.row_bytes;
+        g->store_off[l + 1] = g->store_off[l] + E * expert_bytes(g, l);
+    }
     return STRATA_OK;
 }
 
-strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
+strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     const hparams *hp = &e->hp;
     cuda_state *g = e->gpu;
+    const strata_plan *pp = &e->plan;
     const int64_t D = hp->n_embd, F = hp->n_ff_exp, E = hp->n_expert, L = hp->n_layer, hd = hp->head_dim;
     const int64_t KD = (int64_t)hp->n_head_kv * hd;
     /* every tensor must be one the kernels run */
@@ -447,6 +587,12 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
             STRATA_TRY(check_type(e, ws[i], nm));
         }
     }
+    if (pp->n_slots < hp->n_expert_used) /* a decode step runs its K experts from K slots at once */
+        return err_set(&e->err, STRATA_ERR_BUDGET,
+                       "--device cuda: the plan leaves %d expert slots on the device, fewer than the %d experts one "
+                       "token uses; raise --expert-cache (or --vram-budget)",
+                       pp->n_slots, hp->n_expert_used);
+    /* 1. resident weights and 2. the KV cache, in the plan's order */
     g->kv_type = e->params.kv_type;
     g->kv_row = g->kv_type == STRATA_KV_F16 ? KD * 2 : KD + KD / 8;
     g->layers = calloc((size_t)L, sizeof *g->layers);
@@ -463,28 +609,38 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
         STRATA_TRY(upload(e, &dl->wv, W->wv.data, wbytes(&W->wv), "attention weights"));
         STRATA_TRY(upload(e, &dl->wo, W->wo.data, wbytes(&W->wo), "attention weights"));
         STRATA_TRY(upload(e, &dl->router, W->router.data, wbytes(&W->router), "router weights"));
-        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->k_cache, "the KV cache"));
-        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->v_cache, "the KV cache"));
     }
     STRATA_TRY(upload(e, (void **)&g->output_norm, e->w.output_norm, (size_t)D * 4, "the output norm"));
     STRATA_TRY(upload(e, &g->output, e->w.output.data, wbytes(&e->w.output), "the output head"));
+    for (int32_t l = 0; l < L; l++) {
+        dev_layer *dl = &g->layers[l];
+        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->k_cache, "the KV cache"));
+        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->v_cache, "the KV cache"));
+    }
 
-    DEV(e, cuda_host_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->host_logits));
+    /* 3. the decode scratch: layout(1), then the decode step's tables */
+    g->scratch_len = cuda_layout_bytes(e, 1);
+    DEV(e, cuda_alloc(g->ctx, (size_t)g->scratch_len, &g->scratch, "the decode scratch"));
+    STRATA_TRY(cuda_use_scratch(e));
+    STRATA_TRY(stage_reserve(e, 1));
     DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->logits_dev, "logits"));
-    STRATA_TRY(work_alloc(e, e->chunk));
+    g->att_splits = env_cuda_att_split() ? att_splits(hp->n_head) : 1;
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
+                      "decode attention's split states"));
+    DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
+    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
+    if (pp->n_slots >= L * E) { /* every expert can be resident: decode may route on the device */
+        DEV(e, cuda_alloc(g->ctx, (size_t)(L * E) * sizeof(exp_ptrs), (void **)&g->ptr_dev, "the expert address table"));
+        DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
+    }
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->host_logits));
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)(L * hp->n_expert_used) * 4, (void **)&g->host_sel));
 
-    const layer_weights *W0 = &e->w.layers[0];
-    g->gate_bytes = F * (int64_t)W0->gate_exps.row_bytes;
-    g->up_bytes = F * (int64_t)W0->up_exps.row_bytes;
-    g->down_bytes = D * (int64_t)W0->down_exps.row_bytes;
-    g->slot_bytes = STRATA_ALIGN_UP(g->gate_bytes + g->up_bytes + g->down_bytes, 256);
-    if (n_slots > L * E) n_slots = (int32_t)(L * E);
-    if (n_slots < hp->n_expert_used)
-        return err_set(&e->err, STRATA_ERR_BUDGET,
-                       "--device cuda: the plan leaves %d expert slots on the device after the prompt path's "
-                       "buffers, fewer than the %d experts one token uses; raise --vram-budget or lower --prefill",
-                       n_slots, hp->n_expert_used);
-    g->n_slots = (int32_t)n_slots;
+    /* 4. the slab of the expert cache (its slots are cache.c's) */
+    g->slot_bytes = pp->slot_bytes;
+    DEV(e, cuda_alloc(g->ctx, (size_t)((int64_t)pp->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
+    *slab_out = g->slab;
+
     g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST   ? STRATA_MISS_HOST
                      : e->params.miss_policy == STRATA_MISS_AUTO ? STRATA_MISS_AUTO
                                                                  : STRATA_MISS_COPY;
@@ -493,72 +649,58 @@ strata_status cuda_forward_open(strata_engine *e, int32_t n_slots) {
     g->pdl = env_cuda_pdl();
     g->fuse2 = env_cuda_fuse2();
     cuda_ctx_set_decode(g->ctx, g->fast, 0);
-    g->att_splits = env_cuda_att_split() ? att_splits(hp->n_head) : 1;
-    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
-                      "decode attention's split states"));
-    DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
-    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
     g->overlap = env_cuda_overlap();
     g->miss_split = env_cuda_miss_split();
-    g->slot_of = malloc((size_t)(L * E) * sizeof(int32_t));
-    g->expert_in = malloc((size_t)g->n_slots * sizeof(int32_t));
-    g->last_use = calloc((size_t)g->n_slots, sizeof(uint64_t));
     g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
-    g->exp_state = malloc((size_t)(2 * E)); /* EXP_* of each expert, then whether a prompt copied it */
-    if (!g->slot_of || !g->expert_in || !g->last_use || !g->ptr_host || !g->exp_state)
-        return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert cache table");
+    g->exp_state = malloc((size_t)E);
+    g->addr = calloc((size_t)E, sizeof *g->addr);
+    if (!g->ptr_host || !g->exp_state || !g->addr)
+        return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert tables");
     /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
     const int64_t host_floats = D + hp->n_expert_used * D + cuda_mirror_scratch_floats(D, F, hp->n_expert_used);
     DEV(e, cuda_host_alloc(g->ctx, (size_t)host_floats * sizeof(float), (void **)&g->host_tmp));
-    for (int64_t i = 0; i < L * E; i++) g->slot_of[i] = -1;
-    for (int32_t i = 0; i < g->n_slots; i++) g->expert_in[i] = -1;
-    DEV(e, cuda_alloc(g->ctx, (size_t)(g->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
     DEV(e, cuda_event_create(g->ctx, &g->ev_copy));
     DEV(e, cuda_event_create(g->ctx, &g->ev_prod));
     DEV(e, cuda_event_create(g->ctx, &g->ev_tables));
-    g->copy_group = env_cuda_copy_group();
+    DEV(e, cuda_event_create(g->ctx, &g->ev_half[0]));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_half[1]));
     store_open(e);
     if (!g->direct && env_cuda_staging())
         for (int i = 0; i < STAGE_RING; i++) {
             DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
             DEV(e, cuda_event_create(g->ctx, &g->ring_done[i]));
         }
-    /* fill: layer-major round robin over expert ids, so that every layer gets its share; timed, as the
-     * rate of an expert copy that --miss auto weighs against the host */
+    DEV(e, cuda_sync(g->ctx)); /* the fill that follows is timed */
+    return STRATA_OK;
+}
+
+strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const int64_t L = hp->n_layer, E = hp->n_expert;
+    STRATA_TRY(copies_ok(e));
     DEV(e, cuda_sync(g->ctx));
-    const double t_fill = engine_now_ms();
-    for (int32_t s2 = 0; s2 < g->n_slots; s2++) {
-        const int32_t l = (int32_t)(s2 % L), ex = (int32_t)(s2 / L);
-        STRATA_TRY(slot_fill(e, s2, l, ex, g->overlap ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE));
-    }
-    DEV(e, cuda_sync(g->ctx));
+    g->copies_pending = 0;
     const double fill_ms = engine_now_ms() - t_fill;
-    g->copy_ms = fill_ms / g->n_slots;
-    /* the filled slots count as used once (step 1): a prompt's streamed experts (step 0, see moe) go first */
-    for (int32_t s2 = 0; s2 < g->n_slots; s2++) g->last_use[s2] = 1;
-    g->step = 1;
-    trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", g->n_slots,
-               (double)g->n_slots * g->slot_bytes / 1048576.0, fill_ms,
-               fill_ms > 0 ? (double)g->n_slots * (g->gate_bytes + g->up_bytes + g->down_bytes) / fill_ms / 1e6 : 0.0);
-    if (g->miss_policy == STRATA_MISS_AUTO && g->n_slots < L * E) {
+    const int32_t filled = cache_resident(&e->cache);
+    /* the rate of an expert copy that --miss auto weighs against the host */
+    g->copy_ms = filled > 0 ? fill_ms / filled : 0.0;
+    trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", filled,
+               (double)e->cache.bytes_copied / 1048576.0, fill_ms,
+               fill_ms > 0 ? (double)e->cache.bytes_copied / fill_ms / 1e6 : 0.0);
+    if (g->miss_policy == STRATA_MISS_AUTO && filled < L * E) {
         host_rate(e);
         trace_emit(&e->trace, "cuda: --miss auto: an expert takes %.3f ms to copy and %.3f ms on the host (%d threads)%s",
                    g->copy_ms, g->host_ms, pool_size(e->pool),
                    g->miss_split >= 0 ? "; STRATA_CUDA_MISS_SPLIT sets the host's share" : "");
     }
-    if (g->n_slots == L * E && env_cuda_device_routing()) {
-        /* every expert resident: decode routes on the device (see the header) */
-        STRATA_TRY(upload(e, (void **)&g->ptr_dev, g->ptr_host, (size_t)(L * E) * sizeof(exp_ptrs),
-                          "the expert address table"));
-        DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
-        g->graph_state = env_cuda_graph() ? 0 : -1;
-    } else {
-        g->graph_state = -1;
-    }
+    STRATA_TRY(routing_refresh(e));
+    g->graph_state = g->ptr_dev && env_cuda_graph() ? 0 : -1;
     DEV(e, cuda_sync(g->ctx));
-    trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB", cuda_ctx_device_name(g->ctx),
-               g->n_slots, (long long)(L * E), g->n_slots, g->slot_bytes / 1048576.0,
-               2.0 * (double)g->kv_row * e->n_ctx * L / 1048576.0);
+    trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB%s", cuda_ctx_device_name(g->ctx),
+               filled, (long long)(L * E), e->cache.n_slots, g->slot_bytes / 1048576.0,
+               2.0 * (double)g->kv_row * e->n_ctx * L / 1048576.0,
+               g->routing ? "; decode routes on the device" : "");
     return STRATA_OK;
 }
 
@@ -575,12 +717,12 @@ void cuda_forward_close(strata_engine *e) {
                              dl->router, dl->k_cache, dl->v_cache};
                 for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
             }
-        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->att_part, g->att_cnt, g->logits_dev, g->x, g->xn, g->q, g->k, g->v,
-                     g->att, g->router, g->wsel, g->g, g->u, g->h, g->ye, g->sel, g->act, g->hact, (void *)g->seg_w,
-                     g->seg_tok, g->seg_out};
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->att_part, g->att_cnt, g->logits_dev,
+                     g->scratch};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
         cuda_host_free(g->ctx, g->stage);
         cuda_host_free(g->ctx, g->host_logits);
+        cuda_host_free(g->ctx, g->host_sel);
         cuda_host_free(g->ctx, g->host_tmp);
         for (int i = 0; i < STAGE_RING; i++) {
             cuda_host_free(g->ctx, g->ring[i]);
@@ -589,17 +731,19 @@ void cuda_forward_close(strata_engine *e) {
         cuda_event_free(g->ev_copy);
         cuda_event_free(g->ev_prod);
         cuda_event_free(g->ev_tables);
+        cuda_event_free(g->ev_half[0]);
+        cuda_event_free(g->ev_half[1]);
         /* before the file is unmapped (engine_close closes the file after this) */
         if (g->reg_ptr) cuda_host_unregister(g->ctx, g->reg_ptr);
         g->reg_ptr = NULL;
-        cuda_host_free(g->ctx, g->arena);
-        g->arena = NULL;
+        cuda_host_free(g->ctx, g->store);
+        g->store = NULL;
         cuda_ctx_destroy(g->ctx);
     }
     free(g->layers);
-    free(g->slot_of);
-    free(g->expert_in);
-    free(g->last_use);
+    free(g->xbytes);
+    free(g->store_off);
+    free(g->addr);
     free(g->ptr_host);
     free(g->exp_state);
     free(g->bucket);
@@ -609,12 +753,6 @@ void cuda_forward_close(strata_engine *e) {
 
 void cuda_forward_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) {
     cuda_mem_held(e->gpu ? e->gpu->ctx : NULL, now, peak);
-}
-
-int32_t cuda_forward_n_slots(const strata_engine *e) { return e->gpu ? e->gpu->n_slots : 0; }
-
-int32_t cuda_forward_slot_of(const strata_engine *e, int32_t layer, int32_t expert) {
-    return e->gpu ? e->gpu->slot_of[layer * e->hp.n_expert + expert] : -1;
 }
 
 /* ---- blocks ------------------------------------------------------------------------------------ */
@@ -903,19 +1041,6 @@ static void host_expert(strata_engine *e, const layer_weights *W, int32_t ex, co
     host_experts(e, W, &ex, 1, x, &out, scratch);
 }
 
-/* Count the cache lookups of the experts chosen in sel (host [T, K]). */
-static void count_lookups(strata_engine *e, int32_t l, const int32_t *sel, int32_t T) {
-    cuda_state *g = e->gpu;
-    const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used;
-    for (int32_t i = 0; i < T * K; i++) {
-        if (g->slot_of[l * E + sel[i]] >= 0)
-            e->stats.hits++;
-        else
-            e->stats.misses++;
-        e->stats.lookups++;
-    }
-}
-
 /* Segment tables of the experts marked WAVE in state, uploaded; returns the number of segments.
  * The wave's pairs i = t * K + k are first bucketed by expert (one pass over sel, then each expert's
  * pairs in increasing i), so the work is O(T * K + E), not O(E * T * K). */
@@ -930,6 +1055,8 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
     int32_t *stok_h = sout + (int64_t)g->seg_cap * SEG;
     int32_t *sout_d = stok_h + (int64_t)g->seg_cap * SEG;
     const int mmq = layer_mmq(e, l);
+    /* the last wave's tables must have left the staging before it is written again */
+    DEV(e, cuda_event_wait(g->ctx, g->ev_tables));
     /* bucket: first[ex] .. first[ex + 1] of order[] are expert ex's pairs (only experts of this wave).
      * Under the tensor cores order[] is the pair table itself (stok); otherwise host scratch. */
     if (g->bucket_cap < TK + E + 1) {
@@ -958,7 +1085,7 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
         for (int32_t ex = 0; ex < E; ex++) {
             if (state[ex] != EXP_WAVE) continue;
             state[ex] = EXP_IDLE;
-            const exp_ptrs *p = &g->ptr_host[l * E + ex];
+            const exp_ptrs pe = slot_ptrs(g, l, g->addr[ex]), *p = &pe;
             for (int32_t j = first[ex]; j < first[ex + 1]; j += CUDA_MMQ_TOKENS) {
                 STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
                 sw[n_seg] = p->gate;
@@ -977,7 +1104,7 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
     for (int32_t ex = 0; ex < E; ex++) {
         if (state[ex] != EXP_WAVE) continue;
         state[ex] = EXP_IDLE;
-        const exp_ptrs *p = &g->ptr_host[l * E + ex];
+        const exp_ptrs pe = slot_ptrs(g, l, g->addr[ex]), *p = &pe;
         for (int32_t j0 = first[ex]; j0 < first[ex + 1]; j0 += SEG) {
             STRATA_ASSERT(&e->err, n_seg < g->seg_cap);
             sw[n_seg] = p->gate;
@@ -1012,10 +1139,8 @@ static strata_status run_wave(strata_engine *e, int32_t l, const int32_t *sel, i
     cuda_state *g = e->gpu;
     int32_t n_seg = 0;
     STRATA_TRY(wave_segments(e, l, sel, T, g->exp_state, SEG, &n_seg));
-    if (g->overlap) {
-        DEV(e, cuda_event_record(g->ctx, g->ev_tables, CUDA_STREAM_COMPUTE));
-        if (copied) DEV(e, cuda_stream_wait(g->ctx, g->ev_copy, CUDA_STREAM_COMPUTE));
-    }
+    DEV(e, cuda_event_record(g->ctx, g->ev_tables, CUDA_STREAM_COMPUTE));
+    if (g->overlap && copied) DEV(e, cuda_stream_wait(g->ctx, g->ev_copy, CUDA_STREAM_COMPUTE));
     if (n_seg > 0) STRATA_TRY(expert_products(e, l, n_seg, SEG, T)); /* none: every miss runs on the host */
     if (g->overlap) DEV(e, cuda_event_record(g->ctx, g->ev_prod, CUDA_STREAM_COMPUTE));
     return STRATA_OK;
@@ -1043,62 +1168,106 @@ static int32_t host_share(const cuda_state *g, int32_t n_miss) {
     return best;
 }
 
-/* The routed experts of one layer for T tokens. The experts the tokens chose are processed in waves:
- * a wave is every chosen expert already in the cache plus as many of the others as can be copied
- * into slots that the wave does not use (least recently used first); its products run, and the next
- * wave may then reuse those slots. With a cache large enough there is one wave; a small cache streams
- * the rest through its slots. A decode miss under --miss host runs on the host instead. A pair's
- * result does not depend on the wave it ran in, so neither does the reply. */
+/* The routed experts of one layer for T tokens (see the header). Decode with every expert resident runs
+ * on the device alone. Otherwise the choices come to the host, which looks every chosen expert up in the
+ * cache: a prompt runs the cached ones from their slots and streams the others through the ring in the
+ * loan; a decode step runs hits from their slots and each miss from the slot the cache's policy copies
+ * it into, or on the host. A pair's result does not depend on the wave it ran in, so neither does the
+ * reply. */
 static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     cuda_state *g = e->gpu;
+    expert_cache *c = &e->cache;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    const int on_device = T == 1 && g->ptr_dev && decoding(e); /* every expert resident: no round trip */
+    const int on_device = T == 1 && g->routing && decoding(e); /* every expert resident: no round trip */
     const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
-    if (on_device && g->fused && (g->fuse2 & FUSE_ROUTER_TOPK) && W->router.type == STRATA_TYPE_F32 && D % 32 == 0 &&
-        D <= 4096 && E <= 256 && K <= 32) {
-        /* the ffn norm, the router's product and its top-k in one launch */
-        DEV(e, cuda_norm_router_topk_f32(g->ctx, g->x, dl->ffn_norm, g->xn, g->act, (const float *)dl->router, E, D,
-                                         hp->rms_eps, g->router, K, g->sel, g->wsel,
-                                         (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
-                                         g->seg_tok, g->seg_out, half, g->att_cnt + hp->n_head));
-        g->xn_q8 = 1;
-    } else {
-        STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
-        if (on_device)
-            DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, g->sel, g->wsel,
+    if (on_device) {
+        int32_t *sel_l = g->sel + (int64_t)l * K; /* row l: the step's choices come back with the logits */
+        if (g->fused && (g->fuse2 & FUSE_ROUTER_TOPK) && W->router.type == STRATA_TYPE_F32 && D % 32 == 0 &&
+            D <= 4096 && E <= 256 && K <= 32) {
+            /* the ffn norm, the router's product and its top-k in one launch */
+            DEV(e, cuda_norm_router_topk_f32(g->ctx, g->x, dl->ffn_norm, g->xn, g->act, (const float *)dl->router, E, D,
+                                             hp->rms_eps, g->router, K, sel_l, g->wsel,
+                                             (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
+                                             g->seg_tok, g->seg_out, half, g->att_cnt + hp->n_head));
+            g->xn_q8 = 1;
+        } else {
+            STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
+            DEV(e, cuda_router_topk_segments(g->ctx, g->router, T, E, K, sel_l, g->wsel,
                                              (const void *const *)(g->ptr_dev + (int64_t)l * E), g->seg_w, g->seg_cap,
                                              g->seg_tok, g->seg_out, half));
-    }
-    if (on_device) {
-        e->stats.lookups += (uint64_t)T * K;
-        e->stats.hits += (uint64_t)T * K;
-        if (g->fused && W->gate_exps.type == W->up_exps.type && K <= 32)
-            return decode_experts(e, l);
+        }
+        if (g->fused && W->gate_exps.type == W->up_exps.type && K <= 32) return decode_experts(e, l);
         STRATA_TRY(expert_products(e, l, T * K, 1, T));
         DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
         return STRATA_OK;
     }
+    STRATA_TRY(norm_matvec(e, g->x, dl->ffn_norm, W->router.type, dl->router, E, g->router, T));
     DEV(e, cuda_router_topk(g->ctx, g->router, T, E, K, g->sel, g->wsel));
 
     int32_t *sel = (int32_t *)g->stage;
-    /* a decode miss may run on the host (not in a prompt chunk of one token on the tensor cores: the host
-     * mirrors the decode kernel) */
-    const int may_host = T == 1 && g->miss_policy != STRATA_MISS_COPY && !layer_mmq(e, l);
+    const int prompt = !decoding(e);
+    /* a decode miss may run on the host (the host mirrors the decode kernel) */
+    const int may_host = !prompt && g->miss_policy != STRATA_MISS_COPY;
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
     /* a miss run on the host needs the normed token: it comes back with the choices */
     if (may_host) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));
     DEV(e, cuda_sync(g->ctx)); /* both streams: nothing of an earlier layer is in flight after this */
-    count_lookups(e, l, sel, T);
-    uint8_t *state = g->exp_state, *streamed = g->exp_state + E;
+    uint8_t *state = g->exp_state;
     memset(state, EXP_IDLE, (size_t)E);
-    memset(streamed, 0, (size_t)E);
     for (int32_t i = 0; i < T * K; i++) state[sel[i]] = EXP_PENDING;
-    int32_t n_miss = 0;
-    for (int32_t ex = 0; ex < E; ex++) n_miss += state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0;
-    /* the misses the host runs: all of them under --miss host, --miss auto's share of them */
+    const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
+    const int32_t cs = copy_stream(g);
+
+    /* the hits: every chosen expert resident in a usable slot (a decode lookup pins its slot for the step) */
+    cache_step_begin(c);
+    int32_t n_hit = 0, n_miss = 0;
+    for (int32_t ex = 0; ex < E; ex++) {
+        if (state[ex] != EXP_PENDING) continue;
+        const int32_t s = prompt ? cache_prefill_lookup(c, l, ex) : cache_peek(c, l, ex);
+        if (s < 0) {
+            n_miss++;
+            continue;
+        }
+        if (!prompt) cache_decode_lookup(c, l, ex); /* a hit: counted, its recency and routing count */
+        g->addr[ex] = cache_slot_ptr(c, s);
+        state[ex] = EXP_WAVE;
+        n_hit++;
+    }
+
+    if (prompt) {
+        /* the hits as one wave, then the misses streamed through the ring in waves of half of it: while
+         * one half's products run, the other half is copied (each half waits for the products that last
+         * read it) */
+        if (n_hit > 0) STRATA_TRY(run_wave(e, l, sel, T, SEG, 0));
+        STRATA_ASSERT(&e->err, n_miss == 0 || (e->ring && e->ring_slots > 0));
+        const int32_t halves = e->ring_slots >= 2 ? 2 : 1, per = e->ring_slots / halves;
+        for (int32_t ex = 0; ex < E && n_miss > 0;) {
+            const int32_t hf = (int32_t)(g->ring_wave++ % halves);
+            if (g->overlap) DEV(e, cuda_stream_wait(g->ctx, g->ev_half[hf], CUDA_STREAM_COPY));
+            int32_t copied = 0;
+            for (; ex < E && copied < per; ex++) {
+                if (state[ex] != EXP_PENDING) continue;
+                uint8_t *dst = e->ring + ((int64_t)hf * per + copied) * c->slot_bytes;
+                STRATA_TRY(expert_to(e, dst, l, ex, cs));
+                e->stats.bytes_streamed += (uint64_t)expert_bytes(g, l);
+                g->addr[ex] = dst;
+                state[ex] = EXP_WAVE;
+                copied++;
+                n_miss--;
+            }
+            if (g->overlap) DEV(e, cuda_event_record(g->ctx, g->ev_copy, CUDA_STREAM_COPY));
+            STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
+            DEV(e, cuda_event_record(g->ctx, g->ev_half[hf], CUDA_STREAM_COMPUTE));
+        }
+        DEV(e, cuda_moe_combine(g->ctx, g->ye, g->wsel, g->x, T, K, D));
+        return STRATA_OK;
+    }
+
+    /* decode: the misses the host runs (all of them under --miss host, --miss auto's share), the others
+     * copied into the slots the cache's policy picks */
     int32_t n_host = may_host ? host_share(g, n_miss) : 0;
     /* --miss auto keeps its host time current: when it has chosen copies alone, one miss in 64 such steps
      * still runs on the host (the bits are the same either way), so that one slow measurement at open
@@ -1106,95 +1275,42 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     if (may_host && n_host == 0 && n_miss > 0 && g->miss_policy == STRATA_MISS_AUTO && g->miss_split < 0 &&
         ++g->host_probe % 64 == 0)
         n_host = 1;
-    for (int32_t ex = 0, left = n_host; ex < E && left > 0; ex++)
-        if (state[ex] == EXP_PENDING && g->slot_of[l * E + ex] < 0) {
-            state[ex] = EXP_HOST;
-            left--;
-        }
-    const int32_t SEG = T == 1 ? 1 : CUDA_SEG_TOKENS;
-    const int32_t cs = g->overlap ? CUDA_STREAM_COPY : CUDA_STREAM_COMPUTE;
-    /* STRATA_CUDA_COPY_GROUP: a prompt's misses in groups (at most about four, so that the per-wave launches
-     * stay few), each copied under the last one's products; else one group */
-    const int32_t group = g->overlap && g->copy_group > 0 && T > 1
-                              ? STRATA_MAX(g->copy_group, (n_miss - n_host + 3) / 4)
-                              : INT32_MAX;
-    uint64_t prev_step = 0;  /* the step of the last iteration's waves, whose products may still run */
-    for (int pending = 1, iter = 0; pending; iter++) {
-        if (iter > 0) {
-            /* this wave rewrites the staging of the segment tables, so the last wave's upload must have
-             * left it. With copy groups: that upload's event, which comes after the products of every
-             * earlier wave, so the copies below overwrite no slot that a wave still reads, but the last
-             * one's (waited for on the device below). Else (a cache too small for one wave): the whole
-             * device, after which nothing is in flight. */
-            if (group < INT32_MAX) DEV(e, cuda_event_wait(g->ctx, g->ev_tables));
-            else DEV(e, cuda_sync(g->ctx));
-        }
-        g->step++;
-        pending = 0;
-        int32_t n_wave_hits = 0;
-        for (int32_t ex = 0; ex < E; ex++) {
-            if (state[ex] != EXP_PENDING) continue;
-            const int32_t s = g->slot_of[l * E + ex];
-            if (s >= 0) {
-                state[ex] = EXP_WAVE;
-                g->last_use[s] = g->step;
-                n_wave_hits++;
-            }
-        }
-        /* with the copy stream, the first wave's hits run as a wave of their own, so that they run under
-         * the copies: enqueued after the copies have started when a copy is a DMA alone (direct), before
-         * them when the host copies each expert into the ring first */
-        const int split = g->overlap && iter == 0 && n_wave_hits > 0 && n_miss > n_host;
-        int32_t copied = 0, waited = 0;
-        if (split && !g->direct) {
-            STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
-        }
-        for (int32_t ex = 0; ex < E; ex++) {
-            if (state[ex] != EXP_PENDING) continue;
-            if (g->overlap && T > 1 && copied == group) { /* the rest copies under this group's products */
-                pending = 1;
-                break;
-            }
-            int32_t victim = -1;
-            for (int32_t s = 0; s < g->n_slots; s++)
-                if (g->last_use[s] < g->step && (victim < 0 || g->last_use[s] < g->last_use[victim])) victim = s;
-            if (victim < 0) { /* the wave is full: the rest goes in the next one */
-                pending = 1;
-                break;
-            }
-            if (g->overlap && iter > 0 && g->last_use[victim] >= prev_step && !waited) {
-                /* the last waves' products may still read this slot (the least recently used come first,
-                 * so only a small cache gets here): the copies wait for them on the device */
-                DEV(e, cuda_stream_wait(g->ctx, g->ev_prod, CUDA_STREAM_COPY));
-                waited = 1;
-            }
-            STRATA_TRY(slot_fill(e, victim, l, ex, cs));
-            g->last_use[victim] = g->step;
-            streamed[ex] = !decoding(e);
-            e->stats.bytes_copied += (uint64_t)(g->gate_bytes + g->up_bytes + g->down_bytes);
+    /* with the copy stream, the hits run as a wave of their own under the copies: enqueued after the
+     * copies have started when a copy is a DMA alone (direct), before them when the host copies each
+     * expert into the staging ring first */
+    const int split = g->overlap && n_hit > 0 && n_miss > n_host;
+    if (split && !g->direct) STRATA_TRY(run_wave(e, l, sel, T, SEG, 0));
+    int32_t copied = 0, host_left = n_host, n_host_runs = 0;
+    for (int32_t ex = 0; ex < E; ex++) {
+        if (state[ex] != EXP_PENDING) continue;
+        const int32_t miss = host_left > 0 ? STRATA_MISS_HOST : STRATA_MISS_COPY;
+        host_left -= miss == STRATA_MISS_HOST;
+        const int32_t s = cache_decode_lookup_as(c, l, ex, miss);
+        STRATA_TRY(copies_ok(e));
+        if (s >= 0) {
+            g->addr[ex] = cache_slot_ptr(c, s);
             state[ex] = split && g->direct ? EXP_COPIED : EXP_WAVE;
             copied++;
+        } else {
+            if (!may_host)
+                return err_set(&e->err, STRATA_ERR_INTERNAL,
+                               "layer %d: no slot for expert %d (every usable slot is in use by this step)", l, ex);
+            state[ex] = EXP_HOST;
+            n_host_runs++;
         }
-        if (g->overlap && copied) DEV(e, cuda_event_record(g->ctx, g->ev_copy, CUDA_STREAM_COPY));
-        if (split && g->direct) {
-            STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
-            for (int32_t ex = 0; ex < E; ex++)
-                if (state[ex] == EXP_COPIED) state[ex] = EXP_WAVE;
-        }
-        if (split) DEV(e, cuda_event_wait(g->ctx, g->ev_tables)); /* the hits' tables have left the staging */
-        STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
-        prev_step = g->step;
     }
-    /* A prompt streams every expert its tokens chose through the cache, layer after layer: with plain
-     * LRU its copies would evict the experts that later layers of the same chunk (and decode) would have
-     * found cached, and a prompt would copy every routed expert of the model. So the slots a prompt
-     * copied into become the first victims (step 0) once their layer is done: they are still hits for
-     * that layer's next chunk while nothing else needs the room. Which slot holds an expert does not
-     * change any result. (Every device operation of this layer that reads them is ordered before the
-     * next layer's copies by the sync at the next layer's routing.) */
-    for (int32_t ex = 0; ex < E; ex++)
-        if (streamed[ex] && g->slot_of[l * E + ex] >= 0) g->last_use[g->slot_of[l * E + ex]] = 0;
-    if (n_host > 0) { /* decode: the missed experts on the host while the device runs the rest */
+    /* (an LRU admission under --miss host copies too: its wave does not read it, the next forward waits) */
+    if (g->overlap && g->copies_pending) {
+        DEV(e, cuda_event_record(g->ctx, g->ev_copy, CUDA_STREAM_COPY));
+        g->copies_pending = 0;
+    }
+    if (split && g->direct) {
+        STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */
+        for (int32_t ex = 0; ex < E; ex++)
+            if (state[ex] == EXP_COPIED) state[ex] = EXP_WAVE;
+    }
+    STRATA_TRY(run_wave(e, l, sel, T, SEG, copied));
+    if (n_host_runs > 0) { /* the missed experts on the host while the device runs the rest */
         /* together, 32 at a time (x prepared once, two pool runs per call), in k order */
         float *xh = g->host_tmp, *yh = xh + D, *scratch = yh + (int64_t)K * D;
         for (int32_t k0 = 0; k0 < K;) {
@@ -1213,7 +1329,6 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
             g->host_ms = g->host_ms > 0 ? 0.9 * g->host_ms + 0.1 * dt : dt;
             for (int32_t i = 0; i < nh; i++)
                 DEV(e, cuda_h2d(g->ctx, g->ye + (int64_t)hk[i] * D, hout[i], (size_t)D * 4, CUDA_STREAM_COMPUTE));
-            e->stats.host_expert_runs += (uint64_t)nh;
         }
     }
     /* x += sum_k w_k ye_k (in k order) */
@@ -1243,16 +1358,29 @@ static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, 
         float *xl = g->x + (int64_t)(T - 1) * D;
         STRATA_TRY(norm_matvec(e, xl, g->output_norm, e->w.output.type, g->output, hp->n_vocab, g->logits_dev, 1));
         DEV(e, cuda_d2h(g->ctx, g->host_logits, g->logits_dev, (size_t)hp->n_vocab * 4, CUDA_STREAM_COMPUTE));
+        if (T == 1 && g->routing && decoding(e)) /* the step's choices, row l for layer l */
+            DEV(e, cuda_d2h(g->ctx, g->host_sel, g->sel, (size_t)hp->n_layer * hp->n_expert_used * 4,
+                            CUDA_STREAM_COMPUTE));
     }
     return STRATA_OK;
 }
 
+/* A decode step routed on the device is done: its choices go through the cache like any step's (every
+ * one a hit), so the counters, the recency and the adaptive policy's routing counts are the host
+ * engine's. */
+static void count_device_step(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const int32_t K = e->hp.n_expert_used;
+    for (int32_t l = 0; l < e->hp.n_layer; l++) {
+        cache_step_begin(&e->cache);
+        for (int32_t k = 0; k < K; k++) cache_decode_lookup(&e->cache, l, g->host_sel[l * K + k]);
+    }
+}
+
 /* Capture the decode step (T = 1, every expert resident, logits wanted) as a graph. The capture runs
- * nothing, so the counts it made are taken back. On failure the step runs without a graph from then
- * on, and the trace says why. */
+ * nothing. On failure the step runs without a graph from then on, and the trace says why. */
 static void graph_capture(strata_engine *e) {
     cuda_state *g = e->gpu;
-    const strata_stats saved = e->stats;
     g->pos_arg = g->pos_dev;
     strata_status s = cuda_capture_begin(g->ctx);
     if (s != STRATA_OK) {
@@ -1267,7 +1395,6 @@ static void graph_capture(strata_engine *e) {
         else cuda_graph_free(exec);
     }
     g->pos_arg = NULL;
-    e->stats = saved;
     if (s == STRATA_OK) {
         g->graph_state = 1;
         trace_emit(&e->trace, "cuda: decode step captured as a graph");
@@ -1286,32 +1413,33 @@ static void graph_capture(strata_engine *e) {
     }
 }
 
-strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int32_t pos0, int prompt,
-                           int want_logits) {
+static strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
     cuda_state *g = e->gpu;
+    const int32_t pos0 = e->n_past;
     g->prompt = prompt;
     /* programmatic dependent launch only in decode (the prompt's kernels do not wait for it) */
     cuda_ctx_set_decode(g->ctx, g->fast, g->pdl && !prompt);
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
-    STRATA_TRY(work_alloc(e, T));
+    STRATA_ASSERT(&e->err, T <= g->cap); /* laid out by the prefill's loan or the decode scratch */
+    STRATA_ASSERT(&e->err, pos0 + T <= e->n_ctx);
     /* the staging below may still be read by the copies of a call that ended without logits or failed
      * (an idle stream makes this free) */
     DEV(e, cuda_sync(g->ctx));
+    STRATA_TRY(order_copies(e)); /* the refill's and the swaps' copies come before this forward's work */
     /* embeddings on the host (one row per token), then up */
     float *xe = (float *)g->stage;
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
-    if (T == 1 && want_logits && g->ptr_dev && g->graph_state >= 0 && decoding(e)) {
+    const int routed = T == 1 && want_logits && g->routing && decoding(e);
+    if (routed && g->graph_state >= 0) {
         memcpy(xe + D, &pos0, sizeof pos0); /* the staging holds [D] floats and then the position */
         if (g->graph_state == 0) graph_capture(e);
         if (g->graph_state == 1) {
             DEV(e, cuda_graph_launch(g->ctx, g->graph));
             DEV(e, cuda_sync(g->ctx));
-            const uint64_t n = (uint64_t)hp->n_layer * hp->n_expert_used;
-            e->stats.lookups += n; /* every expert is resident: every lookup a hit */
-            e->stats.hits += n;
+            count_device_step(e);
             memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
             e->has_logits = 1;
             return STRATA_OK;
@@ -1320,8 +1448,24 @@ strata_status cuda_forward(strata_engine *e, const int32_t *tokens, int32_t T, i
     STRATA_TRY(enqueue_forward(e, T, pos0, want_logits));
     if (want_logits) {
         DEV(e, cuda_sync(g->ctx));
+        if (routed) count_device_step(e);
         memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
         e->has_logits = 1;
     }
     return STRATA_OK;
 }
+
+/* ---- the backend --------------------------------------------------------------------------------- */
+
+const backend_ops cuda_backend_ops = {
+    .name = "cuda",
+    .layout_bytes = cuda_layout_bytes,
+    .host_bytes = cuda_host_bytes,
+    .layout = cuda_layout,
+    .use_scratch = cuda_use_scratch,
+    .copy_expert = cuda_copy_expert,
+    .loan_end = cuda_loan_end,
+    .cache_changed = cuda_cache_changed,
+    .fail_msg = cuda_fail_msg,
+    .forward = cuda_forward,
+};

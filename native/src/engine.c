@@ -130,9 +130,14 @@ void chunk_buffers_free(strata_engine *e) { memset(&e->cb, 0, sizeof e->cb); }
 /* ---- forward ----------------------------------------------------------------------------------- */
 
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits) {
+    return e->be->forward(e, tokens, T, phase == MOE_PHASE_PREFILL, want_logits);
+}
+
+/* The CPU backend's forward pass (attention.c, moe.c). */
+static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
-    if (e->gpu) return cuda_forward(e, tokens, T, e->n_past, phase == MOE_PHASE_PREFILL, want_logits);
+    const moe_phase phase = prompt ? MOE_PHASE_PREFILL : MOE_PHASE_DECODE;
     chunk_buffers *cb = &e->cb;
     STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
     STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
@@ -159,6 +164,36 @@ strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T,
     return STRATA_OK;
 }
 
+/* ---- the CPU backend ---------------------------------------------------------------------------- */
+
+static int64_t cpu_layout_bytes(const strata_engine *e, int32_t T) { return chunk_buffers_bytes(e, T); }
+
+static strata_status cpu_layout(strata_engine *e, arena *a, int32_t T) { return chunk_buffers_alloc(e, a, T); }
+
+/* memcpy is done when it returns: nothing to order */
+static strata_status cpu_nothing(strata_engine *e) {
+    (void)e;
+    return STRATA_OK;
+}
+
+static void cpu_fail_msg(strata_engine *e, const arena *a, int32_t T, char *buf, size_t len) {
+    (void)e;
+    arena_chunk_fail_msg(a, T, buf, len);
+}
+
+const backend_ops cpu_backend_ops = {
+    .name = "cpu",
+    .layout_bytes = cpu_layout_bytes,
+    .host_bytes = NULL,
+    .layout = cpu_layout,
+    .use_scratch = chunk_buffers_use_scratch,
+    .copy_expert = moe_expert_copy,
+    .loan_end = cpu_nothing,
+    .cache_changed = cpu_nothing,
+    .fail_msg = cpu_fail_msg,
+    .forward = cpu_forward,
+};
+
 strata_status engine_decode(strata_engine *e, int32_t token) {
     if (token < 0 || token >= e->hp.n_vocab)
         return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "token %d is not in the vocabulary (0..%d)", token,
@@ -171,7 +206,9 @@ strata_status engine_decode(strata_engine *e, int32_t token) {
     if (s == STRATA_OK) {
         e->n_past++;
         e->stats.decode_tokens++;
-        if (!e->gpu) cache_token_done(&e->cache);
+        const uint64_t swaps = e->cache.swaps;
+        cache_token_done(&e->cache);
+        if (e->cache.swaps != swaps) s = e->be->cache_changed(e); /* the adaptation's copies */
     } else {
         e->has_logits = 0;
     }
@@ -218,6 +255,7 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     strata_engine *e = calloc(1, sizeof *e);
     if (!e) return err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory opening the engine");
     e->params = p;
+    e->be = &cpu_backend_ops; /* mem_open picks the device's */
     e->file.fd = -1;
     trace_init(&e->trace, p.trace, p.trace_user);
     double t0 = engine_now_ms();
@@ -250,7 +288,8 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     /* the memory plan decides the context, the chunk, the device arena and the cache */
     s = mem_open(e, err);
     if (s != STRATA_OK) goto fail;
-    s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
+    if (!e->gpu) /* on a GPU the KV cache lives in device memory (cuda_forward.c) */
+        s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
                 p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
     if (s != STRATA_OK) goto fail;
     e->logits = calloc((size_t)e->hp.n_vocab, sizeof(float));

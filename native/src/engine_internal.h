@@ -32,6 +32,7 @@
 #include "trace.h"
 
 struct mm_seg;
+struct backend_ops;
 
 /* The weights of one routed expert as the forward pass sees them. */
 typedef struct expert_view {
@@ -105,8 +106,9 @@ struct strata_engine {
     int32_t n_past;           /* tokens in the KV cache */
     strata_stats stats;
 
-    /* ---- device: the CUDA backend's state when running on a GPU (cuda_forward.c), else NULL ---- */
-    struct cuda_state *gpu;
+    /* ---- the backend: memory, copies and kernels (cpu_backend_ops or cuda_backend_ops) ---- */
+    const struct backend_ops *be;
+    struct cuda_state *gpu;   /* the CUDA backend's state (cuda_forward.c) on a GPU, else NULL */
 
     /* ---- diagnostics ---- */
     errbuf err;
@@ -117,6 +119,37 @@ typedef enum moe_phase {
     MOE_PHASE_PREFILL = 0, /* a prompt chunk */
     MOE_PHASE_DECODE = 1,  /* one generated token */
 } moe_phase;
+
+/* ---- the backend seam --------------------------------------------------------------------------
+ * What differs between the CPU backend (a host block standing in for device memory) and a GPU: where a
+ * chunk's buffers live, how an expert is copied into a slot, and the kernels of the forward pass. The
+ * plan, the expert cache, the loan and the refill (plan.c, cache.c, prefill.c) are one code on both and
+ * reach the backend only through this table. Every address an arena hands out is the backend's memory
+ * (device memory on CUDA): the code above only computes with it. */
+typedef struct backend_ops {
+    const char *name;
+    /* bytes of the buffers of a chunk of T tokens: the layout below run against a measuring arena */
+    int64_t (*layout_bytes)(const strata_engine *e, int32_t T);
+    /* host RAM a chunk of T tokens borrows (staging), or NULL for the plan's default */
+    int64_t (*host_bytes)(const strata_engine *e, int32_t T);
+    /* lay the buffers of a chunk of T tokens out in arena a (the loan); BUDGET when one does not fit */
+    strata_status (*layout)(strata_engine *e, arena *a, int32_t T);
+    /* point the buffers back at the decode scratch (after the loan is given back) */
+    strata_status (*use_scratch)(strata_engine *e);
+    /* the expert cache's copy function: one expert from the host store into a slot */
+    int64_t (*copy_expert)(void *engine, int32_t layer, int32_t expert, uint8_t *dst);
+    /* the prompt is done with its loan: its work that reads the loan comes before the refill's copies */
+    strata_status (*loan_end)(strata_engine *e);
+    /* the cache changed outside a forward (fill, refill, swaps between tokens): later work sees it */
+    strata_status (*cache_changed)(strata_engine *e);
+    /* the failure message of a chunk layout that did not fit arena a, with the device's own figures */
+    void (*fail_msg)(strata_engine *e, const arena *a, int32_t T, char *buf, size_t len);
+    /* one forward pass: embed T tokens, every layer, the logits of the last when want_logits */
+    strata_status (*forward)(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits);
+} backend_ops;
+
+extern const backend_ops cpu_backend_ops;  /* engine.c */
+extern const backend_ops cuda_backend_ops; /* cuda_forward.c */
 
 /* Lay the chunk buffers of T tokens out in arena a (the one place they are laid out). BUDGET without a
  * message when a buffer does not fit: the arena records which and by how much. */

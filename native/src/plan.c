@@ -97,7 +97,10 @@ int32_t plan_ring_slots(const plan *p, int32_t n_tokens) {
     return n_tokens <= p->pub.small_chunk ? p->deep_ring : p->big_ring;
 }
 
-static int64_t host_bytes_of(const plan *p, int32_t T) { return (int64_t)T * ((int64_t)p->n_embd * 4 + 8); }
+static int64_t host_bytes_of(const plan *p, int32_t T) {
+    if (p->host_chunk_bytes) return p->host_chunk_bytes(p->chunk_ctx, T);
+    return (int64_t)T * ((int64_t)p->n_embd * 4 + 8);
+}
 
 strata_status plan_layout(const plan *p, int32_t n_tokens, strata_layout *out, errbuf *err) {
     if (n_tokens < 1)
@@ -159,6 +162,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     memset(p, 0, sizeof *p);
     strata_plan *pp = &p->pub;
     p->chunk_bytes = in->chunk_bytes;
+    p->host_chunk_bytes = in->host_chunk_bytes;
     p->chunk_ctx = in->chunk_ctx;
     p->n_embd = in->n_embd;
     p->granularity = PLAN_GRANULARITY;
@@ -241,15 +245,11 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
                                       STRATA_MAX((int64_t)PLAN_RING_MIN, PLAN_RING_BYTES / pp->slot_bytes));
     int32_t deep_raw = (int32_t)STRATA_MAX((int64_t)PLAN_DEEP_RING_LAYERS * in->n_expert,
                                            (PLAN_DEEP_RING_BYTES + pp->slot_bytes - 1) / pp->slot_bytes);
-    if (prm->vram_budget > 0) {
-        B = prm->vram_budget;
-        budget_src = "--vram-budget";
-    } else if (in->device == STRATA_DEVICE_CUDA) {
-        B = in->device_free;
-        budget_src = "free device memory";
-    } else {
-        /* CPU without a budget: every expert plus the largest candidate's loan (lend_pct applied), so
-         * the default engine never displaces an expert and reads prompts at the largest chunk. */
+    /* The default size: every expert plus the largest candidate's loan (lend_pct applied), so that the
+     * default engine never displaces an expert and reads prompts at the largest chunk. The CPU backend's
+     * budget is that; on CUDA without --vram-budget it is that, or the free device memory when less. */
+    int64_t default_bytes = 0;
+    if (prm->vram_budget <= 0) {
         p->deep_ring = deep_raw;
         pp->small_chunk = INT32_MAX; /* size for the deep ring: the default plan's auto chunk is its small pick */
         strata_layout l;
@@ -271,7 +271,16 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
             if (plan_layout(p, first, &l, err) != STRATA_OK) return err->status;
             own = l.buffer_bytes;
         }
-        B = p->fixed_bytes + n * pp->slot_bytes + own;
+        default_bytes = p->fixed_bytes + n * pp->slot_bytes + own;
+    }
+    if (prm->vram_budget > 0) {
+        B = prm->vram_budget;
+        budget_src = "--vram-budget";
+    } else if (in->device == STRATA_DEVICE_CUDA) {
+        B = STRATA_MIN(in->device_free, default_bytes);
+        budget_src = B < default_bytes ? "free device memory" : "default: every expert and the largest loan";
+    } else {
+        B = default_bytes;
         budget_src = prm->expert_cache >= 0 ? "default: the fixed part and the cache" : "default: every expert and the largest loan";
     }
     pp->budget_bytes = B;

@@ -39,6 +39,7 @@ typedef struct plan_inputs {
     int64_t (*kv_bytes)(int32_t kv_type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv, int32_t head_dim);
     int64_t scratch_bytes;       /* decode scratch (the layout of one token, kept outside the cache) */
     plan_chunk_bytes_fn chunk_bytes; /* layout's buffer part */
+    plan_chunk_bytes_fn host_chunk_bytes; /* host RAM a chunk borrows (staging), or NULL: T * (D * 4 + 8) */
     void *chunk_ctx;
     int32_t device;              /* strata_device actually used (never AUTO) */
     int64_t device_free;         /* CUDA: free device memory; unused on the CPU */
@@ -62,6 +63,7 @@ typedef struct plan {
     int64_t own_chunk_bytes;     /* no_cache: the prompt path's own buffers (auto chunk) */
     int32_t n_embd;              /* for host_bytes */
     plan_chunk_bytes_fn chunk_bytes;
+    plan_chunk_bytes_fn host_chunk_bytes;
     void *chunk_ctx;
 } plan;
 

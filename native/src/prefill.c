@@ -24,75 +24,31 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "cache.h"
 #include "cuda_backend.h"
 #include "cuda_forward.h"
 #include "engine_internal.h"
 
 /* ---- open / close ------------------------------------------------------------------------------- */
 
-static int64_t layout_bytes(void *ctx, int32_t T) { return chunk_buffers_bytes((const strata_engine *)ctx, T); }
+static int64_t layout_bytes(void *ctx, int32_t T) {
+    const strata_engine *e = ctx;
+    return e->be->layout_bytes(e, T);
+}
+
+static int64_t host_bytes(void *ctx, int32_t T) {
+    const strata_engine *e = ctx;
+    return e->be->host_bytes(e, T);
+}
 
 static void say(void *ctx, const char *line) { trace_emit(&((strata_engine *)ctx)->trace, "%s", line); }
 
 #define MIB(b) ((double)(b) / (1024.0 * 1024.0))
 
-strata_status mem_open(strata_engine *e, errbuf *err) {
-    const hparams *hp = &e->hp;
-    strata_params prm = e->params;
-    prm.max_context = e->n_ctx; /* decided by the engine: the attention scratch depends on it */
-    plan_inputs in;
-    memset(&in, 0, sizeof in);
-    in.n_layer = hp->n_layer;
-    in.n_expert = hp->n_expert;
-    in.n_expert_used = hp->n_expert_used;
-    in.n_embd = hp->n_embd;
-    in.n_vocab = hp->n_vocab;
-    in.n_head_kv = hp->n_head_kv;
-    in.head_dim = hp->head_dim;
-    in.n_ctx_train = hp->n_ctx_train;
-    in.resident_bytes = e->w.resident_bytes;
-    in.expert_bytes = e->w.expert_bytes;
-    in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * hp->n_layer;
-    in.kv_bytes = kv_bytes;
-    in.scratch_bytes = chunk_buffers_bytes(e, 1);
-    in.chunk_bytes = layout_bytes;
-    in.chunk_ctx = e;
-    in.device = STRATA_DEVICE_CPU;
-    const int on_gpu = prm.device == STRATA_DEVICE_CUDA || (prm.device == STRATA_DEVICE_AUTO && cuda_device_present());
-    if (on_gpu) {
-        in.device = STRATA_DEVICE_CUDA;
-        if (cuda_forward_init(e, &in.device_free) != STRATA_OK) {
-            memcpy(err, &e->err, sizeof *err);
-            return err->status;
-        }
-    }
-    in.n_threads = pool_size(e->pool);
-    in.simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
-    if (in.scratch_bytes < 0) return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch could not be sized");
-    STRATA_TRY(plan_make(&e->mp, &in, &prm, say, e, err));
-    e->plan = e->mp.pub;
-    e->chunk = e->plan.auto_chunk;
-    if (on_gpu) {
-        /* The same plan on the device: the work buffers of the auto chunk take the place of the loan
-         * for good (the device keeps them laid out), so the slab gets the slots that are left. */
-        const int64_t work = cuda_forward_work_bytes(e, e->chunk);
-        const int64_t loan = (work + e->plan.slot_bytes - 1) / e->plan.slot_bytes;
-        const int32_t slots = (int32_t)(e->plan.n_slots - loan);
-        if (cuda_forward_open(e, slots) != STRATA_OK) {
-            memcpy(err, &e->err, sizeof *err);
-            return err->status;
-        }
-        e->plan.n_slots = cuda_forward_n_slots(e);
-        e->plan.auto_loan_slots = (int32_t)loan;
-        e->plan.device = STRATA_DEVICE_CUDA;
-        e->mp.pub = e->plan;
-        char line[768];
-        plan_line(&e->mp, line, sizeof line);
-        trace_emit(&e->trace, "%s", line);
-        return STRATA_OK;
-    }
-
-    /* the device budget: a host block, mapped lazily so that untouched room costs nothing */
+/* The CPU backend's device budget: a host block, mapped lazily so that untouched room costs nothing. The
+ * resident weights and the KV cache are only accounted in it (the mapped file and the KV allocation hold
+ * them); the decode scratch, the slab and everything laid out inside a loan live in the block. */
+static strata_status cpu_memory(strata_engine *e, uint8_t **slab, errbuf *err) {
     e->dev_len = (size_t)e->plan.budget_bytes;
     void *m = mmap(NULL, e->dev_len ? e->dev_len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
@@ -113,25 +69,88 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
         e->own_chunk = arena_alloc(&e->dev, e->mp.own_chunk_bytes, "prompt buffers");
         ok = e->own_chunk != NULL;
     }
-    uint8_t *slab = ok ? arena_alloc(&e->dev, (int64_t)pp->n_slots * pp->slot_bytes, "expert cache") : NULL;
-    STRATA_ASSERT(err, ok && slab); /* the plan fitted all of these into the budget */
+    *slab = ok ? arena_alloc(&e->dev, (int64_t)pp->n_slots * pp->slot_bytes, "expert cache") : NULL;
+    STRATA_ASSERT(err, ok && *slab); /* the plan fitted all of these into the budget */
     arena_init(&e->scratch, scr, pp->scratch_bytes);
+    return STRATA_OK;
+}
 
+strata_status mem_open(strata_engine *e, errbuf *err) {
+    const hparams *hp = &e->hp;
+    strata_params prm = e->params;
+    prm.max_context = e->n_ctx; /* decided by the engine: the attention scratch depends on it */
+    plan_inputs in;
+    memset(&in, 0, sizeof in);
+    in.n_layer = hp->n_layer;
+    in.n_expert = hp->n_expert;
+    in.n_expert_used = hp->n_expert_used;
+    in.n_embd = hp->n_embd;
+    in.n_vocab = hp->n_vocab;
+    in.n_head_kv = hp->n_head_kv;
+    in.head_dim = hp->head_dim;
+    in.n_ctx_train = hp->n_ctx_train;
+    in.resident_bytes = e->w.resident_bytes;
+    in.expert_bytes = e->w.expert_bytes;
+    in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * hp->n_layer;
+    in.kv_bytes = kv_bytes;
+    in.device = STRATA_DEVICE_CPU;
+    const int on_gpu = prm.device == STRATA_DEVICE_CUDA || (prm.device == STRATA_DEVICE_AUTO && cuda_device_present());
+    if (on_gpu) {
+        in.device = STRATA_DEVICE_CUDA;
+        if (cuda_forward_init(e, &in.device_free) != STRATA_OK) {
+            memcpy(err, &e->err, sizeof *err);
+            return err->status;
+        }
+        e->be = &cuda_backend_ops;
+        if (prm.expert_cache == 0)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--expert-cache 0 runs every expert from host memory, which only the CPU backend does; "
+                           "on --device cuda give the cache at least %d slots (the experts one token uses) or auto",
+                           hp->n_expert_used);
+    }
+    in.scratch_bytes = on_gpu ? cuda_forward_scratch_bytes(e) : chunk_buffers_bytes(e, 1);
+    in.chunk_bytes = layout_bytes;
+    in.host_chunk_bytes = e->be->host_bytes ? host_bytes : NULL;
+    in.chunk_ctx = e;
+    in.n_threads = pool_size(e->pool);
+    in.simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
+    if (in.scratch_bytes < 0) return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch could not be sized");
+    STRATA_TRY(plan_make(&e->mp, &in, &prm, say, e, err));
+    e->plan = e->mp.pub;
+    e->chunk = e->plan.auto_chunk;
+
+    /* the memory itself: the backend's (device memory, or the host block standing in for it) */
+    const strata_plan *pp = &e->plan;
+    uint8_t *slab = NULL;
+    if (on_gpu) {
+        if (cuda_forward_open(e, &slab) != STRATA_OK) {
+            memcpy(err, &e->err, sizeof *err);
+            return err->status;
+        }
+    } else {
+        STRATA_TRY(cpu_memory(e, &slab, err));
+    }
+
+    /* the one expert cache, over the backend's slab */
     cache_config cc = {prm.cache_policy, pp->miss_policy, prm.adapt_every, prm.adapt_swaps, prm.adapt_decay};
-    STRATA_TRY(cache_init(&e->cache, slab, pp->n_slots, pp->slot_bytes, hp->n_layer, hp->n_expert, &cc, moe_expert_copy,
-                          e, err));
+    STRATA_TRY(cache_init(&e->cache, slab, pp->n_slots, pp->slot_bytes, hp->n_layer, hp->n_expert, &cc,
+                          e->be->copy_expert, e, err));
+    const double t_fill = engine_now_ms();
     if (prm.expert_profile && prm.expert_profile[0]) {
         STRATA_TRY(cache_profile_load(&e->cache, prm.expert_profile, err));
     } else {
         cache_fill_default(&e->cache);
     }
-    int32_t resident = 0;
-    for (int32_t s = 0; s < e->cache.n_slots; s++) resident += e->cache.expert_in[s] >= 0;
-    trace_emit(&e->trace, "expert cache filled: %d of %d experts in %d slots (%s), %.1f MiB copied", resident,
+    if (on_gpu && cuda_forward_ready(e, t_fill) != STRATA_OK) { /* the fill's copies are done and timed */
+        memcpy(err, &e->err, sizeof *err);
+        return err->status;
+    }
+    int32_t resident = cache_resident(&e->cache);
+    trace_emit(&e->trace, "expert cache filled: %d of %d experts in %d slots (%s), %.1f MiB copied in %.0f ms", resident,
                pp->n_experts_total, pp->n_slots, prm.expert_profile && prm.expert_profile[0] ? "from the profile" : "even spread",
-               MIB(e->cache.bytes_copied));
+               MIB(e->cache.bytes_copied), engine_now_ms() - t_fill);
     e->cache.bytes_copied = 0; /* counters start after the fill */
-    if (chunk_buffers_use_scratch(e) != STRATA_OK)
+    if (e->be->use_scratch(e) != STRATA_OK)
         return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch does not hold the layout of one token");
     char line[768];
     plan_line(&e->mp, line, sizeof line);
@@ -146,7 +165,6 @@ void mem_close(strata_engine *e) {
 }
 
 void mem_sync_stats(strata_engine *e) {
-    if (e->gpu) return; /* the device backend counts into e->stats itself */
     const expert_cache *c = &e->cache;
     strata_stats *s = &e->stats;
     s->lookups = c->lookups;
@@ -212,10 +230,10 @@ static strata_status lend(strata_engine *e, int32_t *t) {
     arena_init(&a, mem, (int64_t)k * p->pub.slot_bytes);
     int32_t ring = plan_ring_slots(p, *t);
     e->ring = arena_alloc(&a, (int64_t)ring * p->pub.slot_bytes, "ring");
-    strata_status s = e->ring ? chunk_buffers_alloc(e, &a, *t) : STRATA_ERR_BUDGET;
+    strata_status s = e->ring ? e->be->layout(e, &a, *t) : STRATA_ERR_BUDGET;
     if (s != STRATA_OK) {
         char msg[400];
-        arena_chunk_fail_msg(&a, *t, msg, sizeof msg);
+        e->be->fail_msg(e, &a, *t, msg, sizeof msg);
         e->ring = NULL;
         return err_set(&e->err, p->pub.lend_policy == STRATA_LEND_LEGACY ? STRATA_ERR_LEND : STRATA_ERR_INTERNAL,
                        "lending the prompt path its slots failed: %s", msg);
@@ -227,18 +245,23 @@ static strata_status lend(strata_engine *e, int32_t *t) {
 }
 
 /* Give the loan back: displaced experts are copied back, the chunk buffers return to the scratch. */
-static void give_back(strata_engine *e) {
+static strata_status give_back(strata_engine *e) {
+    strata_status s = STRATA_OK;
     int32_t k = cache_lent(&e->cache);
     if (k > 0) {
+        s = e->be->loan_end(e); /* the device: the prompt's work on the loan comes first */
         int32_t n = cache_refill(&e->cache);
         e->stats.refills++;
         trace_emit(&e->trace, "refilled %d slots (%d experts copied back)", k, n);
+        const strata_status s2 = e->be->cache_changed(e);
+        if (s == STRATA_OK) s = s2;
     }
     e->ring = NULL;
     e->ring_slots = 0;
     e->moe_batch = 0;
     e->stats.slots_lent_now = 0;
-    chunk_buffers_use_scratch(e); /* cannot fail: it did at open */
+    e->be->use_scratch(e); /* cannot fail: it did at open */
+    return s;
 }
 
 /* ---- prefill ------------------------------------------------------------------------------------ */
@@ -260,8 +283,7 @@ strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n,
     const int32_t start = e->n_past;
     double t0 = engine_now_ms();
     int32_t t = plan_request_chunk(&e->mp, n);
-    /* on the device the auto chunk's buffers stay laid out from open: every chunk <= it fits */
-    strata_status s = e->gpu ? STRATA_OK : lend(e, &t);
+    strata_status s = lend(e, &t);
     if (s != STRATA_OK) {
         give_back(e);
         mem_sync_stats(e);
@@ -283,7 +305,8 @@ strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n,
             break;
         }
     }
-    if (!e->gpu) give_back(e);
+    const strata_status sg = give_back(e);
+    if (s == STRATA_OK) s = sg;
     if (s != STRATA_OK) {
         /* roll back: the cache rows past start are simply forgotten */
         e->n_past = start;
