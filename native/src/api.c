@@ -1,6 +1,6 @@
 /*
- * api.c — every function of strata.h that is not in version.c or sample.c: argument checks, the
- * engine's error path, and thin calls into the engine.
+ * api.c — every function of strata.h that is not in version.c or sample.c, and the CPU kernels of
+ * strata_kernels.h: argument checks, the engine's error path, and thin calls into the engine.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 #include "matmul.h"
 #include "quant.h"
 #include "strata.h"
+#include "strata_kernels.h"
 
 /* ---- library ----------------------------------------------------------------------------------- */
 

@@ -1,4 +1,5 @@
-/* cuda_api.c — public entry points to the CUDA kernels for tests and benchmarks. */
+/* cuda_api.c — strata_kernels.h's entry points to the CUDA kernels (tests and benchmarks), and
+ * strata_cuda_available (strata.h). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -6,6 +7,7 @@
 #include "cuda_backend.h"
 #include "group_dequant.h"
 #include "strata.h"
+#include "strata_kernels.h"
 
 static int shape_ok(int32_t type, int64_t rows, int64_t cols) {
     const int blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;

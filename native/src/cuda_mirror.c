@@ -21,6 +21,7 @@
 #include "cuda_mirror.h"
 #include "group_dequant.h"
 #include "quant.h"
+#include "strata_kernels.h"
 #include "threads.h"
 
 /* ---- activations -------------------------------------------------------------------------------- */
