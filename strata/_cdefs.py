@@ -1,10 +1,12 @@
 # mypy: disable-error-code="empty-body"
-"""1:1 ctypes declarations of ``native/include/strata.h``.
+"""1:1 ctypes declarations of ``native/include/strata.h`` and ``native/include/strata_kernels.h``.
 
-Each function quotes its C prototype above it; the ``c_function`` decorator records its argument and
-return types (applied to the library by ``declare`` when it is loaded) and turns the stub into a call
-into libstrata. Structs mirror the header field by field, in order. (The stubs' bodies are never run: the decorator
-replaces them, hence the mypy setting above.)
+The engine's contract (strata.h) comes first; the kernel-level entry points that only tests and
+benchmarks call (strata_kernels.h) come last, under banners that name that header. Each function quotes
+its C prototype above it; the ``c_function`` decorator records its argument and return types (applied
+to the library by ``declare`` when it is loaded) and turns the stub into a call into libstrata. Structs
+mirror the header field by field, in order. (The stubs' bodies are never run: the decorator replaces
+them, hence the mypy setting above.)
 """
 
 from __future__ import annotations
@@ -456,7 +458,7 @@ def strata_cache_residency(eng: int, slot_of: Any, cap: int) -> int: ...
 def strata_profile_save(eng: int, path: bytes) -> int: ...
 
 
-# ---- kernels ------------------------------------------------------------------------------------
+# ---- strata_kernels.h: CPU kernels ---------------------------------------------------------------
 
 
 # STRATA_API int64_t strata_type_row_bytes(int32_t type, int64_t n);
@@ -497,6 +499,9 @@ def strata_matmul(type: int, w: Any, rows: int, cols: int, x: Any, n: int, y: An
 # STRATA_API int32_t strata_simd_set(int32_t simd);
 @c_function("strata_simd_set", [c_int32], c_int32)
 def strata_simd_set(simd: int) -> int: ...
+
+
+# ---- strata_kernels.h: CUDA kernels and their host mirrors ---------------------------------------
 
 
 # STRATA_API strata_status strata_cuda_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
