@@ -273,6 +273,10 @@ static strata_status stage_reserve(strata_engine *e, int32_t T) {
     const size_t need = (size_t)stage_bytes_of(e, T);
     if (need <= g->stage_bytes) return STRATA_OK;
     DEV(e, cuda_sync(g->ctx)); /* the old staging may still be read by a copy */
+    /* a captured decode step reads its embedding from the staging: captured again on the next step */
+    cuda_graph_free(g->graph);
+    g->graph = NULL;
+    if (g->graph_state == 1) g->graph_state = 0;
     cuda_host_free(g->ctx, g->stage);
     g->stage = NULL;
     g->stage_bytes = 0;
