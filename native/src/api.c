@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_forward.h"
 #include "engine_internal.h"
 #include "matmul.h"
 #include "quant.h"
@@ -17,39 +16,6 @@
 
 const char *strata_cpu_features(void) { return quant_cpu_features(); }
 
-
-strata_params strata_default_params(void) {
-    strata_params p;
-    memset(&p, 0, sizeof p);
-    p.n_threads = 0;
-    p.device = STRATA_DEVICE_CPU;
-    p.vram_budget = 0;
-    p.vram_reserve_mib = 0;
-    p.max_context = 0;
-    p.kv_type = STRATA_KV_F16;
-    p.expert_cache = -1;
-    p.prefill_chunk = 0;
-    p.prefill_max = 0;
-    p.lend_policy = STRATA_LEND_CURRENT;
-    p.lend_floor = -1;
-    p.lend_pct = 0.0f;
-    p.miss_policy = STRATA_MISS_AUTO;
-    p.cache_policy = STRATA_CACHE_ADAPTIVE;
-    p.adapt_every = 16;
-    p.adapt_swaps = 4;
-    p.adapt_decay = 0.9f;
-    p.expert_profile = NULL;
-    p.host_ram_budget = 0;
-    p.simd = STRATA_SIMD_AUTO;
-    p.trace = NULL;
-    p.trace_user = NULL;
-    return p;
-}
-
-strata_sampling strata_default_sampling(void) {
-    strata_sampling s = {0.0f, 0, 1.0f, 0.0f, 0};
-    return s;
-}
 
 strata_generate_params strata_default_generate_params(void) {
     strata_generate_params g;
@@ -202,11 +168,7 @@ strata_status strata_stats_get(const strata_engine *e, strata_stats *out) {
     if (!e || !out) return STRATA_ERR_INVALID_ARGUMENT;
     *out = e->stats;
     out->n_past = e->n_past;
-    if (e->gpu) {
-        cuda_forward_mem_held(e, &out->device_bytes, &out->device_peak_bytes);
-    } else { /* the emulated budget is one block handed out from the front and never given back */
-        out->device_bytes = out->device_peak_bytes = e->dev.used;
-    }
+    mem_held(e, &out->device_bytes, &out->device_peak_bytes);
     return STRATA_OK;
 }
 

@@ -148,7 +148,7 @@ typedef struct backend_ops {
     strata_status (*forward)(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits);
 } backend_ops;
 
-extern const backend_ops cpu_backend_ops;  /* engine.c */
+extern const backend_ops cpu_backend_ops;  /* forward.c */
 extern const backend_ops cuda_backend_ops; /* cuda_forward.c */
 
 /* Lay the chunk buffers of T tokens out in arena a (the one place they are laid out). BUDGET without a
@@ -160,7 +160,7 @@ void chunk_buffers_free(strata_engine *e);
 /* Bytes chunk_buffers_alloc takes for T tokens (it, run against a measuring arena). */
 int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T);
 
-/* RMSNorm of n rows of D values: out[i] = x[i] / rms(x) * w[i]. Sum of squares in double, in order. */
+/* norm.c: RMSNorm of n rows of D values: out[i] = x[i] / rms(x) * w[i]. Sum of squares in double, in order. */
 void rmsnorm_rows(float *out, const float *x, const float *w, int32_t n, int32_t D, float eps);
 
 /* attention.c: x += attention(rmsnorm(x)) for T tokens at positions pos0..pos0+T-1 (appends to KV). */
@@ -173,23 +173,35 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
 /* moe.c: copy an expert's gate, up and down from the mapped file into dst (a slot); returns the bytes.
  * ctx is the engine (the expert cache's copy function). */
 int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst);
-/* engine.c: embed T tokens, run every layer, compute the logits of the last token when want_logits. */
+/* forward.c: embed T tokens, run every layer, compute the logits of the last token when want_logits
+ * (through the backend). */
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits);
 
-/* engine.c */
+/* engine.c: open, close, one decode step */
 strata_status engine_open(const char *path, const strata_params *p, strata_engine **out, errbuf *err);
 void engine_close(strata_engine *e);
+strata_status engine_decode(strata_engine *e, int32_t token);
+/* prefill.c: a prompt, chunk by chunk, with slots lent by the cache */
 strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
                              void *user);
-strata_status engine_decode(strata_engine *e, int32_t token);
-/* prefill.c: the memory plan, device arena and expert cache at open (after the model and the thread
- * pool), and their end at close. */
+
+/* ---- memory.c: the plan, the backend's memory, the expert cache and the loan ---------------------- */
+/* --device cuda asked for and usable (else DEVICE, saying why: no CUDA in this build, or no device). */
+strata_status mem_check_device(const strata_params *p, errbuf *err);
+/* The memory plan, the backend's memory and the expert cache at open (after the model and the thread
+ * pool), and their end at close (the backend's too). */
 strata_status mem_open(strata_engine *e, errbuf *err);
 void mem_close(strata_engine *e);
-/* prefill.c: counters of the cache copied into e->stats. */
+/* Counters of the cache copied into e->stats. */
 void mem_sync_stats(strata_engine *e);
-/* prefill.c: zero the cache's counters (strata_stats_reset). */
+/* Zero the cache's counters (strata_stats_reset). */
 void mem_reset_stats(strata_engine *e);
-double engine_now_ms(void);
+/* Device memory the engine holds now and at most since open (the emulated budget on the CPU). */
+void mem_held(const strata_engine *e, int64_t *now, int64_t *peak);
+/* Lend the slots for a prompt's chunk *t (halving it under the current policy when it cannot be lent)
+ * and lay the ring and the chunk's buffers out in them. */
+strata_status mem_lend(strata_engine *e, int32_t *t);
+/* Give the loan back: the displaced experts are copied back, the buffers return to the decode scratch. */
+strata_status mem_give_back(strata_engine *e);
 
 #endif

@@ -14,6 +14,11 @@
 
 #include "strata.h"
 
+strata_sampling strata_default_sampling(void) {
+    strata_sampling s = {0.0f, 0, 1.0f, 0.0f, 0};
+    return s;
+}
+
 struct strata_sampler {
     strata_sampling s;
     uint64_t rng[4];

@@ -92,6 +92,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 void trace_init(trace_sink *t, strata_trace_fn fn, void *user) {
     t->fn = fn;
@@ -190,4 +191,11 @@ double env_cuda_miss_split(void) {
 int trace_env_cuda_flash(void) {
     const char *v = getenv("STRATA_CUDA_FLASH");
     return !(v && strcmp(v, "0") == 0);
+}
+
+/* Monotonic wall time in milliseconds (traces, timings). */
+double engine_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }

@@ -45,4 +45,7 @@ int env_cuda_att_split(void);
 /* 0 when STRATA_CUDA_FLASH=0 asks for the decode attention kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_flash(void);
 
+/* Monotonic wall time in milliseconds (traces and timings). */
+double engine_now_ms(void);
+
 #endif

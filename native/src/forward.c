@@ -1,0 +1,173 @@
+/*
+ * forward.c — the forward pass over a chunk of tokens and the CPU backend (the chunk buffers laid out in
+ * the emulated device memory, the blocks of attention.c and moe.c).
+ *
+ * Prompts are processed chunk-major, and layer-major inside a chunk: all T tokens of a chunk pass
+ * layer l before any enters layer l + 1 (attention_block, then moe_block). A decode step is the same
+ * pass with T = 1, so a token's logits do not depend on how the prompt was cut into chunks.
+ */
+#include <string.h>
+
+#include "common.h"
+#include "engine_internal.h"
+#include "matmul.h"
+
+/* ---- chunk buffers ------------------------------------------------------------------------------ */
+
+/* The largest quantized activation row any product of the model needs. */
+static size_t act_stride_of(const strata_engine *e) {
+    const hparams *hp = &e->hp;
+    size_t m = 0;
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const layer_weights *L = &e->w.layers[l];
+        const wview *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router, &L->gate_exps, &L->up_exps, &L->down_exps};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            size_t b = mm_act_row_bytes(e->qt, ws[i]->type, ws[i]->cols);
+            m = b > m ? b : m;
+        }
+    }
+    size_t b = mm_act_row_bytes(e->qt, e->w.output.type, e->w.output.cols);
+    m = b > m ? b : m;
+    return STRATA_ALIGN_UP(m, 64);
+}
+
+typedef struct buf_spec {
+    void **ptr;
+    size_t bytes;
+    const char *name; /* for the arena's failure record */
+} buf_spec;
+
+static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *s) {
+    const hparams *hp = &e->hp;
+    const size_t D = (size_t)hp->n_embd, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+    const size_t F = (size_t)hp->n_ff_exp, QD = (size_t)hp->n_head * (size_t)hp->head_dim;
+    const size_t KD = (size_t)hp->n_head_kv * (size_t)hp->head_dim, t = (size_t)T;
+    const size_t st = e->w.layers ? act_stride_of(e) : 0; /* no layers: only enumerating the buffers to free */
+    int n = 0;
+#define B(field, bytes) s[n++] = (buf_spec){(void **)&cb->field, (bytes), #field}
+    B(x, t * D * 4);
+    B(xn, t * D * 4);
+    B(act, t * st);
+    B(q, t * QD * 4);
+    B(k, t * KD * 4);
+    B(v, t * KD * 4);
+    B(att, t * QD * 4);
+    B(o, t * D * 4);
+    B(scores, (size_t)pool_size(e->pool) * (size_t)e->n_ctx * 4);
+    B(rope, (size_t)hp->head_dim * 4);
+    B(router, t * E * 4);
+    B(sel, t * K * 4);
+    B(wsel, t * K * 4);
+    B(grp_off, (E + 1) * 4);
+    B(grp_tok, t * K * 4);
+    B(grp_slot, t * K * 4);
+    B(g, t * K * F * 4);
+    B(u, t * K * F * 4);
+    B(hact, t * K * st);
+    B(ye, t * K * D * 4);
+    B(segs, 2 * E * sizeof(mm_seg));
+    B(views, E * sizeof(expert_view));
+#undef B
+    cb->act_stride = st;
+    return n;
+}
+
+/* Lay the buffers of T tokens out in a, storing the pointers in cb (which need not be the engine's). */
+static strata_status layout_into(strata_engine *e, chunk_buffers *cb, arena *a, int32_t T) {
+    buf_spec s[32];
+    int n = fill_specs(e, cb, T, s);
+    cb->cap = 0;
+    for (int i = 0; i < n; i++) {
+        *s[i].ptr = arena_alloc(a, (int64_t)s[i].bytes, s[i].name);
+        if (!*s[i].ptr) return STRATA_ERR_BUDGET;
+    }
+    cb->cap = T;
+    return STRATA_OK;
+}
+
+strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T) { return layout_into(e, &e->cb, a, T); }
+
+int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
+    /* the layout itself, run against a measuring arena into a scratch record: the live buffers are
+     * untouched, so layout(T) may be asked at any time */
+    chunk_buffers tmp;
+    arena a;
+    arena_init_measure(&a);
+    strata_status s = layout_into((strata_engine *)e, &tmp, &a, T);
+    return s == STRATA_OK ? a.used : -1;
+}
+
+strata_status chunk_buffers_use_scratch(strata_engine *e) {
+    arena_reset(&e->scratch);
+    return chunk_buffers_alloc(e, &e->scratch, 1);
+}
+
+void chunk_buffers_free(strata_engine *e) { memset(&e->cb, 0, sizeof e->cb); }
+
+/* ---- forward ----------------------------------------------------------------------------------- */
+
+strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits) {
+    return e->be->forward(e, tokens, T, phase == MOE_PHASE_PREFILL, want_logits);
+}
+
+/* The CPU backend's forward pass (attention.c, moe.c). */
+static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd;
+    const moe_phase phase = prompt ? MOE_PHASE_PREFILL : MOE_PHASE_DECODE;
+    chunk_buffers *cb = &e->cb;
+    STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
+    STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
+
+    const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
+    for (int32_t t = 0; t < T; t++)
+        te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
+
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        strata_status s = attention_block(e, l, T, e->n_past);
+        if (s == STRATA_OK) s = moe_block(e, l, T, phase);
+        if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+    }
+
+    if (want_logits) {
+        const float *xl = cb->x + (int64_t)(T - 1) * D;
+        rmsnorm_rows(cb->xn, xl, e->w.output_norm, 1, D, hp->rms_eps);
+        mm_quantize(e->qt, e->w.output.type, cb->xn, D, 1, D, cb->act, cb->act_stride);
+        mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, 1,
+                     e->logits, hp->n_vocab, NULL};
+        mm_run(e->pool, &so, 1);
+        e->has_logits = 1;
+    }
+    return STRATA_OK;
+}
+
+/* ---- the CPU backend ---------------------------------------------------------------------------- */
+
+static int64_t cpu_layout_bytes(const strata_engine *e, int32_t T) { return chunk_buffers_bytes(e, T); }
+
+static strata_status cpu_layout(strata_engine *e, arena *a, int32_t T) { return chunk_buffers_alloc(e, a, T); }
+
+/* memcpy is done when it returns: nothing to order */
+static strata_status cpu_nothing(strata_engine *e) {
+    (void)e;
+    return STRATA_OK;
+}
+
+static void cpu_fail_msg(strata_engine *e, const arena *a, int32_t T, char *buf, size_t len) {
+    (void)e;
+    arena_chunk_fail_msg(a, T, buf, len);
+}
+
+const backend_ops cpu_backend_ops = {
+    .name = "cpu",
+    .layout_bytes = cpu_layout_bytes,
+    .host_bytes = NULL,
+    .layout = cpu_layout,
+    .use_scratch = chunk_buffers_use_scratch,
+    .copy_expert = moe_expert_copy,
+    .loan_end = cpu_nothing,
+    .cache_changed = cpu_nothing,
+    .fail_msg = cpu_fail_msg,
+    .forward = cpu_forward,
+};
+
