@@ -41,7 +41,8 @@ def tiny() -> Path:
 
 
 def _cuda(tiny: Path, lines: list[str] | None = None, **kw: object) -> Engine:
-    return Engine(tiny, EngineConfig(device="cuda", threads=2, **kw), trace=lines.append if lines is not None else None)  # type: ignore[arg-type]
+    kw.setdefault("threads", 2)
+    return Engine(tiny, EngineConfig(device="cuda", **kw), trace=lines.append if lines is not None else None)  # type: ignore[arg-type]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -105,12 +106,12 @@ def test_the_loan_is_device_memory_and_replies_do_not_depend_on_it(tiny: Path) -
 
 
 def test_legacy_fails_with_the_device_figures_and_the_engine_stays_usable(tiny: Path) -> None:
-    """The tiny model's legacy band (plan.c's worked figures): a 2048-token chunk needs the deep ring,
-    the loan was sized for the auto chunk of 4096."""
+    """The tiny model's legacy band: a 2048-token chunk needs the deep ring, the loan was sized for the
+    auto chunk of 4096. The device's layout is not the CPU's, so its band lies elsewhere: searched."""
     from strata._memplan import predict
 
     found = False
-    for cache in range(4140, 5700, 140):
+    for cache in range(1000, 9000, 50):
         with _cuda(tiny, threads=1, max_context=4096, expert_cache=str(cache), lend_policy="legacy") as eng:
             if predict(eng, 2000).verdict != "lend failed":
                 continue
@@ -122,9 +123,9 @@ def test_legacy_fails_with_the_device_figures_and_the_engine_stays_usable(tiny: 
             total = float(re.search(r"of ([\d.]+) MiB free", str(ei.value)).group(1))  # type: ignore[union-attr]
             assert total * 2**20 > eng.plan.budget_bytes
             assert eng.n_past == 0 and eng.stats().slots_lent_now == 0
-            eng.prefill(_prompt(5000, 2))  # the auto chunk's own loan: served
+            eng.prefill(_prompt(4000, 2))  # a chunk of 4096, the auto chunk: its own loan, served
             eng.decode(3)
-            assert eng.n_past == 5001
+            assert eng.n_past == 4001
             break
     assert found, "no cache size in the tiny model's legacy band failed on the device"
 
@@ -153,7 +154,7 @@ def test_cache_policies_and_profiles_work_on_the_device(tiny: Path, tmp_path: Pa
     with _cuda(tiny, max_context=1024, expert_cache="40", expert_profile=str(prof)) as eng:
         res = eng.residency()
         best = [tuple(map(int, ln.split()[:2])) for ln in lines[1:41]]
-        assert all(res[layer * 32 + ex] >= 0 for layer, ex in best)
+        assert all(res[layer, ex] >= 0 for layer, ex in best)
         assert int((res >= 0).sum()) == 40
     assert int((learned >= 0).sum()) == 40
     # --miss host: misses run on the host with the device's bits
