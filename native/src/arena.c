@@ -58,15 +58,8 @@ int64_t arena_free_bytes(const arena *a) { return a->cap - a->used; }
 static double mib(int64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 void arena_chunk_fail_msg(const arena *a, int32_t n_tokens, char *buf, size_t len) {
-    if (!buf || len == 0) return;
-    if (!a || !a->failed) {
-        buf[0] = '\0';
-        return;
-    }
-    snprintf(buf, len,
-             "prefill: device buffers for a chunk of %d tokens do not fit (%.1f of %.1f MiB free at the "
-             "failure; %.1f MiB taken, the failing buffer wanted %.1f MiB)",
-             n_tokens, mib(a->fail_free), mib(a->cap), mib(a->cap - a->fail_free), mib(a->fail_want));
+    /* the emulated device: its free memory is the arena's at the failure, its total the arena */
+    arena_chunk_fail_msg_device(a, n_tokens, a ? a->fail_free : 0, a ? a->cap : 0, buf, len);
 }
 
 void arena_chunk_fail_msg_device(const arena *a, int32_t n_tokens, int64_t dev_free, int64_t dev_total, char *buf,

@@ -1,4 +1,4 @@
-/* cuda_forward.h — the CUDA backend's open and close (cuda_forward.c); the rest of it is reached through
+/* cuda_forward.h — the CUDA backend's open and close (cuda/host_memory.c); the rest of it is reached through
  * cuda_backend_ops (engine_internal.h), the same seam the CPU backend implements. */
 #ifndef STRATA_CUDA_FORWARD_H
 #define STRATA_CUDA_FORWARD_H

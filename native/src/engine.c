@@ -132,7 +132,7 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     /* the memory plan decides the context, the chunk, the device arena and the cache */
     s = mem_open(e, err);
     if (s != STRATA_OK) goto fail;
-    if (!e->gpu) /* on a GPU the KV cache lives in device memory (cuda_forward.c) */
+    if (!e->gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
         s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
                 p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
     if (s != STRATA_OK) goto fail;

@@ -108,7 +108,7 @@ struct strata_engine {
 
     /* ---- the backend: memory, copies and kernels (cpu_backend_ops or cuda_backend_ops) ---- */
     const struct backend_ops *be;
-    struct cuda_state *gpu;   /* the CUDA backend's state (cuda_forward.c) on a GPU, else NULL */
+    struct cuda_state *gpu;   /* the CUDA backend's state (cuda/host.h) on a GPU, else NULL */
 
     /* ---- diagnostics ---- */
     errbuf err;
@@ -149,7 +149,7 @@ typedef struct backend_ops {
 } backend_ops;
 
 extern const backend_ops cpu_backend_ops;  /* forward.c */
-extern const backend_ops cuda_backend_ops; /* cuda_forward.c */
+extern const backend_ops cuda_backend_ops; /* cuda/host_memory.c */
 
 /* Lay the chunk buffers of T tokens out in arena a (the one place they are laid out). BUDGET without a
  * message when a buffer does not fit: the arena records which and by how much. */

@@ -172,7 +172,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->lend_policy = prm->lend_policy;
     pp->cache_policy = prm->cache_policy;
     /* On the CPU backend a host miss is the same work as a copy minus the copy, so auto is host. On CUDA,
-     * auto stays auto: each decode step splits its misses between the host and copies (cuda_forward.c). */
+     * auto stays auto: each decode step splits its misses between the host and copies (cuda/host_forward.c). */
     pp->miss_policy = prm->miss_policy == STRATA_MISS_AUTO && in->device != STRATA_DEVICE_CUDA ? STRATA_MISS_HOST
                                                                                              : prm->miss_policy;
     pp->kv_type = prm->kv_type;

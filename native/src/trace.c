@@ -39,11 +39,6 @@
  *                  copies run on their own stream, ordered by events, and a layer's hits run as their own
  *                  launch while its misses are copied. Read when the device cache is made.
  *
- *   STRATA_CUDA_COPY_GROUP  N > 0 (default 16): with the copy stream, a prompt chunk's misses of one layer are
- *                  copied in groups of at least N experts (at most about four groups), each group's
- *                  products running while the next group is copied (same replies). "0": one group.
- *                  Read when the device cache is made.
- *
  *   STRATA_CUDA_MISS_SPLIT  under --miss auto on --device cuda, the share of a decode step's misses run on the
  *                  host, from 0 to 1 ("0": copy them all, "1": run them all on the host), instead of the
  *                  share computed from the measured copy and host rates. Read when the device cache is made.
@@ -167,12 +162,6 @@ int env_cuda_store(void) {
     if (v && strcmp(v, "register") == 0) return 1;
     if (v && strcmp(v, "ring") == 0) return 0;
     return 2;
-}
-
-int env_cuda_copy_group(void) {
-    const char *v = getenv("STRATA_CUDA_COPY_GROUP");
-    const int n = v ? atoi(v) : 16;
-    return n > 0 ? n : 0;
 }
 
 int env_cuda_overlap(void) {

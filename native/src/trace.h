@@ -26,8 +26,6 @@ int env_cuda_fused(void);
 int env_cuda_staging(void);
 /* STRATA_CUDA_STORE: 0 the staging ring (default), 1 "register" (the mapped file page-locked), 2 "arena". */
 int env_cuda_store(void);
-/* STRATA_CUDA_COPY_GROUP: the least experts per copy group of a prompt's misses; 0 (default): one group. */
-int env_cuda_copy_group(void);
 /* 0 when STRATA_CUDA_OVERLAP=0 asks for expert copies on the compute stream (no overlap with products). */
 int env_cuda_overlap(void);
 /* STRATA_CUDA_MISS_SPLIT in [0, 1]: the host's share of decode misses under --miss auto; -1 when unset. */

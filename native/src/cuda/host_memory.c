@@ -1,0 +1,607 @@
+/*
+ * cuda/host_memory.c — the CUDA backend's memory (see cuda/host.h): layout(T) of a chunk's buffers, the
+ * decode scratch, the expert store and the copies into slots, the device side of the loan and the refill,
+ * open and close, and the backend table (cuda_backend_ops) the plan, the cache and the loan call.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/host.h"
+#include "cuda_forward.h"
+#include "group_dequant.h"
+#include "trace.h"
+
+static strata_status upload(strata_engine *e, void **dst, const void *src, size_t bytes, const char *what) {
+    cuda_state *g = e->gpu;
+    DEV(e, cuda_alloc(g->ctx, bytes, dst, what));
+    DEV(e, cuda_h2d(g->ctx, *dst, src, bytes, CUDA_STREAM_COMPUTE));
+    return STRATA_OK;
+}
+
+static size_t wbytes(const wview *w) { return (size_t)w->rows * w->row_bytes; }
+
+static strata_status check_type(strata_engine *e, const wview *w, const char *name) {
+    if (!cuda_type_supported(w->type))
+        return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
+                       "--device cuda: tensor %s is %s, which the CUDA kernels do not run yet (they run F32, F16, "
+                       "BF16, Q8_0, Q4_0, Q4_K and Q6_K); use --device cpu for this file",
+                       name, quant_type_name(w->type) ? quant_type_name(w->type) : "an unknown type");
+    return STRATA_OK;
+}
+
+/* ---- layout(T): the buffers of a chunk ---------------------------------------------------------- */
+
+/* Splits per head of decode attention beyond 256 positions: about 128 blocks in all, at most 8 (a shape
+ * fact, so the reply does not depend on anything else). */
+static int32_t att_splits(int32_t H) {
+    const int32_t s = 128 / (H > 0 ? H : 1);
+    return s < 1 ? 1 : (s > 8 ? 8 : s);
+}
+
+/* Lay the buffers of T tokens out in arena a into the buffer fields of b (the engine's state, or a copy
+ * of it when only measuring). The one layout the plan sizes loans with (cuda_layout_bytes) and the loan
+ * and the decode scratch use. */
+static strata_status layout_into(const strata_engine *e, cuda_state *b, arena *a, int32_t T) {
+    const hparams *hp = &e->hp;
+    const int64_t D = hp->n_embd, K = hp->n_expert_used, F = hp->n_ff_exp, E = hp->n_expert;
+    const int64_t QD = (int64_t)hp->n_head * hp->head_dim, KD = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t rows_sel = T > hp->n_layer ? T : hp->n_layer;
+    b->act_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D), 16);
+    b->hact_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, F), 16);
+    /* at most T * K pairs, grouped by expert into segments of CUDA_SEG_TOKENS: <= T * K / SEG + E */
+    b->seg_cap = (int32_t)(T * K / CUDA_SEG_TOKENS + E + 1);
+    struct {
+        void **p;
+        int64_t bytes;
+        const char *what;
+    } s[] = {
+        {(void **)&b->x, T * D * 4, "the residual stream"},
+        {(void **)&b->xn, T * (QD > D ? QD : D) * 4, "normed activations"},
+        {(void **)&b->q, T * QD * 4, "queries"},
+        {(void **)&b->k, T * KD * 4, "keys"},
+        {(void **)&b->v, T * KD * 4, "values"},
+        {(void **)&b->att, T * QD * 4, "attention output"},
+        {(void **)&b->router, T * E * 4, "router logits"},
+        {(void **)&b->wsel, T * K * 4, "expert weights"},
+        {(void **)&b->g, T * K * F * 4, "gate products"},
+        {(void **)&b->u, T * K * F * 4, "up products"},
+        {(void **)&b->h, T * K * F * 4, "expert hidden states"},
+        {(void **)&b->ye, T * K * D * 4, "expert outputs"},
+        {(void **)&b->sel, rows_sel * K * 4, "expert choices"},
+        {(void **)&b->act, T * b->act_row, "quantized activations"},
+        {(void **)&b->hact, T * K * b->hact_row, "quantized expert activations"},
+        {(void **)&b->seg_w, 3 * (int64_t)b->seg_cap * (int64_t)sizeof(void *), "expert segment table"},
+        {(void **)&b->seg_tok, 2 * (int64_t)b->seg_cap * CUDA_SEG_TOKENS * 4, "segment tokens"},
+        {(void **)&b->seg_out, 2 * (int64_t)b->seg_cap * CUDA_SEG_TOKENS * 4, "segment rows"},
+    };
+    b->cap = 0;
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        /* every buffer on 64 bytes: the kernels' 16-byte loads of activation rows need it */
+        *s[i].p = arena_alloc(a, s[i].bytes, s[i].what);
+        if (!*s[i].p) return STRATA_ERR_BUDGET;
+    }
+    b->cap = T;
+    return STRATA_OK;
+}
+
+static int64_t cuda_layout_bytes(const strata_engine *e, int32_t T) {
+    cuda_state tmp = *e->gpu; /* the live buffers are untouched: layout(T) may be asked at any time */
+    arena a;
+    arena_init_measure(&a);
+    return layout_into(e, &tmp, &a, T) == STRATA_OK ? a.used : -1;
+}
+
+/* Host RAM a chunk of T tokens borrows: the pinned staging of its embeddings, the expert choices and the
+ * segment tables of one wave. */
+static int64_t stage_bytes_of(const strata_engine *e, int32_t T) {
+    const int64_t D = e->hp.n_embd, K = e->hp.n_expert_used, E = e->hp.n_expert;
+    const int64_t seg_cap = T * K / CUDA_SEG_TOKENS + E + 1;
+    const int64_t rows = T > e->hp.n_layer ? T : e->hp.n_layer;
+    return T * D * 4 + rows * K * 8 + 3 * seg_cap * (int64_t)sizeof(void *) + 4 * seg_cap * CUDA_SEG_TOKENS * 4 + 4096;
+}
+
+static int64_t cuda_host_bytes(const strata_engine *e, int32_t T) { return stage_bytes_of(e, T); }
+
+/* The pinned staging for chunks of up to T tokens (grown, never shrunk: it is host RAM the plan counted). */
+static strata_status stage_reserve(strata_engine *e, int32_t T) {
+    cuda_state *g = e->gpu;
+    const size_t need = (size_t)stage_bytes_of(e, T);
+    if (need <= g->stage_bytes) return STRATA_OK;
+    DEV(e, cuda_sync(g->ctx)); /* the old staging may still be read by a copy */
+    /* a captured decode step reads its embedding from the staging: captured again on the next step */
+    cuda_graph_free(g->graph);
+    g->graph = NULL;
+    if (g->graph_state == 1) g->graph_state = 0;
+    cuda_host_free(g->ctx, g->stage);
+    g->stage = NULL;
+    g->stage_bytes = 0;
+    DEV(e, cuda_host_alloc(g->ctx, need, &g->stage));
+    g->stage_bytes = need;
+    return STRATA_OK;
+}
+
+static strata_status cuda_layout(strata_engine *e, arena *a, int32_t T) {
+    STRATA_TRY(layout_into(e, e->gpu, a, T));
+    return stage_reserve(e, T);
+}
+
+static strata_status cuda_use_scratch(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    arena a;
+    arena_init(&a, g->scratch, g->scratch_len);
+    return layout_into(e, g, &a, 1); /* the same addresses every time: the captured graph holds them */
+}
+
+/* Device bytes of the decode scratch: layout(1) plus the decode step's own tables (logits, the split
+ * attention's states, counters, the expert address table and the position), each rounded as cuda_alloc
+ * hands them out. */
+static int64_t decode_tables_bytes(const strata_engine *e) {
+    const hparams *hp = &e->hp;
+    const int64_t LE = (int64_t)hp->n_layer * hp->n_expert;
+    return arena_size_of((int64_t)hp->n_vocab * 4) +
+           arena_size_of((int64_t)hp->n_head * att_splits(hp->n_head) * (hp->head_dim + 2) * 4) +
+           arena_size_of((int64_t)(hp->n_head + 1) * 4) + arena_size_of(LE * (int64_t)sizeof(exp_ptrs)) +
+           arena_size_of(4);
+}
+
+int64_t cuda_forward_scratch_bytes(const strata_engine *e) {
+    const int64_t one = cuda_layout_bytes(e, 1);
+    return one < 0 ? -1 : one + decode_tables_bytes(e);
+}
+
+/* A chunk's layout that did not fit its loan, with the device's figures: the free memory the CUDA
+ * allocator reports and the card's total, what the loan's buffers took, and the failing buffer. */
+static void cuda_fail_msg(strata_engine *e, const arena *a, int32_t T, char *buf, size_t len) {
+    int64_t free_b = 0, total_b = 0;
+    if (cuda_mem_info(e->gpu->ctx, &free_b, &total_b) != STRATA_OK) {
+        arena_chunk_fail_msg(a, T, buf, len);
+        return;
+    }
+    arena_chunk_fail_msg_device(a, T, free_b, total_b, buf, len);
+}
+
+/* ---- the expert store and copies into slots ---------------------------------------------------- */
+
+/* One expert's gate | up | down, copied piece by piece into a staging buffer by the pool. */
+typedef struct stage_job {
+    uint8_t *dst;          /* [gate_bytes + up_bytes + down_bytes] */
+    const uint8_t *src[3]; /* gate, up, down in the mapped file */
+    int64_t len[3];
+    int64_t piece;         /* bytes per item: one item per thread */
+} stage_job;
+
+static void stage_piece(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const stage_job *j = ctx;
+    int64_t lo = item * j->piece, hi = lo + j->piece, base = 0;
+    for (int p = 0; p < 3; p++) { /* the part of [lo, hi) that falls in each of the three ranges */
+        const int64_t a = lo > base ? lo : base, b = hi < base + j->len[p] ? hi : base + j->len[p];
+        if (a < b) memcpy(j->dst + a, j->src[p] + (a - base), (size_t)(b - a));
+        base += j->len[p];
+    }
+}
+
+/* Copy expert (l, ex) — gate, up and down back to back — into device memory at dst (a slot or a ring
+ * slot) on `stream`, from the store. */
+strata_status gpu_expert_to(strata_engine *e, uint8_t *dst, int32_t l, int32_t ex, int32_t stream) {
+    cuda_state *g = e->gpu;
+    const layer_weights *L = &e->w.layers[l];
+    const int64_t gb = g->xbytes[3 * l], ub = g->xbytes[3 * l + 1], db = g->xbytes[3 * l + 2], n = gb + ub + db;
+    const uint8_t *src_g = L->gate_exps.data + ex * gb;
+    const uint8_t *src_u = L->up_exps.data + ex * ub;
+    const uint8_t *src_d = L->down_exps.data + ex * db;
+    if (g->store) {
+        /* pinned: one DMA at full PCIe speed, nothing for the host to copy and nothing to wait for */
+        DEV(e, cuda_h2d(g->ctx, dst, g->store + g->store_off[l] + ex * n, (size_t)n, stream));
+    } else if (g->reg_ptr || !g->ring[0]) {
+        /* the mapping page-locked (or, without staging, pageable): three DMAs straight from the file */
+        DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)gb, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + gb, src_u, (size_t)ub, stream));
+        DEV(e, cuda_h2d(g->ctx, dst + gb + ub, src_d, (size_t)db, stream));
+    } else {
+        const int32_t i = g->ring_next;
+        g->ring_next = (i + 1) % STAGE_RING;
+        DEV(e, cuda_event_wait(g->ctx, g->ring_done[i])); /* its last DMA has left the buffer */
+        /* one piece per thread, so that every thread copies */
+        const int64_t nt = pool_size(e->pool) > 0 ? pool_size(e->pool) : 1;
+        const int64_t piece = STRATA_ALIGN_UP((n + nt - 1) / nt, STAGE_PIECE);
+        stage_job j = {g->ring[i], {src_g, src_u, src_d}, {gb, ub, db}, piece};
+        pool_run(e->pool, (n + piece - 1) / piece, stage_piece, &j);
+        /* the slot's layout is gate | up | down back to back, as in the buffer: one DMA */
+        DEV(e, cuda_h2d(g->ctx, dst, g->ring[i], (size_t)n, stream));
+        DEV(e, cuda_event_record(g->ctx, g->ring_done[i], stream));
+    }
+    return STRATA_OK;
+}
+
+
+/* The expert cache's copy function (cache.c calls it when it places an expert in a slot): a DMA on the
+ * copy stream. A failure is kept in copy_status (the function returns bytes) and reported by the caller
+ * of the cache operation. */
+static int64_t cuda_copy_expert(void *ctx, int32_t l, int32_t ex, uint8_t *dst) {
+    strata_engine *e = ctx;
+    cuda_state *g = e->gpu;
+    const strata_status s = gpu_expert_to(e, dst, l, ex, copy_stream(g));
+    if (s != STRATA_OK) {
+        if (g->copy_status == STRATA_OK) g->copy_status = s;
+        return 0;
+    }
+    if (g->overlap) g->copies_pending = 1;
+    return expert_bytes(g, l);
+}
+
+/* The cache operation that just ran copied with no failure (else its message). */
+strata_status gpu_copies_ok(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const strata_status s = g->copy_status;
+    g->copy_status = STRATA_OK;
+    if (s != STRATA_OK) return err_prefix(&e->err, "copying an expert into the device cache: ");
+    return STRATA_OK;
+}
+
+/* Work enqueued on the compute stream from now on comes after every copy enqueued so far. */
+strata_status gpu_order_copies(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (!g->copies_pending) return STRATA_OK;
+    g->copies_pending = 0;
+    DEV(e, cuda_stream_order(g->ctx, CUDA_STREAM_COPY, CUDA_STREAM_COMPUTE));
+    return STRATA_OK;
+}
+
+/* Every expert is resident in a usable slot: decode routes on the device, from ptr_dev (made from the
+ * cache's residency table; uploaded on the compute stream, so the next step reads the new table). */
+static strata_status routing_refresh(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const expert_cache *c = &e->cache;
+    const int32_t LE = e->hp.n_layer * e->hp.n_expert;
+    g->routing = 0;
+    if (!g->ptr_dev || !env_cuda_device_routing() || cache_lent(c) > 0 || cache_resident(c) < LE) return STRATA_OK;
+    for (int32_t id = 0; id < LE; id++) {
+        const int32_t s = c->slot_of[id];
+        STRATA_ASSERT(&e->err, s >= 0);
+        g->ptr_host[id] = slot_ptrs(g, id / e->hp.n_expert, cache_slot_ptr(c, s));
+    }
+    DEV(e, cuda_h2d(g->ctx, g->ptr_dev, g->ptr_host, (size_t)LE * sizeof(exp_ptrs), CUDA_STREAM_COMPUTE));
+    DEV(e, cuda_sync(g->ctx)); /* ptr_host is the upload's source */
+    g->routing = 1;
+    return STRATA_OK;
+}
+
+/* The prompt is done with its loan: the refill's copies (copy stream) come after the prompt's work. */
+static strata_status cuda_loan_end(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (g->overlap) DEV(e, cuda_stream_order(g->ctx, CUDA_STREAM_COMPUTE, CUDA_STREAM_COPY));
+    return STRATA_OK;
+}
+
+/* The cache changed between forwards (refill, swaps): the next forward's work waits for the copies
+ * (order_copies), and decode's routing follows the residency. */
+static strata_status cuda_cache_changed(strata_engine *e) {
+    STRATA_TRY(gpu_copies_ok(e));
+    return routing_refresh(e);
+}
+
+
+/* One expert's gate | up | down from the mapped file into its place in the store (pool item = l * E + e). */
+static void store_piece(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    strata_engine *e = ctx;
+    cuda_state *g = e->gpu;
+    const int64_t E = e->hp.n_expert;
+    const int32_t l = (int32_t)(item / E);
+    const layer_weights *L = &e->w.layers[l];
+    const int64_t ex = item % E, gb = g->xbytes[3 * l], ub = g->xbytes[3 * l + 1], db = g->xbytes[3 * l + 2];
+    uint8_t *dst = g->store + g->store_off[l] + ex * (gb + ub + db);
+    memcpy(dst, L->gate_exps.data + ex * gb, (size_t)gb);
+    memcpy(dst + gb, L->up_exps.data + ex * ub, (size_t)ub);
+    memcpy(dst + gb + ub, L->down_exps.data + ex * db, (size_t)db);
+}
+
+/* The expert store (STRATA_CUDA_STORE, trace.c): "register" page-locks the mapped model file for the
+ * device (read-only); the default copies every routed expert once into pinned host memory. Either makes
+ * every expert copy a DMA with no host work. The plan decides whether the experts may be pinned (plan.c:
+ * the store and the chunk's host borrow within the host RAM it may use, --host-ram-budget): when not, or
+ * when pinning fails, the copies go through the ring of pinned staging buffers and the plan says
+ * "mapped". Not at all when every expert is resident (nothing is copied after the fill). */
+static void store_open(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const int64_t all = (int64_t)e->hp.n_layer * e->hp.n_expert;
+    const int store = env_cuda_store();
+    const int64_t bytes = store == 1 ? (int64_t)e->file.size : g->store_off[e->hp.n_layer];
+    const double gib = (double)bytes / (1 << 30);
+    char why[640];
+    why[0] = 0;
+    if (store == 0) {
+        snprintf(why, sizeof why, "STRATA_CUDA_STORE=ring");
+    } else if (e->plan.n_slots >= all + e->plan.max_lend_slots) {
+        snprintf(why, sizeof why, "every expert is resident");
+    } else if (!e->mp.experts_pinned || (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes)) {
+        snprintf(why, sizeof why, "%.1f GiB is more than the host RAM the plan may use (%.1f GiB)", gib,
+                 (double)e->plan.host_avail_bytes / (1 << 30));
+    } else if (store == 1) {
+        const double t0 = engine_now_ms();
+        if (cuda_host_register(g->ctx, e->file.map, (size_t)e->file.size) == STRATA_OK) {
+            g->reg_ptr = e->file.map;
+            g->direct = 1;
+            trace_emit(&e->trace, "cuda: expert store: the mapped file (%.1f GiB) registered with the device in %.0f ms; "
+                       "experts are copied straight from it", gib, engine_now_ms() - t0);
+            return;
+        }
+        snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
+    } else {
+        const double t0 = engine_now_ms();
+        if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->store) == STRATA_OK) {
+            const double t1 = engine_now_ms();
+            pool_run(e->pool, all, store_piece, e);
+            g->direct = 1;
+            trace_emit(&e->trace, "cuda: expert store: %.1f GiB of pinned host memory in %.0f ms, experts copied into it in "
+                       "%.0f ms", gib, t1 - t0, engine_now_ms() - t1);
+            return;
+        }
+        g->store = NULL;
+        snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
+    }
+    e->mp.experts_pinned = 0; /* the plan line says what was done */
+    trace_emit(&e->trace, "cuda: expert store: %s; experts are copied %s", why,
+               env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
+}
+
+/* Time one expert on the host (--miss auto weighs it against a copy; decode refines it): a run of expert
+ * 0 of layer 0 first (threads and code warm), then the timed run of expert 0 of the middle layer, whose
+ * weights the fill (or the store) has touched since and that the CPU caches no longer hold, as a missed
+ * expert's are not. */
+static void host_rate(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const int64_t D = e->hp.n_embd;
+    const int32_t K = e->hp.n_expert_used, E = e->hp.n_expert;
+    float *x = g->host_tmp, *out = x + D, *scratch = out + (int64_t)K * D;
+    memset(x, 0, (size_t)D * sizeof(float));
+    gpu_host_expert(e, &e->w.layers[0], 0, x, out, scratch);
+    /* a decode step's host share is a few experts of one layer at once: time two of them together
+     * (other experts each time), the best of three */
+    const int32_t n = K >= 2 && E >= 6 ? 2 : 1;
+    float *outs[2] = {out, out + (n > 1 ? D : 0)};
+    double best = -1.0;
+    for (int32_t r = 0; r < 3; r++) {
+        const int32_t ex[2] = {(2 * r) % E, (2 * r + 1) % E};
+        const double t0 = engine_now_ms();
+        gpu_host_experts(e, &e->w.layers[e->hp.n_layer / 2], ex, n, x, outs, scratch);
+        const double dt = (engine_now_ms() - t0) / n;
+        if (best < 0 || dt < best) best = dt;
+    }
+    g->host_ms = best;
+}
+
+/* ---- open / close ------------------------------------------------------------------------------ */
+
+strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
+    char err[512];
+    cuda_state *g = calloc(1, sizeof *g);
+    if (!g) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
+    e->gpu = g;
+    strata_status s = cuda_ctx_create(0, &g->ctx, err, sizeof err);
+    if (s != STRATA_OK) return err_set(&e->err, s, "--device cuda: %s", err);
+    int64_t total = 0;
+    DEV(e, cuda_mem_info(g->ctx, free_bytes, &total));
+    /* leave room for the runtime's own allocations (module images, stream and event state) */
+    *free_bytes -= 256LL << 20;
+    /* the experts' sizes per layer (a mix may give layers different types) and the store's layout */
+    const int32_t L = e->hp.n_layer;
+    const int64_t F = e->hp.n_ff_exp, D = e->hp.n_embd, E = e->hp.n_expert;
+    g->xbytes = malloc((size_t)L * 3 * sizeof(int64_t));
+    g->store_off = malloc((size_t)(L + 1) * sizeof(int64_t));
+    if (!g->xbytes || !g->store_off) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
+    g->store_off[0] = 0;
+    for (int32_t l = 0; l < L; l++) {
+        const layer_weights *W = &e->w.layers[l];
+        g->xbytes[3 * l] = F * (int64_t)W->gate_exps.row_bytes;
+        g->xbytes[3 * l + 1] = F * (int64_t)W->up_exps.row_bytes;
+        g->xbytes[3 * l + 2] = D * (int64_t)W->down_exps.row_bytes;
+        g->store_off[l + 1] = g->store_off[l] + E * expert_bytes(g, l);
+    }
+    return STRATA_OK;
+}
+
+strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
+    const hparams *hp = &e->hp;
+    cuda_state *g = e->gpu;
+    const strata_plan *pp = &e->plan;
+    const int64_t D = hp->n_embd, F = hp->n_ff_exp, E = hp->n_expert, L = hp->n_layer, hd = hp->head_dim;
+    const int64_t KD = (int64_t)hp->n_head_kv * hd;
+    /* every tensor must be one the kernels run */
+    STRATA_TRY(check_type(e, &e->w.output, "output.weight"));
+    for (int32_t l = 0; l < L; l++) {
+        const layer_weights *W = &e->w.layers[l];
+        const wview *ws[] = {&W->wq, &W->wk, &W->wv, &W->wo, &W->router, &W->gate_exps, &W->up_exps, &W->down_exps};
+        static const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps",
+                                      "ffn_up_exps", "ffn_down_exps"};
+        for (int i = 0; i < 8; i++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, names[i]);
+            STRATA_TRY(check_type(e, ws[i], nm));
+        }
+    }
+    if (pp->n_slots < hp->n_expert_used) /* a decode step runs its K experts from K slots at once */
+        return err_set(&e->err, STRATA_ERR_BUDGET,
+                       "--device cuda: the plan leaves %d expert slots on the device, fewer than the %d experts one "
+                       "token uses; raise --expert-cache (or --vram-budget)",
+                       pp->n_slots, hp->n_expert_used);
+    /* 1. resident weights and 2. the KV cache, in the plan's order */
+    g->kv_type = e->params.kv_type;
+    g->kv_row = g->kv_type == STRATA_KV_F16 ? KD * 2 : KD + KD / 8;
+    g->layers = calloc((size_t)L, sizeof *g->layers);
+    if (!g->layers) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
+    for (int32_t l = 0; l < L; l++) {
+        const layer_weights *W = &e->w.layers[l];
+        dev_layer *dl = &g->layers[l];
+        STRATA_TRY(upload(e, (void **)&dl->attn_norm, W->attn_norm, (size_t)D * 4, "attention norms"));
+        STRATA_TRY(upload(e, (void **)&dl->ffn_norm, W->ffn_norm, (size_t)D * 4, "ffn norms"));
+        if (W->q_norm) STRATA_TRY(upload(e, (void **)&dl->q_norm, W->q_norm, (size_t)hd * 4, "q norms"));
+        if (W->k_norm) STRATA_TRY(upload(e, (void **)&dl->k_norm, W->k_norm, (size_t)hd * 4, "k norms"));
+        STRATA_TRY(upload(e, &dl->wq, W->wq.data, wbytes(&W->wq), "attention weights"));
+        STRATA_TRY(upload(e, &dl->wk, W->wk.data, wbytes(&W->wk), "attention weights"));
+        STRATA_TRY(upload(e, &dl->wv, W->wv.data, wbytes(&W->wv), "attention weights"));
+        STRATA_TRY(upload(e, &dl->wo, W->wo.data, wbytes(&W->wo), "attention weights"));
+        STRATA_TRY(upload(e, &dl->router, W->router.data, wbytes(&W->router), "router weights"));
+    }
+    STRATA_TRY(upload(e, (void **)&g->output_norm, e->w.output_norm, (size_t)D * 4, "the output norm"));
+    STRATA_TRY(upload(e, &g->output, e->w.output.data, wbytes(&e->w.output), "the output head"));
+    for (int32_t l = 0; l < L; l++) {
+        dev_layer *dl = &g->layers[l];
+        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->k_cache, "the KV cache"));
+        DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->v_cache, "the KV cache"));
+    }
+
+    /* 3. the decode scratch: layout(1), then the decode step's tables */
+    g->scratch_len = cuda_layout_bytes(e, 1);
+    DEV(e, cuda_alloc(g->ctx, (size_t)g->scratch_len, &g->scratch, "the decode scratch"));
+    STRATA_TRY(cuda_use_scratch(e));
+    STRATA_TRY(stage_reserve(e, 1));
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->logits_dev, "logits"));
+    g->att_splits = env_cuda_att_split() ? att_splits(hp->n_head) : 1;
+    DEV(e, cuda_alloc(g->ctx, (size_t)hp->n_head * g->att_splits * (hd + 2) * 4, (void **)&g->att_part,
+                      "decode attention's split states"));
+    DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
+    DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
+    if (pp->n_slots >= L * E) { /* every expert can be resident: decode may route on the device */
+        DEV(e, cuda_alloc(g->ctx, (size_t)(L * E) * sizeof(exp_ptrs), (void **)&g->ptr_dev, "the expert address table"));
+        DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
+    }
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->host_logits));
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)(L * hp->n_expert_used) * 4, (void **)&g->host_sel));
+
+    /* 4. the slab of the expert cache (its slots are cache.c's) */
+    g->slot_bytes = pp->slot_bytes;
+    DEV(e, cuda_alloc(g->ctx, (size_t)((int64_t)pp->n_slots * g->slot_bytes), (void **)&g->slab, "the expert cache"));
+    *slab_out = g->slab;
+
+    g->miss_policy = e->params.miss_policy == STRATA_MISS_HOST   ? STRATA_MISS_HOST
+                     : e->params.miss_policy == STRATA_MISS_AUTO ? STRATA_MISS_AUTO
+                                                                 : STRATA_MISS_COPY;
+    g->fused = env_cuda_fused();
+    g->fast = env_cuda_fast();
+    g->pdl = env_cuda_pdl();
+    g->fuse2 = env_cuda_fuse2();
+    cuda_ctx_set_decode(g->ctx, g->fast, 0);
+    g->overlap = env_cuda_overlap();
+    g->miss_split = env_cuda_miss_split();
+    g->ptr_host = calloc((size_t)(L * E), sizeof(exp_ptrs));
+    g->exp_state = malloc((size_t)E);
+    g->addr = calloc((size_t)E, sizeof *g->addr);
+    if (!g->ptr_host || !g->exp_state || !g->addr)
+        return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert tables");
+    /* pinned, so that the copies of a host miss's input and output do not wait for the stream */
+    const int64_t host_floats = D + hp->n_expert_used * D + cuda_mirror_scratch_floats(D, F, hp->n_expert_used);
+    DEV(e, cuda_host_alloc(g->ctx, (size_t)host_floats * sizeof(float), (void **)&g->host_tmp));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_copy));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_prod));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_tables));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_half[0]));
+    DEV(e, cuda_event_create(g->ctx, &g->ev_half[1]));
+    store_open(e);
+    if (!g->direct && env_cuda_staging())
+        for (int i = 0; i < STAGE_RING; i++) {
+            DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
+            DEV(e, cuda_event_create(g->ctx, &g->ring_done[i]));
+        }
+    DEV(e, cuda_sync(g->ctx)); /* the fill that follows is timed */
+    return STRATA_OK;
+}
+
+strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
+    cuda_state *g = e->gpu;
+    const hparams *hp = &e->hp;
+    const int64_t L = hp->n_layer, E = hp->n_expert;
+    STRATA_TRY(gpu_copies_ok(e));
+    DEV(e, cuda_sync(g->ctx));
+    g->copies_pending = 0;
+    const double fill_ms = engine_now_ms() - t_fill;
+    const int32_t filled = cache_resident(&e->cache);
+    /* the rate of an expert copy that --miss auto weighs against the host */
+    g->copy_ms = filled > 0 ? fill_ms / filled : 0.0;
+    trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", filled,
+               (double)e->cache.bytes_copied / 1048576.0, fill_ms,
+               fill_ms > 0 ? (double)e->cache.bytes_copied / fill_ms / 1e6 : 0.0);
+    if (g->miss_policy == STRATA_MISS_AUTO && filled < L * E) {
+        host_rate(e);
+        trace_emit(&e->trace, "cuda: --miss auto: an expert takes %.3f ms to copy and %.3f ms on the host (%d threads)%s",
+                   g->copy_ms, g->host_ms, pool_size(e->pool),
+                   g->miss_split >= 0 ? "; STRATA_CUDA_MISS_SPLIT sets the host's share" : "");
+    }
+    STRATA_TRY(routing_refresh(e));
+    g->graph_state = g->ptr_dev && env_cuda_graph() ? 0 : -1;
+    DEV(e, cuda_sync(g->ctx));
+    trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB%s", cuda_ctx_device_name(g->ctx),
+               filled, (long long)(L * E), e->cache.n_slots, g->slot_bytes / 1048576.0,
+               2.0 * (double)g->kv_row * e->n_ctx * L / 1048576.0,
+               g->routing ? "; decode routes on the device" : "");
+    return STRATA_OK;
+}
+
+void cuda_forward_close(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (!g) return;
+    if (g->ctx) {
+        cuda_sync(g->ctx);
+        cuda_graph_free(g->graph);
+        if (g->layers)
+            for (int32_t l = 0; l < e->hp.n_layer; l++) {
+                dev_layer *dl = &g->layers[l];
+                void *p[] = {dl->attn_norm, dl->ffn_norm, dl->q_norm, dl->k_norm, dl->wq, dl->wk, dl->wv, dl->wo,
+                             dl->router, dl->k_cache, dl->v_cache};
+                for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
+            }
+        void *p[] = {g->output_norm, g->output, g->slab, g->ptr_dev, g->pos_dev, g->att_part, g->att_cnt, g->logits_dev,
+                     g->scratch};
+        for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cuda_free(g->ctx, p[i]);
+        cuda_host_free(g->ctx, g->stage);
+        cuda_host_free(g->ctx, g->host_logits);
+        cuda_host_free(g->ctx, g->host_sel);
+        cuda_host_free(g->ctx, g->host_tmp);
+        for (int i = 0; i < STAGE_RING; i++) {
+            cuda_host_free(g->ctx, g->ring[i]);
+            cuda_event_free(g->ring_done[i]);
+        }
+        cuda_event_free(g->ev_copy);
+        cuda_event_free(g->ev_prod);
+        cuda_event_free(g->ev_tables);
+        cuda_event_free(g->ev_half[0]);
+        cuda_event_free(g->ev_half[1]);
+        /* before the file is unmapped (engine_close closes the file after this) */
+        if (g->reg_ptr) cuda_host_unregister(g->ctx, g->reg_ptr);
+        g->reg_ptr = NULL;
+        cuda_host_free(g->ctx, g->store);
+        g->store = NULL;
+        cuda_ctx_destroy(g->ctx);
+    }
+    free(g->layers);
+    free(g->xbytes);
+    free(g->store_off);
+    free(g->addr);
+    free(g->ptr_host);
+    free(g->exp_state);
+    free(g->bucket);
+    free(g);
+    e->gpu = NULL;
+}
+
+void cuda_forward_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) {
+    cuda_mem_held(e->gpu ? e->gpu->ctx : NULL, now, peak);
+}
+
+/* ---- the backend --------------------------------------------------------------------------------- */
+
+const backend_ops cuda_backend_ops = {
+    .name = "cuda",
+    .layout_bytes = cuda_layout_bytes,
+    .host_bytes = cuda_host_bytes,
+    .layout = cuda_layout,
+    .use_scratch = cuda_use_scratch,
+    .copy_expert = cuda_copy_expert,
+    .loan_end = cuda_loan_end,
+    .cache_changed = cuda_cache_changed,
+    .fail_msg = cuda_fail_msg,
+    .forward = gpu_forward,
+};
