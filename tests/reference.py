@@ -17,7 +17,10 @@ float64 by default. The model, per token position ``p``::
     logits = (rmsnorm(x) * output_norm) @ Woutput          (or token_embd when output is absent)
 
 ``kv_dtype`` rounds the cached keys and values the way the engine stores them (float16 by default,
-the engine's KV cache format); ``None`` keeps them at full precision.
+the engine's KV cache format); ``None`` keeps them at full precision. ``kv_steps`` moves chosen
+cached values a number of representable steps away from that rounding: ``{(layer, "v", position,
+index): 1}`` stores the next float16 above the nearest one (``index`` into the row of ``n_head_kv *
+head_dim`` values); it measures what one rounding that goes the other way costs.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Reference:
         self.dtype = dtype
         self.kv_dtype = kv_dtype
         self._cache: dict[str, np.ndarray] = {}
+        self.kv_steps: dict[tuple[int, str, int, int], int] = {}
         arch = self._field("general.architecture")
         if arch != "qwen3moe":
             raise ValueError(f"the reference implements qwen3moe, not {arch}")
@@ -107,6 +111,17 @@ class Reference:
         lo, hi = x[..., :half], x[..., half:]
         return np.concatenate([lo * c - hi * s, hi * c + lo * s], axis=-1)
 
+    def _store(self, layer: int, kind: str, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """x [T, Hkv, hd] as the cache holds it: rounded to kv_dtype, then any kv_steps applied."""
+        r = x.astype(self.kv_dtype)
+        for (lay, kd, pos, idx), n in self.kv_steps.items():
+            if lay == layer and kd == kind and positions[0] <= pos <= positions[-1]:
+                row = r[pos - positions[0]].reshape(-1)  # a view: writes go into r
+                toward = r.dtype.type(np.inf if n > 0 else -np.inf)
+                for _ in range(abs(n)):
+                    row[idx] = np.nextafter(row[idx], toward)
+        return r.astype(self.dtype)
+
     def _attention(self, layer: int, h: np.ndarray, positions: np.ndarray) -> np.ndarray:
         T, H, Hkv, hd = h.shape[0], self.n_head, self.n_head_kv, self.head_dim
         b = f"blk.{layer}."
@@ -118,8 +133,8 @@ class Reference:
         q = self._rope(q, positions)
         k = self._rope(k, positions)
         if self.kv_dtype is not None:
-            k = k.astype(self.kv_dtype).astype(self.dtype)
-            v = v.astype(self.kv_dtype).astype(self.dtype)
+            k = self._store(layer, "k", k, positions)
+            v = self._store(layer, "v", v, positions)
         K = self.k_cache[layer] = np.concatenate([self.k_cache[layer], k])
         V = self.v_cache[layer] = np.concatenate([self.v_cache[layer], v])
         S = K.shape[0]
