@@ -115,6 +115,23 @@ def _print_table(out: Path, matrix: Any, records: list[dict[str, Any]]) -> tuple
     return failing, unexpected
 
 
+def _expectation_gate(matrix: Any, failing: int, unexpected: int, whole: bool) -> int:
+    """1 when the matrix expects failures and none happened over the whole matrix: the harness no longer
+    sees the failure it exists to find, a failure of its own for CI (like a strict xpass). A shard may
+    hold none of the failing cells: there it is a note, and the merge of the shards decides."""
+    if not matrix.expect_fail or failing != unexpected:
+        return 0
+    what = "; ".join(", ".join(f"{k}={v}" for k, v in e.items()) for e in matrix.expect_fail)
+    if not whole:
+        print(f"note: the matrix expects failures ({what}) and none happened in this shard; the merge of the "
+              "shards decides")
+        return 0
+    print(f"error: the matrix expects failures ({what}) and none happened: the harness no longer sees the "
+          "failure it exists to find (check the engine flags and the device the cells ran on, or drop "
+          "expect_fail from the matrix)")
+    return 1
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ._matrix import MatrixError
     from ._runner import RunDir, RunOptions, run_matrix
@@ -144,11 +161,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     failing, unexpected = _print_table(out, matrix, records)
     print(f"{len(records)} cells in {out} ({len(res.ran)} run now); {failing} failing"
           + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
-    if matrix.expect_fail and failing == unexpected:
-        print("note: the matrix expects failures (" + "; ".join(
-            ", ".join(f"{k}={v}" for k, v in e.items()) for e in matrix.expect_fail) + ") and none happened")
+    gate = _expectation_gate(matrix, failing, unexpected, whole=not args.shard)
     print(f"next: repro_matrix bisect {out}   |   repro_matrix report {out}")
-    return 1 if unexpected else 0
+    return 1 if unexpected or gate else 0
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
@@ -238,9 +253,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
     failing, unexpected = _print_table(args.out, matrix, records)
     print(f"{len(records)} cells from {len(args.dirs)} runs in {args.out}; {failing} failing"
           + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
+    gate = _expectation_gate(matrix, failing, unexpected, whole=True)
     if missing:
-        print(f"note: {missing} cells of the matrix have no result in these runs", file=sys.stderr)
-    return 1 if unexpected else 0
+        print(f"error: {missing} cells of the matrix have no result in these runs (a shard is missing or did "
+              "not finish): the merged verdict covers only part of the matrix", file=sys.stderr)
+    return 1 if unexpected or gate or missing else 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -219,6 +219,27 @@ def test_two_shards_cover_the_matrix_exactly_once(tmp_path: Path, local_scale_ru
     assert p.returncode == 1 and "lend failed" in p.stdout
     merged = {cid: lb for cid, (_, lb, _) in _verdicts(tmp_path / "merged").items()}
     assert merged == {cid: lb for cid, (_, lb, _) in _verdicts(local).items()}
+    # a missing shard is a failure of the merge, not a note beside a green verdict
+    p = _cli("merge", str(tmp_path / "half"), str(tmp_path / "shard2"))
+    assert p.returncode == 1 and "have no result" in p.stderr, (p.stdout, p.stderr)
+
+
+def test_a_matrix_that_expects_failures_and_sees_none_fails(tmp_path: Path):
+    """Like a strict xpass: a legacy matrix whose cache is too large for the short chunk's window expects
+    'lend failed' and gets none, so the harness has lost the failure it exists to find."""
+    m = tmp_path / "m.toml"
+    m.write_text('model = "tiny"\nmax_tokens = 4\nexpect_fail = [{ lend_policy = "legacy" }]\n'
+                 '[engine]\ndevice = "cpu"\nmax_context = 512\nvram_budget = "64MiB"\n'
+                 '[axes]\nexpert_cache = [600]\nlend_policy = ["legacy"]\n[prompts]\nchunks = [256]\n')
+    p = _cli("run", str(m), "--out", str(tmp_path / "out"), "--no-progress")
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "expects failures (lend_policy=legacy) and none happened" in p.stdout
+    assert "no longer sees the failure" in p.stdout
+    # a shard of it only notes it: the merge decides
+    q = _cli("run", str(m), "--out", str(tmp_path / "s1"), "--shard", "1/1", "--no-progress")
+    assert q.returncode == 0 and "the merge of the shards decides" in q.stdout, (q.stdout, q.stderr)
+    r = _cli("merge", str(tmp_path / "merged"), str(tmp_path / "s1"))
+    assert r.returncode == 1 and "none happened" in r.stdout
 
 
 def test_ray_backend_reaches_the_same_verdicts(tmp_path: Path, local_scale_run: tuple[Path, Path]):
