@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,7 +16,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from ._gc import QUIET_S, QuietCollector
+from ._gc import QuietCollector
 from .client import ChatClient
 from .screens import ChatScreen
 from .server_process import ServerProcess
@@ -64,15 +63,8 @@ class StrataChat(App[None]):
         return await asyncio.get_running_loop().run_in_executor(self._db_thread, fn, *args)
 
     def on_mount(self) -> None:
-        self.push_screen(ChatScreen())
+        self.push_screen(ChatScreen())  # which runs the collections when it is quiet
         self.call_after_refresh(self.collector.start)
-        self.set_interval(QUIET_S / 2, self._collect_when_quiet)
-
-    def _collect_when_quiet(self) -> None:
-        chat = self.chat
-        if chat is not None and (chat.reply is not None or time.monotonic() - chat.input.last_key_at < QUIET_S):
-            return
-        self.collector.collect_if_due()
 
     async def on_unmount(self) -> None:
         self.collector.stop()

@@ -22,6 +22,7 @@ from textual.timer import Timer
 from textual.widgets import Footer, Header, ListView, Static
 
 from .._compositor import RepaintingScreen
+from .._gc import QUIET_S
 from ..client import ApiError, Delta, Finished, Unreachable, friendly_error
 from ..commands import SCREEN_KEYS, parse_slash
 from ..messages import (
@@ -163,6 +164,16 @@ class ChatScreen(RepaintingScreen[None]):
         self.query_one("#input", ChatInput).focus()
         self._connect()
         self._startup_conversation()
+        # The screen's timer, not the app's: Textual stops a screen's timers before it removes the
+        # screen's widgets, so the check never looks for an input that is gone. An app interval kept
+        # firing while the app took the screen down at exit and found no #input (NoMatches), which
+        # two busy cores made likely enough to fail a test.
+        self.set_interval(QUIET_S / 2, self._collect_when_quiet)
+
+    def _collect_when_quiet(self) -> None:
+        """A full collection when one is due, with no reply streaming and no key for QUIET_S (_gc)."""
+        if self.reply is None and time.monotonic() - self.input.last_key_at >= QUIET_S:
+            self.chat_app.collector.collect_if_due()
 
     @property
     def input(self) -> ChatInput:
