@@ -81,19 +81,57 @@ def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str
                           timeout=900, cwd=cwd)
 
 
-@pytest.mark.skipif(not _cuda(), reason="no CUDA device")
-def test_the_builtin_matrix_on_the_gpu_finds_and_pins_the_legacy_band(tmp_path: Path):
+def legacy_band(device: str, n_tokens: int = 2000, lo: int = 2000, hi: int = 9000, step: int = 100) -> tuple[int, int]:
+    """The exact first and last --expert-cache sizes at which the built-in matrix's engine (on `device`)
+    fails a prompt of n_tokens under the legacy policy, by the device's own plan (_memplan.predict):
+    sampled every `step` sizes, then each edge by bisection. One band is assumed (the built-in matrix's)."""
+    from strata import Engine, EngineConfig
+    from strata._memplan import predict
+    from strata.model import ensure_model
+
+    tiny = ensure_model("tiny")
+
+    def fails(n: int) -> bool:
+        cfg = EngineConfig(device=device, threads=2, vram_budget=256 << 20, expert_cache=str(n), lend_policy="legacy")
+        try:
+            with Engine(tiny, cfg) as eng:
+                return predict(eng, n_tokens).verdict == "lend failed"
+        except Exception:  # noqa: BLE001 - a size the budget cannot hold
+            return False
+
+    sampled = [n for n in range(lo, hi, step) if fails(n)]
+    assert sampled, f"no legacy failure between {lo} and {hi} on {device}"
+
+    def edge(ok: int, bad: int) -> int:  # the failing size next to the passing one
+        while abs(bad - ok) > 1:
+            mid = (ok + bad) // 2
+            if fails(mid):
+                bad = mid
+            else:
+                ok = mid
+        return bad
+
+    return edge(sampled[0] - step, sampled[0]), edge(sampled[-1] + step, sampled[-1])
+
+
+def check_builtin_matrix_finds_the_band(tmp_path: Path, device: str) -> None:
+    """A small version of the built-in matrix on `device`, three starts per cell: cache sizes just outside
+    and inside the legacy band that the device's plan predicts; bisect must pin the band's edges to the
+    predicted ones, the report's one-cell command must reproduce the failure, and the current policy's
+    replies must equal the all-resident reference's on every start."""
+    first, last = legacy_band(device)
+    sizes = [first - 9, first + 3, last - 3, last + 9]  # bisect searches the sizes between, around each edge
     out = tmp_path / "out"
-    p = _cli("run", "builtin", "--out", str(out), "--set", "device=cuda", "--set", "max_tokens=8", "--set",
-             "chunks=2048", "--starts", "3", "--no-progress")
+    p = _cli("run", "builtin", "--out", str(out), "--set", f"device={device}", "--set", "max_tokens=8", "--set",
+             "chunks=2048", "--axis", "expert_cache=" + ",".join(map(str, sizes)), "--starts", "3", "--no-progress")
     assert p.returncode in (0, 1), p.stderr
     b = _cli("bisect", str(out), "--knob", "expert_cache", "--where", "lend_policy=legacy")
     assert b.returncode in (0, 1), b.stderr
-    rd = RunDir(out)
-    recs = rd.records()
+    recs = RunDir(out).records()
     ref = next(r for r in recs if r["cell"].get("reference"))
-    assert Cell.from_dict(ref["cell"]).knob("device") == "cuda" and ref["plan"]["device"] == 1
+    assert Cell.from_dict(ref["cell"]).knob("device") == device
     ref_tokens = {r["prompt"]: r["tokens"] for st in ref["starts"] for r in st["requests"] if r["status"] == "ok"}
+    assert ref_tokens
     legacy: dict[int, bool] = {}
     n_current = 0
     for rec in recs:
@@ -106,28 +144,33 @@ def test_the_builtin_matrix_on_the_gpu_finds_and_pins_the_legacy_band(tmp_path: 
             legacy[int(cell.knob("expert_cache"))] = "lend failed" in labels
         else:
             assert labels <= {"ok", "halved"}, (cell.label(["expert_cache"]), labels)
-            # every start of every current cell replies exactly as the all-resident reference
-            for st in rec["starts"]:
+            for st in rec["starts"]:  # every start replies exactly as the all-resident reference
                 assert {r["prompt"]: r["tokens"] for r in st["requests"]} == ref_tokens
             n_current += 1
-    assert n_current >= 5
-    failing = sorted(k for k, v in legacy.items() if v)
-    assert failing, f"legacy never failed on the GPU: {sorted(legacy)}"
-    # bisect's edges were run, and the records agree with them
+    assert n_current == 4
+    assert [legacy[n] for n in sizes] == [False, True, True, False], legacy
+    # bisect's edges: the exact first and last failing sizes, each run, and in the predicted sample
     res = json.loads((out / "bisect.json").read_text())
     rng = next(r for r in res if r["group"].get("lend_policy") == "legacy")["ranges"][0]
     assert rng["below"] == rng["first"] - 1 and rng["above"] == rng["last"] + 1
     assert legacy[rng["below"]] is False and legacy[rng["first"]] is True
     assert legacy[rng["last"]] is True and legacy[rng["above"]] is False
+    assert (rng["first"], rng["last"]) == (first, last)  # the matrix's edges are the plan's, exactly
     # the report's one-cell matrix reproduces the failure on the device
     r = _cli("report", str(out))
     assert r.returncode == 0, r.stderr
     text = (out / "report.md").read_text()
     assert "lending the prompt path its slots failed" in text
     one = next(ln for ln in text.splitlines() if ln.startswith("repro_matrix run -"))
-    assert "device=cuda" in one
+    assert device == "cpu" or f"device={device}" in one  # (cpu is the default: not written)
     again = tmp_path / "again"
     q = _cli(*shlex.split(one)[1:], "--out", str(again), "--no-progress")
     assert q.returncode in (0, 1), q.stderr
-    cell_recs = [x for x in RunDir(again).records() if not x["cell"].get("reference")]
-    assert cell_recs and all("lend failed" in judge(x, None, near_tie=1e-3).labels for x in cell_recs)
+    cell_recs = RunDir(again).records()  # one cell (a one-cell matrix is its own reference)
+    assert cell_recs and all("lend failed" in judge(x, None, near_tie=1e-3).labels for x in cell_recs), (
+        one, [judge(x, None, near_tie=1e-3).labels for x in cell_recs])
+
+
+@pytest.mark.skipif(not _cuda(), reason="no CUDA device")
+def test_the_builtin_matrix_on_the_gpu_finds_and_pins_the_legacy_band(tmp_path: Path):
+    check_builtin_matrix_finds_the_band(tmp_path, "cuda")
