@@ -108,7 +108,6 @@ def main() -> int:
                 (b, "host", {}, [], 128),
                 (b, "copy", {"STRATA_CUDA_STORE": "arena"}, [512, 4096], 128),
                 (b, "auto", {"STRATA_CUDA_STORE": "arena"}, [], 128),
-                (b, "copy", {"STRATA_CUDA_STORE": "arena", "STRATA_CUDA_COPY_GROUP": "16"}, [512, 4096], 0),
                 (b, "copy", {"STRATA_CUDA_OVERLAP": "0"}, [512], 64),
                 (b, "copy", {"STRATA_CUDA_STORE": "register"}, [512], 64),
             ]

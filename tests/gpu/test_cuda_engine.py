@@ -99,15 +99,14 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
     assert any(m > 0 for c, _, m, _ in seen if c != "auto")
     assert any(h > 0 for _, miss, _, h in seen if miss == "host")
     # --miss auto with a forced split (half the misses on the host, half copied), the other expert stores,
-    # copy groups (a prompt's misses copied in groups under the last group's products), and the switches
-    # that put the copies back on the compute stream and straight from pageable memory: the same bits
+    # and the switches that put the copies back on the compute stream and straight from pageable memory:
+    # the same bits
     cache = str(n_experts * 3 // 4)
-    # (the defaults: the pinned arena, copy groups of 16)
+    # (the default: the pinned store)
     for env in (
         {"STRATA_CUDA_MISS_SPLIT": "0.5"},
-        {"STRATA_CUDA_MISS_SPLIT": "0.5", "STRATA_CUDA_STORE": "ring", "STRATA_CUDA_COPY_GROUP": "0"},
-        {"STRATA_CUDA_COPY_GROUP": "1"},
-        {"STRATA_CUDA_STORE": "register", "STRATA_CUDA_COPY_GROUP": "2"},
+        {"STRATA_CUDA_MISS_SPLIT": "0.5", "STRATA_CUDA_STORE": "ring"},
+        {"STRATA_CUDA_STORE": "register"},
         {"STRATA_CUDA_STORE": "ring", "STRATA_CUDA_OVERLAP": "0", "STRATA_CUDA_STAGING": "0"},
     ):
         for k, v in env.items():
