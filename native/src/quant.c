@@ -12,6 +12,7 @@
 #include "common.h"
 #include "cpu/quant_blocks.h"
 #include "strata.h"
+#include "trace.h"
 
 /* ---- block geometry of every GGUF type (whether or not strata has kernels for it) -------------- */
 
@@ -70,9 +71,9 @@ static int cpu_has_avx512(void) {
 }
 
 int32_t quant_cpu_best(void) {
-    if (cpu_has_avx512()) return STRATA_SIMD_AVX512;
-    if (cpu_has_avx2()) return STRATA_SIMD_AVX2;
-    return STRATA_SIMD_SCALAR;
+    const int32_t best = cpu_has_avx512() ? STRATA_SIMD_AVX512 : cpu_has_avx2() ? STRATA_SIMD_AVX2 : STRATA_SIMD_SCALAR;
+    const int32_t cap = env_simd_cap(); /* STRATA_SIMD: run auto as a smaller CPU would */
+    return cap >= STRATA_SIMD_SCALAR && cap < best ? cap : best;
 }
 
 int quant_simd_supported(int32_t simd) {

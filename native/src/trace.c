@@ -8,6 +8,11 @@
  *                  prefixed "strata: ". A trace function in strata_params receives the same lines
  *                  instead, whatever this variable says.
  *
+ *   STRATA_SIMD    "scalar", "avx2" or "avx512": the highest kernel level --simd auto (and the kernel entry
+ *                  points' auto) may pick, so that a whole test suite runs on the kernels a CPU without
+ *                  AVX-512 (or without AVX2) would use; a level the CPU lacks changes nothing. An
+ *                  explicit --simd is used as given. Read whenever auto is resolved.
+ *
  *   STRATA_CUDA_DECODE  "host": on --device cuda with every expert resident, bring the router's choices
  *                  to the host every layer as with a partial cache, instead of routing on the device
  *                  (the replies are the same; for comparing the two paths). "unfused": decode
@@ -187,4 +192,13 @@ double engine_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+int32_t env_simd_cap(void) {
+    const char *v = getenv("STRATA_SIMD");
+    if (!v) return -1;
+    if (strcmp(v, "scalar") == 0) return STRATA_SIMD_SCALAR;
+    if (strcmp(v, "avx2") == 0) return STRATA_SIMD_AVX2;
+    if (strcmp(v, "avx512") == 0) return STRATA_SIMD_AVX512;
+    return -1;
 }

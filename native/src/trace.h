@@ -46,4 +46,7 @@ int trace_env_cuda_flash(void);
 /* Monotonic wall time in milliseconds (traces and timings). */
 double engine_now_ms(void);
 
+/* STRATA_SIMD: the highest level --simd auto may pick (STRATA_SIMD_*), or -1 when unset or unknown. */
+int32_t env_simd_cap(void);
+
 #endif
