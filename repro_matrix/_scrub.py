@@ -2,8 +2,10 @@
 
 Replaced, in this order, by placeholders:
 
-- home folders (``/home/alice`` → ``<home>``), only at a path boundary: a home that is the prefix of
-  another path (``/home/al`` and ``/home/alice``) never replaces part of the longer one;
+- home folders (``/home/alice``, ``/Users/alice``, ``C:\\Users\\alice`` → ``<home>``), only at a path
+  boundary: a home that is the prefix of another path (``/home/al`` and ``/home/alice``) never replaces part
+  of the longer one;
+- credentials in URLs (``http://bob:pa55word@host/`` → ``http://<user>:<secret>@host/``);
 - secrets: API keys and tokens with a known shape (``sk-…``, ``hf_…``, ``ghp_…``, AWS key ids, JWTs),
   bearer tokens, ``--api-key X`` / ``api_key=X`` / ``"token": "X"`` and the values of environment
   variables whose names say KEY, TOKEN, SECRET or PASSWORD;
@@ -52,6 +54,10 @@ _SECRET_LABELLED = re.compile(
     (?P<value>[^\s"',;)\]}]{4,})
     """
 )
+# user[:password]@ after a URL scheme
+_URL_CRED = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:/@<>]+)(?::(?P<pw>[^\s/@<>]+))?@")
+# a Windows home folder, either slash: C:\Users\alice, c:/Users/alice, D:\Documents and Settings\alice
+_WIN_HOME = re.compile(r"(?i)(?<![\w])[A-Z]:[\\/]+(?:Users|Documents and Settings)[\\/]+(?P<name>[^\\/\s\"'<>:|?*]+)")
 _SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|credential)")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}")
 _IPV4 = re.compile(r"(?<![\w.])(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?![\w]|\.\d)")
@@ -140,6 +146,22 @@ class Scrubber:
 
         text = other.sub(other_home, text)
         text = re.sub(r"(?<![\w.\-])/root" + _PATH_END, lambda m: note("home", m.group(0), "<home>"), text)
+
+        def win_home(m: re.Match[str]) -> str:
+            if m.group("name").lower() in ("public", "default", "all users"):
+                return m.group(0)
+            extra_users.append(m.group("name"))
+            return note("home", m.group(0), "<home>")
+
+        text = _WIN_HOME.sub(win_home, text)
+
+        # 1b. credentials in URLs: the user and the password, whoever's they are
+        def url_cred(m: re.Match[str]) -> str:
+            user = note("user", m.group("user"), "<user>")
+            pw = ":" + note("key", m.group("pw"), "<secret>") if m.group("pw") else ""
+            return m.group("scheme") + user + pw + "@"
+
+        text = _URL_CRED.sub(url_cred, text)
 
         # 2. secrets
         for value in sorted({s for s in self.secrets if len(s) >= 6}, key=len, reverse=True):

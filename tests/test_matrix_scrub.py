@@ -23,6 +23,8 @@ strata serve --api-key s3cr3t-key-value --port 8080
 peer fe80::1ff:fe23:4567:890a and 2001:db8:85a3::8a2e:370:7334, mail alice.smith@example.org
 ssh alice@build-box-7 from 192.168.1.23; /root/.bashrc
 kept: 127.0.0.1, time 14:52:47, version 1.2.3, commit 9861c794dd6d0123456789abcdef0123456789ab
+proxy http://bob:pa55word@10.0.0.1/ and git+https://deploy-user@git.example.net/x.git
+model C:\\Users\\carol\\models\\m.gguf and d:/Users/dave/strata, but C:\\Users\\Public stays
 """
 
 SECRETS = [
@@ -31,6 +33,7 @@ SECRETS = [
     "abc.def-1234567890TOKENVALUE", "s3cr3t-key-value", "quoted-secret-99",
     "ghp_0123456789abcdefghijABCDEFGHIJ012345", "fe80::1ff:fe23:4567:890a", "2001:db8:85a3::8a2e:370:7334",
     "alice.smith@example.org", "192.168.1.23", "/root", "corp.example",
+    "pa55word", "10.0.0.1", "deploy-user", "carol", "dave",
 ]
 
 
@@ -100,3 +103,9 @@ def test_report_of_a_run_with_planted_logs_is_scrubbed(tmp_path: Path, monkeypat
               os.path.expanduser("~") + "/"):
         assert s not in saved, f"{s!r} survived"
     assert {r.kind for r in removed} >= {"home", "user", "host", "ip", "key"}
+
+
+def test_url_credentials_and_windows_homes():
+    clean, removed = Scrubber().scrub("http://bob:pa55word@10.0.0.1/ x C:\\Users\\carol\\m.gguf y C:\\Users\\Public\\z")
+    assert clean == "http://<user>:<secret>@<ip>/ x <home>\\m.gguf y C:\\Users\\Public\\z", clean
+    assert {("user", "bob"), ("key", "pa55word"), ("home", "C:\\Users\\carol")} <= {(r.kind, r.original) for r in removed}
