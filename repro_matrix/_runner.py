@@ -3,12 +3,13 @@
 A run directory holds::
 
     matrix.json    the matrix as run (``--resume DIR`` needs nothing else)
-    env.json       the environment (``_env.collect_env``)
+    env.json       the environment of the first run (``_env.collect_env``); env-resumes.jsonl adds one
+                   line per ``--resume``
     cells.jsonl    one record per finished cell, appended (and flushed) the moment it finishes
     run.json       how it was run: shard, jobs, backend, cells planned, UTC times
 
 ``--resume DIR`` reads ``cells.jsonl`` and runs only the cells that have no record yet (a line cut
-short by a kill is ignored and rewritten). ``--shard K/N`` runs every N-th cell starting at the K-th, so
+short by a kill is ignored and rewritten; a complete last record without its newline is kept). ``--shard K/N`` runs every N-th cell starting at the K-th, so
 N runners cover the matrix exactly once. ``--jobs N`` runs N cells at a time on this machine, at most
 one per core (one per GPU on a CUDA matrix; each cell's server sees only its own GPU). ``--ray`` sends
 each cell to a Ray cluster as a task (``num_gpus=1`` on a CUDA matrix).
@@ -73,13 +74,19 @@ class RunDir:
         return {r["cell_id"] for r in self.records()}
 
     def repair(self) -> None:
-        """Drop a last line that a kill cut short, so that appends start on a line of their own."""
+        """Make appends start on a line of their own: a last line that a kill cut short is dropped (its
+        cell runs again), a complete last record that only lacks its newline is kept (its cell is done)."""
         if not self.cells_file.is_file():
             return
         data = self.cells_file.read_bytes()
         if data and not data.endswith(b"\n"):
             cut = data.rfind(b"\n") + 1
-            self.cells_file.write_bytes(data[:cut])
+            try:
+                last = json.loads(data[cut:])
+                complete = isinstance(last, dict) and "cell_id" in last
+            except ValueError:
+                complete = False
+            self.cells_file.write_bytes(data + b"\n" if complete else data[:cut])
 
     def append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, separators=(",", ":")) + "\n"
@@ -99,12 +106,17 @@ class RunDir:
                 n += 1
                 keep = self.path / f"earlier-{stamp}-{n}"
             keep.mkdir()
-            for name in ("matrix.json", "env.json", "cells.jsonl", "run.json", "table.csv", "table.jsonl",
-                         "table.md", "verdicts.jsonl", "bisect.json", "report.md"):
+            for name in ("matrix.json", "env.json", "env-resumes.jsonl", "cells.jsonl", "run.json", "table.csv",
+                         "table.jsonl", "table.md", "verdicts.jsonl", "bisect.json", "report.md"):
                 if (self.path / name).exists():
                     shutil.move(str(self.path / name), str(keep / name))
         (self.path / "matrix.json").write_text(json.dumps(matrix.to_dict(), indent=1))
-        (self.path / "env.json").write_text(json.dumps(env, indent=1))
+        if resume and (self.path / "env.json").is_file():
+            # the first run's environment stays what the report describes; each resume's is added
+            with open(self.path / "env-resumes.jsonl", "a") as f:
+                f.write(json.dumps(env, separators=(",", ":")) + "\n")
+        else:
+            (self.path / "env.json").write_text(json.dumps(env, indent=1))
         runs = []
         if resume and (self.path / "run.json").is_file():
             prev = json.loads((self.path / "run.json").read_text())

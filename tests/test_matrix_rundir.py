@@ -31,6 +31,23 @@ def test_records_survive_a_kill_mid_line_and_appends_continue(tmp_path: Path):
     assert len(json.loads((rd.path / "run.json").read_text())) == 2  # both runs recorded
 
 
+def test_a_complete_last_record_without_its_newline_is_kept_and_the_first_env_stays(tmp_path: Path):
+    rd = RunDir(tmp_path / "run")
+    rd.start(_m(), {"host": "first"}, {}, resume=False)
+    ids = [c.cell_id for c in _m().cells()]
+    rd.append({"cell_id": ids[0], "cell": {}, "n": 1})
+    with open(rd.cells_file, "a") as f:  # written whole, killed before the newline
+        f.write(json.dumps({"cell_id": ids[1], "cell": {}, "n": 2}))
+    assert rd.finished_ids() == {ids[0], ids[1]}  # what --resume skips ...
+    RunDir(rd.path).start(_m(), {"host": "second"}, {}, resume=True)
+    assert rd.finished_ids() == {ids[0], ids[1]}  # ... is still there after the repair
+    rd.append({"cell_id": ids[2], "cell": {}, "n": 3})
+    assert [json.loads(x)["cell_id"] for x in rd.cells_file.read_text().splitlines()] == ids
+    # the first run's environment is not overwritten; the resume's is added
+    assert json.loads((rd.path / "env.json").read_text()) == {"host": "first"}
+    assert [json.loads(x) for x in (rd.path / "env-resumes.jsonl").read_text().splitlines()] == [{"host": "second"}]
+
+
 def test_a_new_run_in_the_same_place_keeps_the_earlier_one(tmp_path: Path):
     rd = RunDir(tmp_path / "run")
     rd.start(_m(), {}, {}, resume=False)
