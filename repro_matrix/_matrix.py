@@ -81,6 +81,13 @@ class MatrixError(ValueError):
     """A matrix declaration that cannot be run; the message says what to change."""
 
 
+#: Values one knob may sweep: a range is counted before it is expanded, so a typo such as 1..100000000
+#: is an error at once, not gigabytes of memory.
+MAX_KNOB_VALUES = 100_000
+#: Cells a run may hold without --yes (the size is printed before anything runs).
+MAX_CELLS_WITHOUT_YES = 10_000
+
+
 def expand_values(knob: str, values: Any) -> list[Any]:
     """Expand a knob's declared values: a scalar, a list, ranges ``"A..B"`` / ``"A..B:S"``, comma lists."""
     if not isinstance(values, list):
@@ -97,13 +104,20 @@ def expand_values(knob: str, values: Any) -> list[Any]:
                 raise MatrixError(f"{knob}: range {v!r} has a step of 0; use A..B:S with S >= 1")
             if hi < lo:
                 raise MatrixError(f"{knob}: range {v!r} runs backwards; write the smaller value first")
+            n = (hi - lo) // step + 1
+            if len(out) + n > MAX_KNOB_VALUES:
+                raise MatrixError(f"{knob}: {v!r} is {n:,} values; a knob sweeps at most {MAX_KNOB_VALUES:,}: "
+                                  f"give the range a step (A..B:S) or narrow it")
             out += list(range(lo, hi + 1, step))
         else:
             out.append(v.strip() if isinstance(v, str) else v)
     # keep the declared order, drop repeats
     seen: list[Any] = []
+    keys: set[str] = set()
     for v in out:
-        if v not in seen:
+        key = repr(v)
+        if key not in keys:
+            keys.add(key)
             seen.append(v)
     return seen
 
@@ -343,6 +357,13 @@ class Matrix:
                 continue
             unique.setdefault(c.cell_id, c)
         return list(unique.values())
+
+    def size(self) -> int:
+        """Cells the matrix declares (before repeats are merged), counted without making them."""
+        n = 1
+        for values in self.axes.values():
+            n *= max(1, len(values))
+        return n + len(self.extra) + (1 if self.reference_cell() is not None else 0)
 
     def swept_knobs(self) -> list[str]:
         """Knobs that differ between cells, in declaration order (for labels and table columns)."""

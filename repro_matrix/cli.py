@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run cells as Ray tasks (a local cluster without ADDRESS; needs the ray extra)")
     r.add_argument("--resume", type=Path, metavar="DIR", help="finish the run in DIR, skipping finished cells")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--yes", action="store_true", help="run a matrix of more than 10,000 cells")
     _add_decl(r)
     r.set_defaults(func=cmd_run)
 
@@ -145,6 +146,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             matrix = _load(args)
             out = args.out or Path("matrix-out")
+        from ._matrix import MAX_CELLS_WITHOUT_YES
+
+        size = matrix.size()
+        print(f"{size:,} cells", file=sys.stderr)
+        if size > MAX_CELLS_WITHOUT_YES and not args.yes:
+            return _err(f"the matrix has {size:,} cells (more than {MAX_CELLS_WITHOUT_YES:,}); pass --yes to run "
+                        "them, or narrow its axes")
         opts = RunOptions(out=out, jobs=args.jobs, shard=args.shard, ray=args.ray, resume=bool(args.resume),
                           progress=not args.no_progress)
         res = run_matrix(matrix, opts)

@@ -142,3 +142,23 @@ def test_a_cell_equal_to_the_reference_runs_once_as_the_reference():
     # a matrix declared by flags alone is its reference
     one = load_matrix("-", ["expert_cache=4132", "lend_policy=legacy"])
     assert [c.reference for c in one.cells()] == [True]
+
+
+def test_a_huge_range_is_an_error_before_it_is_expanded():
+    import time
+
+    t = time.monotonic()
+    with pytest.raises(MatrixError, match=r"100,000,000 values.*A\.\.B:S"):
+        load_matrix("-", axes=["expert_cache=1..100000000"])
+    assert time.monotonic() - t < 5  # counted, not expanded
+
+
+def test_a_matrix_of_more_than_ten_thousand_cells_asks_for_yes(tmp_path):
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "repro_matrix.cli", "run", "-", "--model", "tiny", "--axis",
+                        "expert_cache=1..20000", "--out", str(tmp_path / "out"), "--no-progress"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "20,001 cells" in p.stderr and "--yes" in p.stderr, (p.stdout, p.stderr)
+    assert not (tmp_path / "out" / "cells.jsonl").exists()  # nothing ran
