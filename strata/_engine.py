@@ -34,6 +34,7 @@ __all__ = [
     "dequantize",
     "matmul",
     "matvec",
+    "simd_levels",
     "simd_set",
     "type_name",
     "type_row_bytes",
@@ -501,6 +502,14 @@ def simd_set(level: str | int) -> int:
     if got < 0:
         raise error_for_status(1, f"SIMD level {level!r} is not supported by this CPU ({cpu_features()})")
     return int(got)
+
+
+def simd_levels() -> list[str]:
+    """The kernel levels this CPU runs, lowest first, as the engine itself checks them (it leaves the
+    process-wide level of the kernel entry points at auto)."""
+    out = [name for name in ("scalar", "avx2", "avx512") if C.strata_simd_set(_SIMD[name]) >= 0]
+    C.strata_simd_set(_SIMD["auto"])
+    return out
 
 
 def type_row_bytes(type: int, n: int) -> int:

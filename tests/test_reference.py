@@ -77,13 +77,7 @@ def _prompt(path: Path, n: int) -> list[int]:
 
 def _levels() -> list[str]:
     """The SIMD levels this CPU runs."""
-    feats = set(engine_mod.cpu_features().split())
-    out = ["scalar"]
-    if {"avx2", "fma", "f16c"} <= feats:
-        out.append("avx2")
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni"} <= feats:
-            out.append("avx512")
-    return out
+    return engine_mod.simd_levels()
 
 
 def kv_step_cost(path: Path) -> float:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import socket
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from textual.pilot import Pilot
 
 from strata_tui._gc import QUIET_S, QuietCollector
 from strata_tui.app import StrataChat
 from strata_tui.widgets import EnginePanel
+from tests.test_tui_offline import closed_port_url, wait_for
 
 
 def test_full_collections_wait_for_a_quiet_moment_and_settings_come_back() -> None:
@@ -39,33 +37,17 @@ def test_full_collections_wait_for_a_quiet_moment_and_settings_come_back() -> No
     qc.stop()  # twice is harmless
 
 
-def _closed_port_url() -> str:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now
-    return f"http://127.0.0.1:{port}"
-
-
-async def _wait_for(pilot: Pilot[None], cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    t_end = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > t_end:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await pilot.pause(0.05)
-
-
 def test_the_chat_runs_a_due_full_collection_when_quiet(tmp_path: Path) -> None:
     async def run() -> None:
-        app = StrataChat(server_url=_closed_port_url(), db_path=tmp_path / "c.sqlite3")
+        app = StrataChat(server_url=closed_port_url(), db_path=tmp_path / "c.sqlite3")
         async with app.run_test(size=(120, 36)) as pilot:
-            await _wait_for(pilot, lambda: app.collector.active, "the collector taken over")
+            await wait_for(pilot, lambda: app.collector.active, "the collector taken over")
             for _ in range(10**4):  # middle-generation runs until a full one is due
                 if app.collector.due():
                     break
                 gc.collect(1)
             assert app.collector.due()
-            await _wait_for(pilot, lambda: app.collector.full_runs > 0, "a full collection when quiet")
+            await wait_for(pilot, lambda: app.collector.full_runs > 0, "a full collection when quiet")
 
     asyncio.run(run())
 
@@ -83,9 +65,9 @@ def test_the_chat_exits_cleanly_while_its_screen_is_taken_down_slowly(
     monkeypatch.setattr(EnginePanel, "on_unmount", slow_unmount, raising=False)
 
     async def run() -> None:
-        app = StrataChat(server_url=_closed_port_url(), db_path=tmp_path / "c.sqlite3")
+        app = StrataChat(server_url=closed_port_url(), db_path=tmp_path / "c.sqlite3")
         async with app.run_test(size=(120, 36)) as pilot:
-            await _wait_for(pilot, lambda: app.chat is not None and app.chat.conv is not None, "the chat")
+            await wait_for(pilot, lambda: app.chat is not None and app.chat.conv is not None, "the chat")
         # leaving the block took the app down; an exception in a handler there is raised here
 
     asyncio.run(run())

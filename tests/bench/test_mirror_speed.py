@@ -29,13 +29,8 @@ SHAPES = {"Q8_0": ("Q8_0",) * 3, "Q4_K": ("Q4_K",) * 3, "Q4_K_M": ("Q4_K", "Q4_K
 
 
 def _levels() -> list[str]:
-    feats = set(_engine.cpu_features().split())
-    out = ["scalar"]
-    if {"avx2", "fma", "f16c"} <= feats:
-        out.append("avx2")
-        if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512vnni"} <= feats:
-            out.append("avx512")
-    return out
+    """The SIMD levels this CPU runs."""
+    return _engine.simd_levels()
 
 
 @pytest.fixture(scope="module", params=list(SHAPES))

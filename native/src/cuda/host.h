@@ -145,7 +145,6 @@ struct cuda_state {
     int32_t copies_pending;  /* copies were enqueued outside a wave (refill, swaps): the next forward waits */
     strata_status copy_status; /* the first failed copy of the cache's copy function (it returns bytes) */
     void *ev_copy;           /* copy stream: after the copies of the last wave */
-    void *ev_prod;           /* compute stream: after the products of the last wave */
     void *ev_tables;         /* compute stream: after the last wave's segment tables left the staging */
     void *ev_half[2];        /* compute stream: after the products that last read each half of the prompt's ring */
     int64_t ring_wave;       /* prompt waves through the ring so far (which half is next) */
@@ -173,6 +172,12 @@ static inline int64_t expert_bytes(const cuda_state *g, int32_t l) {
 static inline exp_ptrs slot_ptrs(const cuda_state *g, int32_t l, const uint8_t *base) {
     const int64_t gb = g->xbytes[3 * l], ub = g->xbytes[3 * l + 1];
     return (exp_ptrs){base, base + gb, base + gb + ub};
+}
+
+/* Segments a wave of a chunk of T tokens may have: at most T * K pairs, grouped by expert into segments
+ * of CUDA_SEG_TOKENS, so <= T * K / SEG + E (the device tables and their pinned staging are sized by it). */
+static inline int64_t seg_cap_of(const strata_engine *e, int64_t T) {
+    return T * e->hp.n_expert_used / CUDA_SEG_TOKENS + e->hp.n_expert + 1;
 }
 
 /* The stream expert copies go on. */

@@ -279,7 +279,7 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 void gpu_host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
                          float *const *out, float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
-    const int32_t simd = e->params.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : e->params.simd;
+    const int32_t simd = e->plan.simd; /* the level resolved once, at open */
     const void *gw[CUDA_MIRROR_MAX_EXPERTS], *uw[CUDA_MIRROR_MAX_EXPERTS], *dw[CUDA_MIRROR_MAX_EXPERTS];
     for (int32_t i0 = 0; i0 < n; i0 += CUDA_MIRROR_MAX_EXPERTS) {
         const int32_t m = n - i0 < CUDA_MIRROR_MAX_EXPERTS ? n - i0 : CUDA_MIRROR_MAX_EXPERTS;
@@ -391,8 +391,8 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
 }
 
 /* The segment tables of the experts marked WAVE, then their products: with the copy stream, after the
- * event of this wave's copies (when it copied any), and with events that say when the tables have left
- * the staging (ev_tables) and when the products are done (ev_prod). */
+ * event of this wave's copies (when it copied any), and with an event that says when the tables have left
+ * the staging (ev_tables). */
 static strata_status run_wave(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, int32_t SEG, int32_t copied) {
     cuda_state *g = e->gpu;
     int32_t n_seg = 0;
@@ -400,7 +400,6 @@ static strata_status run_wave(strata_engine *e, int32_t l, const int32_t *sel, i
     DEV(e, cuda_event_record(g->ctx, g->ev_tables, CUDA_STREAM_COMPUTE));
     if (g->overlap && copied) DEV(e, cuda_stream_wait(g->ctx, g->ev_copy, CUDA_STREAM_COMPUTE));
     if (n_seg > 0) STRATA_TRY(expert_products(e, l, n_seg, SEG, T)); /* none: every miss runs on the host */
-    if (g->overlap) DEV(e, cuda_event_record(g->ctx, g->ev_prod, CUDA_STREAM_COMPUTE));
     return STRATA_OK;
 }
 
@@ -557,10 +556,12 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
             n_host_runs++;
         }
     }
-    /* (an LRU admission under --miss host copies too: its wave does not read it, the next forward waits) */
+    /* ev_copy comes after every copy enqueued so far, an LRU admission under --miss host included (its wave
+     * does not read it). A wave that waits for it orders them all; without one (copied == 0) they stay
+     * pending, and the next forward orders them before it reads any slot. */
     if (g->overlap && g->copies_pending) {
         DEV(e, cuda_event_record(g->ctx, g->ev_copy, CUDA_STREAM_COPY));
-        g->copies_pending = 0;
+        if (copied > 0) g->copies_pending = 0;
     }
     if (split && g->direct) {
         STRATA_TRY(run_wave(e, l, sel, T, SEG, 0)); /* the hits */

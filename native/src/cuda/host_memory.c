@@ -50,8 +50,7 @@ static strata_status layout_into(const strata_engine *e, cuda_state *b, arena *a
     const int64_t rows_sel = T > hp->n_layer ? T : hp->n_layer;
     b->act_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, QD > D ? QD : D), 16);
     b->hact_row = STRATA_ALIGN_UP(cuda_act_row_bytes(STRATA_TYPE_Q8_0, F), 16);
-    /* at most T * K pairs, grouped by expert into segments of CUDA_SEG_TOKENS: <= T * K / SEG + E */
-    b->seg_cap = (int32_t)(T * K / CUDA_SEG_TOKENS + E + 1);
+    b->seg_cap = (int32_t)seg_cap_of(e, T);
     struct {
         void **p;
         int64_t bytes;
@@ -96,8 +95,7 @@ static int64_t cuda_layout_bytes(const strata_engine *e, int32_t T) {
 /* Host RAM a chunk of T tokens borrows: the pinned staging of its embeddings, the expert choices and the
  * segment tables of one wave. */
 static int64_t stage_bytes_of(const strata_engine *e, int32_t T) {
-    const int64_t D = e->hp.n_embd, K = e->hp.n_expert_used, E = e->hp.n_expert;
-    const int64_t seg_cap = T * K / CUDA_SEG_TOKENS + E + 1;
+    const int64_t D = e->hp.n_embd, K = e->hp.n_expert_used, seg_cap = seg_cap_of(e, T);
     const int64_t rows = T > e->hp.n_layer ? T : e->hp.n_layer;
     return T * D * 4 + rows * K * 8 + 3 * seg_cap * (int64_t)sizeof(void *) + 4 * seg_cap * CUDA_SEG_TOKENS * 4 + 4096;
 }
@@ -496,7 +494,6 @@ strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     const int64_t host_floats = D + hp->n_expert_used * D + cuda_mirror_scratch_floats(D, F, hp->n_expert_used);
     DEV(e, cuda_host_alloc(g->ctx, (size_t)host_floats * sizeof(float), (void **)&g->host_tmp));
     DEV(e, cuda_event_create(g->ctx, &g->ev_copy));
-    DEV(e, cuda_event_create(g->ctx, &g->ev_prod));
     DEV(e, cuda_event_create(g->ctx, &g->ev_tables));
     DEV(e, cuda_event_create(g->ctx, &g->ev_half[0]));
     DEV(e, cuda_event_create(g->ctx, &g->ev_half[1]));
@@ -565,7 +562,6 @@ void cuda_forward_close(strata_engine *e) {
             cuda_event_free(g->ring_done[i]);
         }
         cuda_event_free(g->ev_copy);
-        cuda_event_free(g->ev_prod);
         cuda_event_free(g->ev_tables);
         cuda_event_free(g->ev_half[0]);
         cuda_event_free(g->ev_half[1]);
