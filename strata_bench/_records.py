@@ -44,6 +44,7 @@ __all__ = [
     "to_csv",
     "to_markdown",
     "utc_now",
+    "work_of",
 ]
 
 SCHEMA = 1
@@ -178,6 +179,29 @@ def failed_record(error: dict[str, Any], **fields: Any) -> dict[str, Any]:
         min=nan,
         max=nan,
     )
+
+
+def work_of(record: dict[str, Any]) -> dict[str, Any]:
+    """What a record's test did, besides the engine's knobs: ``record["work"]``.
+
+    ``work`` holds every setting of the harness that changes the work (tokens generated, the effective
+    context, the prompt set and its seed, concurrency and request rate for a server, ...). A record
+    written before ``work`` existed gets what it did record at its top level (the test's token counts,
+    the seed; a server row's ``n_gen``, its max tokens) and nothing else: a setting it never recorded
+    stays missing, so ``compare`` cannot pair it with a row that has one by accident.
+    """
+    w = record.get("work")
+    if isinstance(w, dict):
+        return w
+    legacy: dict[str, Any] = {}
+    if record.get("kind") == "server":
+        if record.get("n_gen") is not None:
+            legacy["max_tokens"] = record["n_gen"]
+    else:
+        legacy.update({k: record[k] for k in ("n_prompt", "n_gen", "n_depth") if record.get(k) is not None})
+    if record.get("seed") is not None:
+        legacy["seed"] = record["seed"]
+    return legacy
 
 
 def failed(record: dict[str, Any]) -> bool:

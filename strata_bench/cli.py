@@ -145,16 +145,32 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("new")
     c.add_argument(
         "--key",
-        default="target,model,quant,test,knobs",
-        help="fields that identify a row; 'knobs' stands for every knob (default: %(default)s)",
+        default="target,model,quant,test,knobs,work",
+        help="fields that identify a row; 'knobs' stands for every engine knob and 'work' for every setting "
+        "of the work (tokens, context, prompt set, concurrency, ...) (default: %(default)s)",
     )
     c.add_argument(
         "--fail-if",
         action="append",
         default=[],
         metavar="[FIELD@]TEST:±X%",
-        help="gate, e.g. tg128:-5%% (t/s fell more than 5%%) or metrics.ttft_ms.p90@short:+10%%",
+        help="gate, e.g. tg128:-5%% (the median t/s fell significantly and by more than 5%%) or "
+        "metrics.ttft_ms.p90@short:+10%%",
     )
+    c.add_argument(
+        "--assume",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="rows that lack a key field were measured with VALUE (records older than the field), "
+        "e.g. work.max_tokens=64",
+    )
+    c.add_argument(
+        "--ignore", action="append", default=[], metavar="FIELD", help="take a field out of the key"
+    )
+    c.add_argument("--confidence", type=float, default=0.95, help="of the bootstrap interval (default 0.95)")
+    c.add_argument("--bootstrap", type=int, default=10_000, help="bootstrap resamples (default 10000)")
+    c.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     c.add_argument("--format", "-f", default="table", choices=["table", "md"])
     c.set_defaults(func=cmd_compare)
 
@@ -560,27 +576,31 @@ def cmd_serve_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ._compare import compare, parse_gate
+    from ._compare import compare, parse_assume, parse_gate
     from ._records import read_records
 
     gates = [parse_gate(g) for g in args.fail_if]
     key = [k.strip() for k in args.key.split(",") if k.strip()]
-    res = compare(read_records(args.old), read_records(args.new), key=key, gates=gates)
+    assume = dict(parse_assume(a) for a in args.assume)
+    res = compare(
+        read_records(args.old), read_records(args.new), key=key, gates=gates, assume=assume,
+        ignore=args.ignore, confidence=args.confidence, n_boot=args.bootstrap, seed=args.seed,
+    )  # fmt: skip
     if args.format == "md":
         print(res.markdown())
     else:
         from rich.console import Console
         from rich.table import Table as RichTable
 
-        rt = RichTable(title=f"{args.old} -> {args.new}", title_justify="left")
+        rt = RichTable(title=f"{args.old} -> {args.new} (median t/s)", title_justify="left")
         for h in res.headers:
-            rt.add_column(h, justify="right" if h in ("old", "new", "new/old", "change") else "left")
+            rt.add_column(h, justify="right" if h in ("old", "new", "change") else "left")
         for row in res.rows:
             rt.add_row(*row, style="red" if row[-1].startswith("FAIL") else None)
         Console().print(rt)
     print(f"{res.matched} rows matched, {res.only_old} only in OLD, {res.only_new} only in NEW")
-    if res.ignored_fields:
-        print(f"not part of the key (only one side has them): {', '.join(res.ignored_fields)}")
+    for note in res.notes:
+        print(f"note: {note}")
     if res.failures:
         for f in res.failures:
             print(f"FAIL {f}")
