@@ -1,6 +1,7 @@
-"""GPU facts and samples through NVML (``pynvml``): the name and driver for records, and memory and
-utilization sampled on a background thread while a test runs. Without an NVIDIA driver every
-function returns None and the sampler records nothing, so the harness runs the same on any machine.
+"""GPU samples for benchmark rows: memory and utilization read on a background thread while a test runs.
+
+NVML itself is read through ``strata._nvml`` (the one module that talks to it); without an NVIDIA
+driver the reader is None and the sampler records nothing, so the harness runs the same on any machine.
 
 What a sample holds: the device's memory in use (every process), its utilization (percent of time a
 kernel ran, as NVML reports it over its own averaging period), and the memory the watched processes
@@ -18,51 +19,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from strata import _nvml as nvml
+
 __all__ = ["GpuSample", "GpuSampler", "gpu_info", "nvml_reader", "summarize_samples"]
-
-_init_lock = threading.Lock()
-_initialized: bool | None = None
-
-
-def _nvml() -> Any | None:
-    """The pynvml module, initialized once; None when there is no driver or no device."""
-    global _initialized
-    with _init_lock:
-        if _initialized is False:
-            return None
-        try:
-            import pynvml
-
-            if not _initialized:
-                pynvml.nvmlInit()
-                _initialized = True
-                if pynvml.nvmlDeviceGetCount() < 1:
-                    _initialized = False
-                    return None
-            return pynvml
-        except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... all mean "no GPU here"
-            _initialized = False
-            return None
-
-
-def _text(x: Any) -> str:
-    return x.decode() if isinstance(x, bytes) else str(x)
 
 
 def gpu_info(index: int = 0) -> dict[str, Any] | None:
-    """``{"name", "driver", "memory_total"}`` of GPU ``index``, or None without one."""
-    nv = _nvml()
-    if nv is None:
-        return None
-    try:
-        h = nv.nvmlDeviceGetHandleByIndex(index)
-        return {
-            "name": _text(nv.nvmlDeviceGetName(h)),
-            "driver": _text(nv.nvmlSystemGetDriverVersion()),
-            "memory_total": int(nv.nvmlDeviceGetMemoryInfo(h).total),
-        }
-    except Exception:
-        return None
+    """``{"name", "driver", "memory_total", ...}`` of GPU ``index`` (``strata._nvml.gpu_info``), or None."""
+    return nvml.gpu_info(index)
 
 
 @dataclass(frozen=True)
@@ -74,27 +38,15 @@ class GpuSample:
 
 def nvml_reader(index: int = 0, pids: Sequence[int] = ()) -> Callable[[], GpuSample] | None:
     """A function that reads one sample of GPU ``index`` through NVML, or None without a GPU."""
-    nv = _nvml()
-    if nv is None:
-        return None
-    try:
-        handle = nv.nvmlDeviceGetHandleByIndex(index)
-    except Exception:
+    if nvml.usage(index) is None:
         return None
     watched = pids  # read at every sample: a caller may add a child's pid once it has started it
 
     def read() -> GpuSample:
-        mem = int(nv.nvmlDeviceGetMemoryInfo(handle).used)
-        util = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
-        proc: int | None = None
-        if watched:
-            try:
-                procs = nv.nvmlDeviceGetComputeRunningProcesses(handle)
-            except Exception:
-                procs = []
-            held = [p.usedGpuMemory for p in procs if p.pid in watched and p.usedGpuMemory is not None]
-            proc = int(sum(held)) if held else None
-        return GpuSample(mem, util, proc)
+        u = nvml.usage(index)
+        if u is None:
+            raise RuntimeError(f"NVML stopped answering for GPU {index}")
+        return GpuSample(u[0], u[1] or 0, nvml.process_memory(index, watched) if watched else None)
 
     return read
 

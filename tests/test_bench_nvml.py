@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,11 @@ HAVE_GPU = gpu_info() is not None
 @pytest.mark.skipif(HAVE_GPU, reason="a GPU is present")
 def test_without_a_gpu_nvml_gives_nothing() -> None:
     pytest.importorskip("pynvml")  # the real library, failing to find a driver
+    from strata import _nvml as shared
+
+    assert shared.nvml() is None and shared.device_count() == 0 and shared.all_gpus() == []
+    assert shared.gpu_info() is None and shared.driver_versions() is None and shared.usage() is None
+    assert shared.process_memory(0, [os.getpid()]) is None
     assert _nvml.nvml_reader() is None
     with GpuSampler(interval=0.01) as s:
         time.sleep(0.05)
@@ -127,8 +133,22 @@ def test_rows_carry_gpu_memory_and_utilization(tiny, tmp_path, monkeypatch, caps
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAVE_GPU, reason="no NVIDIA GPU")
 def test_real_nvml_on_a_gpu() -> None:
+    from strata import _nvml as shared
+
     info = gpu_info()
-    assert info is not None and info["name"] and info["memory_total"] > 0
+    assert info is not None and info["name"] and info["memory_total"] > 0 and info["driver"]
+    assert info == {
+        **shared.gpu_info(0),
+        "memory_used": info["memory_used"],
+        "utilization": info["utilization"],
+    }
+    gpus = shared.all_gpus()
+    assert len(gpus) == shared.device_count() >= 1 and [g["index"] for g in gpus] == list(range(len(gpus)))
+    drv = shared.driver_versions()
+    assert drv is not None and drv["driver"] == info["driver"] and drv["cuda"] and "." in drv["cuda"]
+    used, util = shared.usage(0)
+    assert 0 < used <= info["memory_total"] and (util is None or 0 <= util <= 100)
+    assert shared.process_memory(0, [2**22 + 12345]) is None  # no such process holds the device
     with GpuSampler(interval=0.02) as s:
         time.sleep(0.2)
         w = s.take()
