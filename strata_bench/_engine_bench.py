@@ -6,6 +6,11 @@ Tests, named as llama-bench names them:
 - ``tgN``: N tokens decoded one at a time after a one-token context; t/s = N / time;
 - ``... @ dD``: the same after D random tokens were prefilled (not timed).
 
+The tokens are drawn from a generator seeded by the seed and the test's own token counts, so a test
+reads the same tokens whichever other tests share its run. Every setting of the harness that changes
+the work is in the record's ``work`` (the tokens, the effective context and thread count, the warm-up
+runs); the engine's flags as given are its ``knobs``, and what the engine made of them its ``plan``.
+
 Each test runs once to warm up (not recorded), then ``repetitions`` times. The engine's counters are
 reset before each timed part and read after it, so hit rate, bytes streamed and slots lent describe
 exactly what was timed. The tokens are random but fixed by the seed, so two runs read the same ones.
@@ -27,7 +32,11 @@ from ._model import bytes_moved, weight_bytes
 from ._nvml import GpuSampler
 from ._records import base_record, failed_record, llama_test_name, summarize
 
-__all__ = ["BenchTest", "plan_tests", "run_strata"]
+__all__ = ["PROMPT_SET", "BenchTest", "plan_tests", "run_strata"]
+
+# the token ids a test reads: uniform over the vocabulary, from numpy's default generator seeded by
+# [seed, n_prompt, n_gen, n_depth]; a change to how they are drawn gets a new name
+PROMPT_SET = "uniform-ids/2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +175,9 @@ def run_strata(
             run_cfg.max_context = need  # like llama-bench, a context exactly as long as the tests need
         flags = " ".join(cfg.to_cli_args()) or "(default flags)"
 
-        def common(test: BenchTest, cfg: EngineConfig = cfg) -> dict[str, Any]:
+        def common(
+            test: BenchTest, cfg: EngineConfig = cfg, ctx: int = run_cfg.max_context
+        ) -> dict[str, Any]:
             return {
                 "target": "strata",
                 "test": test.name,
@@ -180,6 +191,16 @@ def run_strata(
                 "seed": seed,
                 **model,
                 "knobs": cfg.to_dict(),  # as given; what the engine made of them is in "plan"
+                "work": {
+                    "n_prompt": test.n_prompt,
+                    "n_gen": test.n_gen,
+                    "n_depth": test.n_depth,
+                    "prompt_set": PROMPT_SET,
+                    "seed": seed,
+                    "warmup": warmup,
+                    "max_context": ctx,  # the engine's context: it sizes the KV cache, so the plan
+                    "threads": cfg.threads or os.cpu_count(),
+                },
             }
 
         # one sampler per engine; its baseline is the device before the first engine of this process
@@ -203,8 +224,8 @@ def run_strata(
             with eng:
                 info, plan = eng.info, eng.plan
                 n_vocab = int(info.n_vocab)
-                for ti, test in enumerate(tests):
-                    rng = np.random.default_rng([seed, ti])
+                for test in tests:
+                    rng = np.random.default_rng([seed, test.n_prompt, test.n_gen, test.n_depth])
                     samples_ns: list[int] = []
                     runs: list[dict[str, Any]] = []
                     gpu.take()  # the window of this test starts here

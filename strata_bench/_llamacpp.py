@@ -3,7 +3,13 @@
 Each line llama-bench prints is one finished test; it is turned into a strata-bench record (the
 same test name, the raw samples, the summary) and appended at once, so llama.cpp rows survive an
 interrupted run like strata's do. llama-bench's own description of itself (build commit, backends,
-batch sizes, threads) is kept under ``peer`` in each record.
+batch sizes, threads) is kept under ``peer`` in each record, and the settings that change its work
+(micro-batch and batch as it reports them, ``--n-cpu-moe``, the extra flags) are in its ``knobs``.
+
+llama.cpp at its best: prompts run at its default micro-batch (``-ub 512``) and again at a large one
+(``-ub 4096 -b 4096``, or the largest that fits the device memory), and the table pairs each strata
+row with the faster of the two. With a budget, the ``--n-cpu-moe`` is the one whose estimated device
+memory fits it at that micro-batch (a larger micro-batch needs larger compute buffers).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ._records import base_record, llama_test_name, summarize
 __all__ = [
     "LlamaBenchError",
     "find_llama_bench",
+    "fit_n_cpu_moe",
     "llama_bench_args",
     "n_cpu_moe_for_budget",
     "on_gpu",
@@ -104,35 +111,65 @@ def on_gpu(device: str | None, gpu_present: bool | None = None) -> bool:
 # 512-token micro-batch over a large vocabulary alone take ~300 MB) and scratch. An estimate; the rows
 # record the memory NVML saw, which is what the comparison should be read against.
 _LLAMA_COMPUTE_RESERVE = 1 << 30
+LLAMA_DEFAULT_UBATCH = 512  # llama-bench's own -ub (and -b 2048)
 
 
-def n_cpu_moe_for_budget(weights: dict[str, Any], budget: int | None, n_ctx: int) -> int:
+def compute_bytes(weights: dict[str, Any], n_ubatch: int = LLAMA_DEFAULT_UBATCH) -> int:
+    """Estimated compute buffers of llama.cpp at micro-batch ``n_ubatch``: the reserve that holds at 512,
+    plus, for each token beyond 512, twice its f32 activations (the residual stream and its norms, about
+    8 x n_embd values, and the gate, up and product of each used expert, 3 x K x F values)."""
+    extra = max(0, n_ubatch - LLAMA_DEFAULT_UBATCH)
+    n_embd, n_ff = weights.get("n_embd") or 0, weights.get("n_ff_exp") or 0
+    per_token = 4 * (8 * n_embd + 3 * weights["n_expert_used"] * n_ff)
+    return _LLAMA_COMPUTE_RESERVE + 2 * extra * per_token
+
+
+def fit_n_cpu_moe(
+    weights: dict[str, Any], budget: int, n_ctx: int, n_ubatch: int = LLAMA_DEFAULT_UBATCH
+) -> int | None:
+    """The smallest ``--n-cpu-moe N`` whose estimated device memory fits ``budget``; None when not even N =
+    every layer fits (the dense weights, the KV cache and the compute buffers alone are too large)."""
+    layer_experts = [b * weights["n_expert"] for b in weights["expert_bytes"]]
+    kv = weights["kv_values_per_token"] * 2 * n_ctx  # f16 K and V
+    # dense_bytes leaves out an input embedding table that is not also the output: llama.cpp keeps it on the host
+    fixed = weights["dense_bytes"] + kv + compute_bytes(weights, n_ubatch)
+    for n in range(len(layer_experts) + 1):
+        if fixed + sum(layer_experts[n:]) <= budget:
+            return n
+    return None
+
+
+def n_cpu_moe_for_budget(
+    weights: dict[str, Any], budget: int | None, n_ctx: int, n_ubatch: int = LLAMA_DEFAULT_UBATCH
+) -> int:
     """llama.cpp's ``--n-cpu-moe N`` that fits ``-ngl 99`` into ``budget`` bytes of device memory.
 
     With ``-ngl 99 --n-cpu-moe N`` llama.cpp keeps every weight on the device except the token
     embeddings and the experts of layers 0..N-1, plus its KV cache and compute buffers. The smallest N
     whose estimate fits the budget gives llama.cpp about the device memory strata was given. No budget
-    (every expert resident in strata) is N = 0.
+    (every expert resident in strata) is N = 0; a budget that nothing fits is every layer.
     """
-    n_layer = len(weights["expert_bytes"])
     if budget is None:
         return 0
-    layer_experts = [b * weights["n_expert"] for b in weights["expert_bytes"]]
-    kv = weights["kv_values_per_token"] * 2 * n_ctx  # f16 K and V
-    # dense_bytes leaves out an input embedding table that is not also the output: llama.cpp keeps it on the host
-    fixed = weights["dense_bytes"] + kv + _LLAMA_COMPUTE_RESERVE
-    for n in range(n_layer + 1):
-        if fixed + sum(layer_experts[n:]) <= budget:
-            return n
-    return n_layer
+    n = fit_n_cpu_moe(weights, budget, n_ctx, n_ubatch)
+    return len(weights["expert_bytes"]) if n is None else n
 
 
-def peer_knobs(cfg: EngineConfig, n_cpu_moe: int | None = None, paired: bool = True) -> dict[str, Any]:
-    """The strata knobs that have a llama.cpp counterpart: what a strata row and a llama.cpp row must share.
+def peer_knobs(
+    cfg: EngineConfig,
+    n_cpu_moe: int | None = None,
+    paired: bool = True,
+    n_ubatch: int | None = None,
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """What a llama.cpp row ran with: the strata knobs that have a llama.cpp counterpart (what a strata row
+    and a llama.cpp row must share to be paired) and llama.cpp's own settings.
 
     On the GPU llama.cpp runs every layer there (``-ngl 99``) and keeps the experts of its first
     ``n_cpu_moe`` layers on the host; such a row stands for the strata rows of the same
-    ``vram_budget`` (kept in its knobs when ``paired``), and the table shows their ratio.
+    ``vram_budget`` (kept in its knobs when ``paired``), and the table shows their ratio. ``n_ubatch``
+    and ``n_batch`` are the micro-batch and batch asked for (llama-bench's defaults: 512 and 2048), and
+    ``llama_args`` the extra flags, when there are any.
     """
     k: dict[str, Any] = {"threads": _threads(cfg), "device": cfg.device, "kv": cfg.kv}
     if on_gpu(cfg.device):
@@ -140,6 +177,10 @@ def peer_knobs(cfg: EngineConfig, n_cpu_moe: int | None = None, paired: bool = T
         k["n_cpu_moe"] = int(n_cpu_moe or 0)
         if paired:
             k["vram_budget"] = cfg.vram_budget
+    k["n_ubatch"] = n_ubatch or LLAMA_DEFAULT_UBATCH
+    k["n_batch"] = n_ubatch or 2048
+    if extra:
+        k["llama_args"] = " ".join(extra)
     return k
 
 
@@ -152,9 +193,11 @@ def llama_bench_args(
     cfg: EngineConfig,
     n_cpu_moe: int | None = None,
     extra: Sequence[str] = (),
+    n_ubatch: int | None = None,
 ) -> list[str]:
     """llama-bench's flags for the same tests strata runs under ``cfg``; ``n_cpu_moe`` only on the GPU;
-    ``extra`` flags (``--llama-args``) last, so that they win."""
+    ``n_ubatch`` as ``-ub N -b N`` (None: llama-bench's defaults); ``extra`` flags (``--llama-args``) last,
+    so that they win."""
     gpu = on_gpu(cfg.device)
     args = [
         "-m",
@@ -178,6 +221,8 @@ def llama_bench_args(
         # ~7 GB/s, from llama.cpp's own (pinned) buffers at ~43 GB/s on the H200 host (shared/GPU.md), so
         # llama.cpp is given the load mode it is fastest with.
         args += ["-ncmoe", str(n_cpu_moe), "-lm", "none"]
+    if n_ubatch is not None:
+        args += ["-ub", str(n_ubatch), "-b", str(n_ubatch)]
     args += list(extra)
     if any(d > 0 for d in n_depth):
         args += ["-d", ",".join(map(str, n_depth))]
@@ -205,6 +250,18 @@ def record_from_row(
         ) from None
     n_depth = int(row.get("n_depth", 0) or 0)
     summary = summarize(samples)
+    knobs = dict(knobs if knobs is not None else peer_knobs(cfg))
+    # what llama-bench says it ran with (the extra flags may have set them)
+    for name in ("n_ubatch", "n_batch"):
+        if row.get(name) is not None:
+            knobs[name] = int(row[name])
+    work = {
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "n_depth": n_depth,
+        "prompt_set": "llama-bench",
+        "max_context": n_prompt + n_gen + n_depth,  # llama-bench's context for each test
+    }
     metrics = None
     if weights is not None and summary["mean"] > 0:
         # the same roofline figure as strata's rows; llama.cpp reads a prompt in micro-batches of n_ubatch
@@ -223,7 +280,8 @@ def record_from_row(
         repetitions=len(samples),
         warmup=1,
         **model,
-        knobs=knobs if knobs is not None else peer_knobs(cfg),
+        knobs=knobs,
+        work=work,
         status="ok",
         samples=samples,
         samples_ns=[int(x) for x in row.get("samples_ns", [])],
@@ -249,13 +307,19 @@ def run_llama_bench(
     n_cpu_moe: int | None = None,
     knobs: dict[str, Any] | None = None,
     extra: Sequence[str] = (),
+    n_ubatch: int | None = None,
+    peer_extra: dict[str, Any] | None = None,
 ) -> int:
     """Run llama-bench once for ``cfg``; each JSONL row becomes a record passed to ``on_record``. Returns the row count.
+
+    ``peer_extra`` is added to each record's ``peer`` (e.g. what was tried before these settings fitted).
 
     GPU memory and utilization are sampled while it runs; each row gets the samples taken since the
     previous row (the first one's window includes loading the model).
     """
-    args = llama_bench_args(model_path, n_prompt, n_gen, n_depth, repetitions, cfg, n_cpu_moe, extra)
+    args = llama_bench_args(
+        model_path, n_prompt, n_gen, n_depth, repetitions, cfg, n_cpu_moe, extra, n_ubatch
+    )
     n = 0
     with (
         tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace") as err,
@@ -282,9 +346,10 @@ def run_llama_bench(
                         raise LlamaBenchError(
                             f"llama-bench printed a line that is not JSON: {line[:200]}"
                         ) from None
-                    on_record(
-                        record_from_row(row, cfg, model, [str(exe), *args], weights, knobs, nvml=gpu.take())
-                    )
+                    rec = record_from_row(row, cfg, model, [str(exe), *args], weights, knobs, nvml=gpu.take())
+                    if peer_extra:
+                        rec["peer"].update(peer_extra)
+                    on_record(rec)
                     n += 1
                     if on_test:
                         on_test()

@@ -79,6 +79,7 @@ def _weights(path: str, size: int, mtime: float) -> dict[str, Any] | None:
     n_head = meta(f"{arch}.attention.head_count")
     n_head_kv = meta(f"{arch}.attention.head_count_kv") or n_head
     n_embd = meta(f"{arch}.embedding_length")
+    n_ff_exp = meta(f"{arch}.expert_feed_forward_length")
     head_dim = meta(f"{arch}.attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
     if n_layer is None or n_expert is None or k_used is None or n_head_kv is None or head_dim is None:
         return None
@@ -101,6 +102,8 @@ def _weights(path: str, size: int, mtime: float) -> dict[str, Any] | None:
         "n_expert": int(n_expert),
         "n_expert_used": int(k_used),
         "kv_values_per_token": 2 * int(n_layer) * int(n_head_kv) * int(head_dim),  # K and V
+        "n_embd": int(n_embd) if n_embd else None,
+        "n_ff_exp": int(n_ff_exp) if n_ff_exp else None,
     }
 
 

@@ -2,7 +2,9 @@
 
 - **speed**: one row per target and configuration, one column per test (``pp512``, ``tg128``,
   ``pp512 @ d4096``) holding ``mean ± stddev`` t/s; with two targets, a ratio row follows each strata
-  row (strata / llama.cpp for the llama.cpp run with the same threads, device and KV type).
+  row: strata / llama.cpp for the llama.cpp runs with the same threads, device, KV type (and budget).
+  Where llama.cpp ran a test more than one way (``-ub 512`` and ``-ub 4096 -b 4096``), the ratio is
+  against the faster of them that kept to the budget, and its cell names the flags that won.
 - **engine**: one row per test with what the engine did while it was timed: expert-cache hit
   rate, bytes streamed through the prompt ring, slots lent, the chunk, and the GB/s achieved.
 - **server**: one row per suite with TTFT, TPOT, ITL and end-to-end latency percentiles.
@@ -10,7 +12,8 @@
 
 On the GPU each row also shows the device memory the target used at its peak (NVML; the process's
 own figure where NVML lists processes, else the device's peak less what was in use before the
-target started) and the mean GPU utilization while it ran. A llama.cpp row on the GPU stands for the
+target started), marked "over" where it exceeds the row's ``--vram-budget``, and the mean GPU
+utilization while it ran. A llama.cpp row on the GPU stands for the
 strata rows with the same ``--vram-budget`` (``-ngl 99 --n-cpu-moe N`` chosen for that budget).
 """
 
@@ -29,8 +32,10 @@ __all__ = [
     "Table",
     "engine_table",
     "failed_table",
+    "best_peer",
     "fmt_bytes",
     "knob_str",
+    "over_budget",
     "peer_key",
     "render_markdown",
     "server_table",
@@ -132,10 +137,40 @@ def _group_key(rec: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _llama_flags(k: dict[str, Any]) -> str:
-    if "n_gpu_layers" not in k:
-        return "-"
-    out = f"-ngl {k['n_gpu_layers']}"
-    return out + (f" -ncmoe {k['n_cpu_moe']}" if k.get("n_cpu_moe") else "")
+    parts = []
+    if "n_gpu_layers" in k:
+        parts.append(f"-ngl {k['n_gpu_layers']}")
+        if k.get("n_cpu_moe"):
+            parts.append(f"-ncmoe {k['n_cpu_moe']}")
+    ub, b = k.get("n_ubatch"), k.get("n_batch")
+    if ub is not None and (ub, b) != (512, 2048):
+        parts.append(f"-ub {ub}" + (f" -b {b}" if b is not None else ""))
+    if k.get("llama_args"):
+        parts.append(str(k["llama_args"]))
+    return " ".join(parts) or "-"
+
+
+def over_budget(rec: dict[str, Any]) -> bool:
+    """Whether a row's device memory peak exceeded the budget it stands for."""
+    budget = (rec.get("knobs") or {}).get("vram_budget")
+    used = vram_used(rec)
+    return isinstance(budget, int) and used is not None and used > budget
+
+
+def _winner_flags(rec: dict[str, Any], others: Sequence[dict[str, Any]]) -> str:
+    """The llama.cpp flags that set the faster row apart from the others it was chosen over."""
+    k = rec.get("knobs") or {}
+    parts = [f"-ub {k.get('n_ubatch', 512)}"]
+    if any((o.get("knobs") or {}).get("n_cpu_moe") != k.get("n_cpu_moe") for o in others):
+        parts.append(f"-ncmoe {k.get('n_cpu_moe') or 0}")
+    return " ".join(parts)
+
+
+def best_peer(candidates: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest measured llama.cpp row of a test, among those that kept to their budget when any did."""
+    ok = [r for r in candidates if not failed(r) and r.get("mean")]
+    within = [r for r in ok if not over_budget(r)] or ok
+    return max(within, key=lambda r: r["mean"]) if within else None
 
 
 def speed_table(records: Sequence[dict[str, Any]]) -> Table | None:
@@ -151,7 +186,7 @@ def speed_table(records: Sequence[dict[str, Any]]) -> Table | None:
         g["tests"][r["test"]] = r  # a later row of the same test wins (appended re-runs)
     knobs = swept_knobs([r.get("knobs") or {} for r in recs if r.get("target") == "strata"])
     multi_model = len({r.get("model") for r in recs}) > 1
-    peer_cols = any("n_gpu_layers" in (r.get("knobs") or {}) for r in recs if r.get("target") == "llama.cpp")
+    peer_cols = any(_llama_flags(r.get("knobs") or {}) != "-" for r in recs if r.get("target") == "llama.cpp")
     vram_col = any(vram_used(r) is not None for r in recs)
     headers = (
         ["target"]
@@ -163,11 +198,17 @@ def speed_table(records: Sequence[dict[str, Any]]) -> Table | None:
         + tests
     )
 
+    def vram_cell(g: dict[str, Any]) -> str:
+        rows = [r for r in g["tests"].values() if vram_used(r) is not None]
+        if not rows:
+            return "-"
+        peak = max(rows, key=lambda r: vram_used(r) or 0)
+        return fmt_bytes(vram_used(peak)) + (" (over)" if over_budget(peak) else "")
+
     def row_of(g: dict[str, Any]) -> list[str]:
         first = g["first"]
         k = first.get("knobs") or {}
         strata = first.get("target") == "strata"
-        vram = [v for v in (vram_used(r) for r in g["tests"].values()) if v is not None]
         return (
             [first.get("target", "?")]
             + ([first.get("model", "?")] if multi_model else [])
@@ -175,46 +216,58 @@ def speed_table(records: Sequence[dict[str, Any]]) -> Table | None:
             # a llama.cpp GPU row shows the budget it stands for
             + [knob_str(k.get(n), n) if strata or (n == "vram_budget" and n in k) else "-" for n in knobs]
             + ([("-" if strata else _llama_flags(k))] if peer_cols else [])
-            + ([fmt_bytes(max(vram)) if vram else "-"] if vram_col else [])
+            + ([vram_cell(g)] if vram_col else [])
             + [_fmt_ts(g["tests"][t]) if t in g["tests"] else "-" for t in tests]
         )
 
     rows: list[list[str]] = []
-    peers: dict[tuple[Any, ...], dict[str, Any]] = {}
+    peers: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for g in groups.values():
         if g["first"].get("target") == "llama.cpp" and (pk := peer_key(g["first"])) is not None:
-            peers.setdefault(pk, g)
+            peers.setdefault(pk, []).append(g)
+    paired = {
+        id(p)
+        for g in groups.values()
+        if g["first"].get("target") == "strata"
+        for p in peers.get(peer_key(g["first"]) or (), [])
+    }
     shown: set[int] = set()
     for g in groups.values():
         first = g["first"]
-        if id(g) in shown:
-            continue
-        if (
-            first.get("target") == "llama.cpp"
-            and peers.get(peer_key(first) or ()) is g
-            and any(
-                o["first"].get("target") == "strata" and peer_key(o["first"]) == peer_key(first)
-                for o in groups.values()
-            )
-        ):
-            continue  # printed under the first strata row it stands against
+        if id(g) in shown or id(g) in paired and first.get("target") == "llama.cpp":
+            continue  # a paired llama.cpp row is printed under the first strata row it stands against
         rows.append(row_of(g))
         shown.add(id(g))
-        if first.get("target") == "strata":
-            peer = peers.get(peer_key(first) or ())
-            if peer is not None:
-                if id(peer) not in shown:
-                    rows.append(row_of(peer))
-                    shown.add(id(peer))
-                cells = []
-                for t in tests:
-                    a, b = g["tests"].get(t), peer["tests"].get(t)
-                    ok = a and b and not failed(a) and not failed(b) and a.get("mean") and b.get("mean")
-                    cells.append(f"{a['mean'] / b['mean']:.2f}x" if ok else "-")
-                ratio_lead = ["strata / llama.cpp"] + ([""] if multi_model else []) + [""]
-                pad = len(knobs) + int(peer_cols) + int(vram_col)
-                rows.append(ratio_lead + [""] * pad + cells)
-    return Table("speed (tokens/s, mean ± stddev)", headers, rows)
+        if first.get("target") != "strata":
+            continue
+        mine = peers.get(peer_key(first) or (), [])
+        if not mine:
+            continue
+        for p in mine:
+            if id(p) not in shown:
+                rows.append(row_of(p))
+                shown.add(id(p))
+        cells = []
+        for t in tests:
+            a = g["tests"].get(t)
+            cands = [p["tests"][t] for p in mine if t in p["tests"]]
+            b = best_peer(cands)
+            if not (a and b and not failed(a) and a.get("mean")):
+                cells.append("-")
+                continue
+            cell = f"{a['mean'] / b['mean']:.2f}x"
+            rivals = [c for c in cands if c is not b and not failed(c)]
+            if rivals:
+                cell += f" ({_winner_flags(b, rivals)})"
+            cells.append(cell)
+        ratio_lead = ["strata / llama.cpp"] + ([""] if multi_model else []) + [""]
+        pad = len(knobs) + int(peer_cols) + int(vram_col)
+        rows.append(ratio_lead + [""] * pad + cells)
+    return Table(
+        "speed (tokens/s, mean ± stddev; a ratio is against llama.cpp's faster setting of that test)",
+        headers,
+        rows,
+    )
 
 
 def engine_table(records: Sequence[dict[str, Any]]) -> Table | None:

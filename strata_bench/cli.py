@@ -66,6 +66,16 @@ def _n_cpu_moe_list(text: str) -> list[str]:
     return items
 
 
+def _ubatch_list(text: str) -> list[int]:
+    try:
+        out = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--llama-ubatch {text!r}: a comma list of token counts") from None
+    if not out or any(v < 1 for v in out):
+        raise argparse.ArgumentTypeError(f"--llama-ubatch {text!r}: micro-batches are at least 1 token")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ._grid import add_grid_engine_args, int_list
 
@@ -123,6 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
         "value per --vram-budget value in the same order, or 'auto' for the value whose estimated device "
         "memory fits that budget (the default); with no --vram-budget, every value runs and 0 pairs "
         "with strata's all-resident rows",
+    )
+    t.add_argument(
+        "--llama-ubatch",
+        type=_ubatch_list,
+        default=[512, 4096],
+        metavar="U,...",
+        help="llama.cpp micro-batches for prompts: the first runs every test, each other one runs the prompts "
+        "longer than the first again with -ub U -b U (halved while it does not fit the budget or the device), "
+        "and strata is paired with the faster (default 512,4096)",
     )
     _add_output_args(r)
     _add_server_args(r)
@@ -308,22 +327,33 @@ def _run_server(
 
 @dataclass
 class _PeerRun:
-    """One llama-bench invocation: the strata configuration it mirrors and llama.cpp's own settings."""
+    """One llama.cpp setting: the strata configuration it mirrors and llama.cpp's own settings.
+
+    ``candidates`` are (micro-batch, --n-cpu-moe) pairs tried in order until one runs (a large micro-batch
+    that does not fit is halved); a micro-batch of None is llama-bench's default (``-ub 512 -b 2048``)."""
 
     cfg: Any  # EngineConfig
-    n_cpu_moe: int | None
-    knobs: dict[str, Any]
+    knobs: dict[str, Any]  # of the first candidate
     after: int  # run it right after this strata configuration (index), so pairs finish together
+    candidates: list[tuple[int | None, int | None]]
+    prompts_only: bool = False  # a large micro-batch: the prompt tests longer than the default one only
+    paired: bool = True
+
+    @property
+    def n_cpu_moe(self) -> int | None:
+        return self.candidates[0][1]
 
 
 def _peer_runs(
     args: argparse.Namespace, configs: list[Any], weights: dict[str, Any] | None, n_ctx: int
 ) -> list[_PeerRun]:
     """The llama-bench runs for a grid: one per distinct set of shared knobs; on the GPU, one per budget
-    with the ``--n-cpu-moe`` that matches it (given, or estimated from the model)."""
-    from ._llamacpp import n_cpu_moe_for_budget, on_gpu, peer_knobs
+    with the ``--n-cpu-moe`` that matches it (given, or estimated from the model). Each is followed by a
+    run of the longer prompts at a large micro-batch (``--llama-ubatch``), with its own ``--n-cpu-moe``."""
+    from ._llamacpp import LLAMA_DEFAULT_UBATCH, fit_n_cpu_moe, n_cpu_moe_for_budget, on_gpu, peer_knobs
 
     raw: list[str] | None = args.llama_n_cpu_moe
+    extra_flags = shlex.split(args.llama_args)
     gpu_cfgs = [c for c in configs if on_gpu(c.device)]
     if raw is not None and not gpu_cfgs:
         raise ValueError(
@@ -347,7 +377,8 @@ def _peer_runs(
                 "budget, in the same order ('auto' estimates the value that fits the budget; 0 = all on the GPU)"
             )
 
-    def resolve(v: str, budget: int | None) -> int:
+    def resolve(v: str, budget: int | None, ubatch: int = LLAMA_DEFAULT_UBATCH) -> int | None:
+        """The --n-cpu-moe for a budget at a micro-batch; None when that micro-batch fits with none."""
         if v != "auto":
             return int(v)
         if budget is None:
@@ -356,22 +387,55 @@ def _peer_runs(
             raise ValueError(
                 "--llama-n-cpu-moe auto: the model's tensor sizes could not be read; give the values"
             )
-        return n_cpu_moe_for_budget(weights, budget, n_ctx)
+        if ubatch == LLAMA_DEFAULT_UBATCH:
+            return n_cpu_moe_for_budget(weights, budget, n_ctx)
+        return fit_n_cpu_moe(weights, budget, n_ctx, ubatch)
 
+    ubatches: list[int] = args.llama_ubatch
+    base_ub = ubatches[0]
+    longest = max(args.n_prompt, default=0)
+    # the user's own -ub/-b in --llama-args win over every variant: then there is one run
+    own_batch = any(f in extra_flags for f in ("-ub", "--ubatch-size", "-b", "--batch-size"))
     runs: list[_PeerRun] = []
-    seen: list[dict[str, Any]] = []
+    seen: list[Any] = []
     for i, cfg in enumerate(configs):
-        n = resolve(chosen[cfg.vram_budget], cfg.vram_budget) if on_gpu(cfg.device) else None
-        knobs = peer_knobs(cfg, n)
-        if knobs not in seen:
-            seen.append(knobs)
-            runs.append(_PeerRun(cfg, n, knobs, i))
-        if on_gpu(cfg.device) and cfg.vram_budget is None:
+        gpu = on_gpu(cfg.device)
+        budget = cfg.vram_budget if gpu else None
+        spec = chosen[cfg.vram_budget] if gpu else "0"
+        ub0 = None if base_ub == LLAMA_DEFAULT_UBATCH else base_ub
+        n0 = resolve(spec, budget, base_ub) if gpu else None
+        if gpu and n0 is None:
+            n0 = len(weights["expert_bytes"]) if weights else 0
+        knobs = peer_knobs(cfg, n0, n_ubatch=ub0, extra=extra_flags)
+        if knobs in seen:
+            continue
+        seen.append(knobs)
+        runs.append(_PeerRun(cfg, knobs, i, [(ub0, n0)]))
+        for u in [] if own_batch else ubatches[1:]:
+            top = min(u, longest)
+            cands: list[tuple[int | None, int | None]] = []
+            while top > base_ub:
+                n = resolve(spec, budget, top) if gpu else None
+                if not gpu or n is not None:
+                    cands.append((top, n))
+                top //= 2
+            if not cands:
+                if longest > base_ub:
+                    _err(
+                        f"llama.cpp: no micro-batch above {base_ub} up to {u} fits "
+                        f"--vram-budget {cfg.vram_budget} by the estimate; its prompts run at -ub {base_ub} only"
+                    )
+                continue
+            k = peer_knobs(cfg, cands[0][1], n_ubatch=cands[0][0], extra=extra_flags)
+            if k not in seen:
+                seen.append(k)
+                runs.append(_PeerRun(cfg, k, i, cands, prompts_only=True))
+        if gpu and cfg.vram_budget is None:
             for v in extra:
-                knobs = peer_knobs(cfg, int(v), paired=False)
-                if knobs not in seen:
-                    seen.append(knobs)
-                    runs.append(_PeerRun(cfg, int(v), knobs, i))
+                k = peer_knobs(cfg, int(v), paired=False, n_ubatch=ub0, extra=extra_flags)
+                if k not in seen:
+                    seen.append(k)
+                    runs.append(_PeerRun(cfg, k, i, [(ub0, int(v))], paired=False))
             extra = []  # after the first all-resident configuration only
     return runs
 
@@ -475,7 +539,7 @@ def _run_engine_targets(
 ) -> None:
     from ._engine_bench import plan_tests, run_strata
     from ._grid import configs_from_grid
-    from ._llamacpp import LlamaBenchError, find_llama_bench, run_llama_bench
+    from ._llamacpp import LlamaBenchError, find_llama_bench, peer_knobs, run_llama_bench
     from ._model import model_fields, weight_bytes
     from ._records import failed_record
 
@@ -503,34 +567,60 @@ def _run_engine_targets(
         if "strata" in engine_targets
         else None
     )
-    task_l = prog.add_task("llama.cpp", total=len(peers) * len(tests)) if peers else None
+    base_ub = args.llama_ubatch[0]
+    extra_flags = shlex.split(args.llama_args)
+
+    def peer_tests(pr: _PeerRun) -> list[Any]:
+        return [t for t in tests if t.n_prompt > base_ub] if pr.prompts_only else tests
+
+    task_l = prog.add_task("llama.cpp", total=sum(len(peer_tests(p)) for p in peers)) if peers else None
 
     def run_peer(pr: _PeerRun) -> None:
         assert exe is not None  # found before any work started
         done: list[str] = []
+        tried: list[dict[str, Any]] = []
+        own = peer_tests(pr)
+        n_prompt = sorted({t.n_prompt for t in own if t.n_prompt})
+        n_gen = [] if pr.prompts_only else args.n_gen
 
         def keep(rec: dict[str, Any]) -> None:
             done.append(rec["test"])
             record(rec)
 
-        try:
-            run_llama_bench(
-                exe, model_path, model, args.n_prompt, args.n_gen, args.n_depth, args.repetitions, pr.cfg,
-                keep, on_test=functools.partial(prog.advance, task_l, 1), weights=weights,
-                n_cpu_moe=pr.n_cpu_moe, knobs=pr.knobs, extra=shlex.split(args.llama_args),
-            )  # fmt: skip
-        except LlamaBenchError as e:
-            # the tests it did not finish get failed rows; the next configuration still runs
-            error = {"phase": "llama-bench", "type": type(e).__name__, "status": None, "message": str(e),
-                     "flags": " ".join(f"{k}={v}" for k, v in pr.knobs.items())}  # fmt: skip
-            for t in tests:
-                if t.name not in done:
-                    record(failed_record(
-                        dict(error), target="llama.cpp", test=t.name, kind="pp" if t.n_prompt else "tg",
-                        n_prompt=t.n_prompt, n_gen=t.n_gen, n_depth=t.n_depth, unit="t/s",
-                        repetitions=args.repetitions, warmup=1, **model, knobs=pr.knobs,
-                    ))  # fmt: skip
-                    prog.advance(task_l, 1)
+        for ci, (ub, n) in enumerate(pr.candidates):
+            knobs = peer_knobs(pr.cfg, n, pr.paired, ub, extra_flags)
+            try:
+                run_llama_bench(
+                    exe, model_path, model, n_prompt, n_gen, args.n_depth, args.repetitions, pr.cfg, keep,
+                    on_test=functools.partial(prog.advance, task_l, 1), weights=weights, n_cpu_moe=n,
+                    knobs=knobs, extra=extra_flags, n_ubatch=ub, peer_extra={"tried": tried} if tried else None,
+                )  # fmt: skip
+                return
+            except LlamaBenchError as e:
+                if not done and ci + 1 < len(pr.candidates):
+                    # the largest micro-batch that fits: halve it and try again, and say so in the rows
+                    nxt = pr.candidates[ci + 1]
+                    tried.append({"n_ubatch": ub, "n_cpu_moe": n, "message": str(e)[-600:]})
+                    prog.console.print(
+                        f"llama.cpp -ub {ub} -ncmoe {n} did not run ({str(e).splitlines()[-1][:160]}); "
+                        f"trying -ub {nxt[0]} -ncmoe {nxt[1]}",
+                        highlight=False, markup=False, soft_wrap=True,
+                    )  # fmt: skip
+                    continue
+                # the tests it did not finish get failed rows; the next configuration still runs
+                error = {"phase": "llama-bench", "type": type(e).__name__, "status": None, "message": str(e),
+                         "flags": " ".join(f"{k}={v}" for k, v in knobs.items())}  # fmt: skip
+                for t in own:
+                    if t.name not in done:
+                        record(failed_record(
+                            dict(error), target="llama.cpp", test=t.name, kind="pp" if t.n_prompt else "tg",
+                            n_prompt=t.n_prompt, n_gen=t.n_gen, n_depth=t.n_depth, unit="t/s",
+                            repetitions=args.repetitions, warmup=1, **model, knobs=knobs,
+                            work={"n_prompt": t.n_prompt, "n_gen": t.n_gen, "n_depth": t.n_depth,
+                                  "prompt_set": "llama-bench", "max_context": t.n_prompt + t.n_gen + t.n_depth},
+                        ))  # fmt: skip
+                        prog.advance(task_l, 1)
+                return
 
     for i, cfg in enumerate(configs):
         for target in engine_targets:

@@ -73,6 +73,11 @@ def test_grid_rows_and_columns(tiny, tmp_path, capsys) -> None:
         assert r["samples"] == pytest.approx([n_tok * 1e9 / ns for ns in r["samples_ns"]])
         assert r["mean"] == pytest.approx(sum(r["samples"]) / 5) and r["stddev"] >= 0
         assert r["knobs"]["threads"] == 1 and r["plan"]["n_slots"] == int(r["knobs"]["expert_cache"])
+        # every setting of the harness that changes the work, the effective context included (the longest test)
+        assert r["work"] == {"n_prompt": r["n_prompt"], "n_gen": r["n_gen"], "n_depth": 0,
+                             "prompt_set": "uniform-ids/2", "seed": 0, "warmup": 1, "max_context": 32,
+                             "threads": 1}  # fmt: skip
+        assert r["plan"]["max_context"] >= 32
         m = r["metrics"]
         assert 0.0 <= m["hit_rate"] <= 1.0 and m["gbps"] > 0
         if r["n_gen"]:

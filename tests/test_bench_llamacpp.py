@@ -76,7 +76,10 @@ def test_rows_from_llama_bench_jsonl(fake_bin, model_file, tmp_path, capsys) -> 
         assert r["mean"] == pytest.approx(sum(r["samples"]) / 5)
         assert r["peer"]["avg_ts"] == pytest.approx(r["mean"])  # our summary agrees with llama-bench's own
         assert r["peer"]["n_threads"] == 2 and r["peer"]["n_gpu_layers"] == 0  # the flags were passed through
-        assert r["knobs"] == {"threads": 2, "device": "cpu", "kv": "f16"}
+        # prompts of at most 512 tokens: llama.cpp's default micro-batch is its best, one run only
+        assert r["knobs"] == {"threads": 2, "device": "cpu", "kv": "f16", "n_ubatch": 512, "n_batch": 2048}
+        assert r["work"] == {"n_prompt": r["n_prompt"], "n_gen": r["n_gen"], "n_depth": r["n_depth"],
+                             "prompt_set": "llama-bench", "max_context": r["n_prompt"] + r["n_gen"] + r["n_depth"]}  # fmt: skip
         assert r["model"] == model_file.name and r["quant"]
     # the stand-in's speeds: 900 t/s for prompts and 40 for generation, divided by 1 + depth/4096
     by = {r["test"]: r["mean"] for r in rows}
@@ -282,3 +285,149 @@ def test_n_cpu_moe_values_without_budgets_all_run(fake_bin, model_file, tmp_path
     assert [r["knobs"]["n_cpu_moe"] for r in rows] == [0, 2, 4]
     assert ["vram_budget" in r["knobs"] for r in rows] == [True, False, False]
     assert [r["mean"] for r in rows] == pytest.approx([900.0, 300.0, 180.0], rel=0.02)
+
+
+def test_long_prompts_also_run_at_a_large_micro_batch_and_the_faster_pairs(
+    fake_bin, model_file, tmp_path, capsys
+) -> None:
+    """llama.cpp at its best: every test at -ub 512, the prompts longer than that again at -ub 4096 -b 4096
+    (capped by the longest prompt); the ratio row is against the faster row of each test and names it."""
+    out = tmp_path / "r.jsonl"
+    cmd = f"run --target strata --target llama.cpp --model {model_file} -p 256,2048 -n 8 -r 5 --threads 1 --output {out} --format md"
+    assert bench(cmd) == 0
+    rows = _rows(out)
+    llama = [
+        (r["test"], r["knobs"]["n_ubatch"], r["knobs"]["n_batch"]) for r in rows if r["target"] == "llama.cpp"
+    ]
+    assert llama == [("pp256", 512, 2048), ("pp2048", 512, 2048), ("tg8", 512, 2048), ("pp2048", 2048, 2048)]
+    big = next(r for r in rows if r["target"] == "llama.cpp" and r["knobs"]["n_ubatch"] == 2048)
+    args = big["peer"]["args"]
+    assert args[args.index("-ub") + 1] == "2048" and args[args.index("-b") + 1] == "2048"
+    assert big["peer"]["n_ubatch"] == 2048 and args[args.index("-n") + 1] == "0"  # prompts only
+    assert big["mean"] == pytest.approx(900 * 2, rel=0.02)  # the stand-in is sqrt(2048 / 512) times faster
+    strata = {r["test"]: r["mean"] for r in rows if r["target"] == "strata"}
+    base = {
+        r["test"]: r["mean"] for r in rows if r["target"] == "llama.cpp" and r["knobs"]["n_ubatch"] == 512
+    }
+    md = capsys.readouterr().out
+    speed = md.split("**engine")[0]
+    lines = [line for line in speed.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in lines[2:]] == [
+        "strata",
+        "llama.cpp",
+        "llama.cpp",
+        "strata / llama.cpp",
+    ]
+    assert "-ub 2048 -b 2048" in lines[4] and lines[3].split("|")[3].strip() == "-"
+    cells = [c.strip() for c in lines[5].strip("|").split("|")][-3:]
+    # pp256 was run one way; pp2048 two ways, and the faster (-ub 2048) is the one strata is measured against
+    assert cells == [
+        f"{strata['pp256'] / base['pp256']:.2f}x",
+        f"{strata['pp2048'] / big['mean']:.2f}x (-ub 2048)",
+        f"{strata['tg8'] / base['tg8']:.2f}x",
+    ]
+
+
+def test_a_large_micro_batch_that_does_not_fit_is_halved(
+    fake_bin, model_file, tmp_path, monkeypatch, capsys
+) -> None:
+    """On the GPU at a budget: each micro-batch gets its own --n-cpu-moe (given here); one that runs out of
+    device memory is halved until one runs, and its rows say what was tried."""
+    monkeypatch.setenv("FAKE_LLAMA_BENCH_MAX_UBATCH", "1024")
+    out = tmp_path / "r.jsonl"
+    cmd = (f"run --device cuda --target llama.cpp --model {model_file} -p 512,4096 -n 8 -r 5 --threads 1 "
+           f"--vram-budget 64MiB --llama-n-cpu-moe 2 --output {out} --format md")  # fmt: skip
+    assert bench(cmd) == 0
+    cap = capsys.readouterr()
+    rows = _rows(out)
+    assert [(r["test"], r["knobs"]["n_ubatch"]) for r in rows] == [
+        ("pp512", 512),
+        ("pp4096", 512),
+        ("tg8", 512),
+        ("pp4096", 1024),
+    ]
+    assert all(
+        r["status"] == "ok" and r["knobs"]["n_cpu_moe"] == 2 and r["knobs"]["vram_budget"] == 64 << 20
+        for r in rows
+    )
+    tried = rows[-1]["peer"]["tried"]
+    assert [(t["n_ubatch"], t["n_cpu_moe"]) for t in tried] == [(4096, 2), (2048, 2)]
+    assert all("out of memory" in t["message"] for t in tried)
+    assert "llama.cpp -ub 4096 -ncmoe 2 did not run" in cap.err and "trying -ub 2048" in cap.err
+    assert "-ngl 99 -ncmoe 2 -ub 1024 -b 1024" in cap.out
+    # nothing fits at all: the tests of that setting are failed rows with llama.cpp's words
+    monkeypatch.setenv("FAKE_LLAMA_BENCH_MAX_UBATCH", "600")
+    out2 = tmp_path / "r2.jsonl"
+    assert bench(cmd.replace(str(out), str(out2))) == 1
+    last = _rows(out2)[-1]
+    assert (
+        last["status"] == "failed"
+        and last["test"] == "pp4096"
+        and "out of memory" in last["error"]["message"]
+    )
+
+
+def test_micro_batch_estimate_and_its_n_cpu_moe(model_file) -> None:
+    """A larger micro-batch needs larger compute buffers, so at one budget it keeps more experts on the host;
+    a micro-batch whose buffers alone do not fit has no --n-cpu-moe at all."""
+    from strata_bench._llamacpp import _LLAMA_COMPUTE_RESERVE, compute_bytes, fit_n_cpu_moe
+    from strata_bench._model import weight_bytes
+
+    w = weight_bytes(model_file)
+    assert w is not None and w["n_embd"] and w["n_ff_exp"]
+    assert compute_bytes(w, 512) == compute_bytes(w, 256) == _LLAMA_COMPUTE_RESERVE
+    per_token = 4 * (8 * w["n_embd"] + 3 * w["n_expert_used"] * w["n_ff_exp"])
+    assert compute_bytes(w, 4096) == _LLAMA_COMPUTE_RESERVE + 2 * 3584 * per_token
+    ctx = 4096 + 8
+    per_layer = [b * w["n_expert"] for b in w["expert_bytes"]]
+    fixed = w["dense_bytes"] + w["kv_values_per_token"] * 2 * ctx
+    budget = fixed + compute_bytes(w, 4096) + sum(per_layer[2:])  # ub 4096 fits with two layers' experts out
+    assert fit_n_cpu_moe(w, budget, ctx, 4096) == 2 and fit_n_cpu_moe(w, budget - 1, ctx, 4096) == 3
+    assert fit_n_cpu_moe(w, budget, ctx, 512) < 2  # the smaller buffers leave room for more experts
+    assert fit_n_cpu_moe(w, fixed + compute_bytes(w, 4096) - 1, ctx, 4096) is None
+
+
+def test_peer_over_its_budget_is_marked_and_not_chosen() -> None:
+    """The ratio is against the faster llama.cpp row that kept to the budget; a row over it says so."""
+    from strata_bench._tables import speed_table
+
+    g = 1 << 30
+
+    def rec(target: str, test: str, mean: float, used: int, **knobs) -> dict:
+        k = {"threads": 8, "device": "cuda", "kv": "f16", "vram_budget": 12 * g, **knobs}
+        return {"target": target, "model": "m.gguf", "quant": "Q4_K_M", "test": test, "unit": "t/s",
+                "mean": mean, "stddev": 1.0, "knobs": k, "status": "ok", "nvml": {"process_memory_max": used}}  # fmt: skip
+
+    recs = [
+        rec("strata", "pp4096", 7765.0, int(12.54 * g)),
+        rec(
+            "llama.cpp",
+            "pp4096",
+            2421.0,
+            12 * g - 1,
+            n_gpu_layers=99,
+            n_cpu_moe=19,
+            n_ubatch=512,
+            n_batch=2048,
+        ),
+        rec(
+            "llama.cpp", "pp4096", 9000.0, 13 * g, n_gpu_layers=99, n_cpu_moe=19, n_ubatch=4096, n_batch=4096
+        ),
+        rec(
+            "llama.cpp",
+            "pp4096",
+            7936.0,
+            12 * g - 5,
+            n_gpu_layers=99,
+            n_cpu_moe=22,
+            n_ubatch=4096,
+            n_batch=4096,
+        ),
+    ]
+    t = speed_table(recs)
+    assert t is not None
+    cells = [[c.strip() for c in row] for row in t.rows]
+    vram = t.headers.index("VRAM peak")
+    assert cells[0][vram] == "12.54 GiB (over)" and cells[2][vram] == "13.00 GiB (over)"
+    assert cells[1][vram] == "12.00 GiB" and cells[3][vram] == "12.00 GiB"
+    assert cells[-1][-1] == f"{7765 / 7936:.2f}x (-ub 4096 -ncmoe 22)"

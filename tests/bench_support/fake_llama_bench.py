@@ -7,9 +7,12 @@ depend only on the test, so a test can check that each row is the right row. Env
 
 - ``FAKE_LLAMA_BENCH_DELAY``: seconds to wait before each row (to interrupt a run mid-way);
 - ``FAKE_LLAMA_BENCH_FAIL``: exit with status 1 and llama-bench's message after this many rows;
-- ``FAKE_LLAMA_BENCH_FAIL_NCMOE``: fail to load the model (status 1, before any row) with this ``-ncmoe``.
+- ``FAKE_LLAMA_BENCH_FAIL_NCMOE``: fail to load the model (status 1, before any row) with this ``-ncmoe``;
+- ``FAKE_LLAMA_BENCH_MAX_UBATCH``: fail to allocate the compute buffers (status 1, before any row, with
+  llama.cpp's out-of-memory message) when ``-ub`` is larger than this.
 
-With ``-ncmoe N`` the made-up speeds are divided by 1 + N (experts on the host are slower).
+With ``-ncmoe N`` the made-up speeds are divided by 1 + N (experts on the host are slower); a prompt
+longer than 512 tokens runs sqrt(min(ub, prompt) / 512) times faster (larger micro-batches pay off).
 """
 
 from __future__ import annotations
@@ -25,9 +28,12 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def speed(n_prompt: int, n_gen: int, n_depth: int, n_cpu_moe: int = 0) -> float:
-    """Made-up tokens/s: prompt tests faster than generation, both slower at depth and with host experts."""
+def speed(n_prompt: int, n_gen: int, n_depth: int, n_cpu_moe: int = 0, n_ubatch: int = 512) -> float:
+    """Made-up tokens/s: prompt tests faster than generation, both slower at depth and with host experts,
+    long prompts faster at a large micro-batch."""
     base = 900.0 if n_prompt else 40.0
+    if n_prompt > 512:
+        base *= (max(512, min(n_ubatch, n_prompt)) / 512) ** 0.5
     return base / (1.0 + n_depth / 4096.0) / (1.0 + n_cpu_moe)
 
 
@@ -59,6 +65,12 @@ def main() -> int:
     if str(a.n_cpu_moe[0]) == os.environ.get("FAKE_LLAMA_BENCH_FAIL_NCMOE"):
         print(f"main: error: failed to load model '{a.model}'", file=sys.stderr)
         return 1
+    max_ub = os.environ.get("FAKE_LLAMA_BENCH_MAX_UBATCH")
+    if max_ub and a.ubatch_size[0] > int(max_ub):
+        print("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 2304.00 MiB on device 0: cudaMalloc "
+              "failed: out of memory", file=sys.stderr)  # fmt: skip
+        print("main: error: failed to create context with model", file=sys.stderr)
+        return 1
     # llama-bench's order: for each depth, the prompt tests and then the generation tests
     tests = []
     for d in a.n_depth:
@@ -70,7 +82,7 @@ def main() -> int:
             return 1
         if delay:
             time.sleep(delay)
-        ts = speed(n_prompt, n_gen, n_depth, a.n_cpu_moe[0])
+        ts = speed(n_prompt, n_gen, n_depth, a.n_cpu_moe[0], a.ubatch_size[0])
         samples_ts = [round(ts * (1 + 0.01 * ((k % 3) - 1)), 3) for k in range(a.repetitions)]
         n_tok = n_prompt or n_gen
         samples_ns = [int(n_tok / s * 1e9) for s in samples_ts]
