@@ -266,6 +266,45 @@ def _request(client: httpx.Client, prompt: list[int], req: dict[str, Any], k: in
     return out
 
 
+# the server's own error lines ("strata serve: the engine could not start: ...", "strata: ...")
+_OWN_WORDS = re.compile(r"^(?:strata(?: serve)?|engine): (?!listening on)(.*(?:error|fail|cannot|could not|not found|"
+                        r"missing|too |invalid|unknown|refus|exited).*)$", re.I)
+
+
+def own_words(lines: Sequence[str]) -> str | None:
+    """The server's last line that says why it stopped, as it wrote it (None when it said nothing)."""
+    lines = [ln.rstrip() for ln in lines if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("strata serve: ") and _OWN_WORDS.match(ln):
+            return ln
+    for ln in reversed(lines):
+        if _OWN_WORDS.match(ln) or "Error" in ln:
+            return ln
+    return lines[-1] if lines else None
+
+
+def _record_start_failure(rec: dict[str, Any], server: _Server, elapsed: float) -> None:
+    """A server that never listened: its exit code and its own last words, not a guess."""
+    if not server.died():
+        # the output closed (or the wait ran out): a server that is going away gets a moment to be reaped
+        try:
+            server.proc.wait(5 if server._ready.is_set() else 0.1)
+        except subprocess.TimeoutExpired:
+            pass
+    server._reader.join(2)
+    code = server.proc.poll()
+    words = own_words(list(server.log))
+    rec["start_exit_code"] = code
+    rec["start_message"] = words
+    rec["start_s"] = round(elapsed, 3)
+    if code is None:
+        rec["start_error"] = (f"the server did not listen within {_START_TIMEOUT_S:g} s"
+                              + (f"; its last line: {words}" if words else " and printed nothing"))
+    else:
+        rec["start_error"] = (f"the server exited with exit code {code} after {elapsed:.1f} s, before it listened"
+                              + (f": {words}" if words else " (it printed nothing)"))
+
+
 def _plan_of(status: dict[str, Any] | None) -> dict[str, Any] | None:
     if not status:
         return None
@@ -281,8 +320,7 @@ def _one_start(model: Path, cell: Cell, get_prompts: Callable[[dict[str, Any]], 
     try:
         url = server.wait_listening(_START_TIMEOUT_S)
         if url is None:
-            rec["start_error"] = ("the server did not start" + (f" (exit code {server.proc.poll()})"
-                                                                  if server.died() else " in time"))
+            _record_start_failure(rec, server, time.monotonic() - t0)
             return rec
         with httpx.Client(base_url=url, timeout=30) as client:
             status = _wait_ready(client, server, time.monotonic() + _START_TIMEOUT_S)
@@ -290,9 +328,16 @@ def _one_start(model: Path, cell: Cell, get_prompts: Callable[[dict[str, Any]], 
             rec["ready_s"] = time.monotonic() - t0
             if status is None or status.get("state") == "failed" or not status.get("plan"):
                 # ask once: the server answers a request with the engine's start-up error
-                probe = _request(client, [1, 2, 3, 4], {**cell.request, "max_tokens": 1}, -1) \
-                    if not server.died() else {"error_message": "the server exited"}
-                rec["start_error"] = probe.get("error_message") or "the engine did not start"
+                if server.died():
+                    _record_start_failure(rec, server, time.monotonic() - t0)
+                    return rec
+                probe = _request(client, [1, 2, 3, 4], {**cell.request, "max_tokens": 1}, -1)
+                eng = (status or {}).get("engine") or {}
+                words = probe.get("error_message") or eng.get("error")
+                rec["start_message"] = words or None
+                if eng.get("last_exit_code") is not None:
+                    rec["start_exit_code"] = eng.get("last_exit_code")
+                rec["start_error"] = words or "the engine did not start (the server gave no reason)"
                 return rec
             prompts = get_prompts(status)
             for k, prompt in enumerate(prompts):

@@ -28,6 +28,7 @@ def _git(root: Path, *args: str) -> str | None:
 
 def _strata() -> dict[str, Any]:
     import strata
+    from strata import StrataError
 
     root = Path(strata.__file__).resolve().parent.parent
     info: dict[str, Any] = {"version": strata.__version__, "commit": None, "dirty": None, "library": None,
@@ -37,23 +38,16 @@ def _strata() -> dict[str, Any]:
         info["commit"] = commit
         status = _git(root, "status", "--porcelain", "--untracked-files=no")
         info["dirty"] = bool(status)
-    # the native library's own idea of its version and of the CPU (loading it is cheap; it is optional)
-    try:
-        from strata import _engine  # type: ignore[attr-defined]
+    # the native library's own idea of its version and of the CPU; a library that cannot be loaded (not
+    # built here) is said in the report, with the loader's reason
+    from strata import _cdefs, _engine
 
+    try:
+        info["library"] = (_cdefs.strata_version() or b"").decode() or None
         info["cpu_features"] = _engine.cpu_features()
-        info["cuda_available"] = bool(_engine.cuda_available())
-    except Exception as e:  # noqa: BLE001 - the library may be missing or not built yet
+        info["cuda_available"] = _engine.cuda_available()
+    except (OSError, StrataError) as e:
         info["library_error"] = f"{type(e).__name__}: {e}"
-    try:
-        from strata import _lib  # type: ignore[attr-defined]
-
-        lib = _lib.load() if hasattr(_lib, "load") else None
-        if lib is not None:
-            v = lib.strata_version()
-            info["library"] = v.decode() if isinstance(v, bytes) else str(v)
-    except Exception:  # noqa: BLE001
-        pass
     info["build"] = _build_flags(root)
     return info
 
@@ -200,6 +194,8 @@ def env_markdown(env: dict[str, Any]) -> str:
         v += f", commit {commit[:12]}" + (" (with uncommitted changes)" if st.get("dirty") else "")
     if st.get("library"):
         v += f", libstrata {st['library']}"
+    elif st.get("library_error"):
+        v += f"; libstrata not loaded ({st['library_error'].splitlines()[0]})"
     lines.append(f"- **strata**: {v}")
     build = st.get("build") or {}
     if build:

@@ -55,6 +55,7 @@ __all__ = [
     "MatrixError",
     "expand_values",
     "load_matrix",
+    "parse_shard",
     "prompt_length_for_chunk",
     "shard_cells",
 ]
@@ -395,6 +396,20 @@ def _parse_toml(text: str, where: str) -> dict[str, Any]:
         raise MatrixError(f"{where}: not valid TOML: {e}") from None
 
 
+def _read_text(p: Path) -> str:
+    """A matrix file's text; a file that is not UTF-8 (TOML must be) or cannot be read is a MatrixError."""
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise MatrixError(f"{p}: cannot be read ({e.strerror or e})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise MatrixError(f"{p}: not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); TOML files are "
+                          "UTF-8: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
 def builtin_names() -> list[str]:
     return sorted(p.name[: -len(".toml")] for p in resources.files("repro_matrix.matrices").iterdir()
                   if p.name.endswith(".toml"))
@@ -419,7 +434,7 @@ def load_matrix(spec: str | Path, overrides: Sequence[str] = (), axes: Sequence[
         if not p.is_file():
             raise MatrixError(f"no matrix {spec!r}: give a TOML file, '-' (flags only), or one of the "
                               f"built-in matrices: {', '.join(builtin_names())}")
-        d = _parse_toml(p.read_text(), str(p))
+        d = _parse_toml(_read_text(p), str(p))
         name = p.stem
     for text in overrides:
         k, v = _split_setting(text, "--set")
@@ -447,14 +462,23 @@ def _split_setting(text: str, flag: str) -> tuple[str, str]:
     return k.strip().replace("-", "_"), v.strip()
 
 
-def shard_cells(cells: Sequence[Cell], shard: str | None) -> list[Cell]:
-    """The cells of shard ``K/N`` (1-based): every N-th cell by position, so shards are balanced."""
-    if not shard:
-        return list(cells)
+def parse_shard(shard: str) -> tuple[int, int]:
+    """``"K/N"`` as (K, N), 1 <= K <= N."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", shard)
     if not m:
         raise MatrixError(f"--shard {shard!r}: write K/N with 1 <= K <= N, e.g. --shard 2/4")
     k, n = int(m.group(1)), int(m.group(2))
     if not 1 <= k <= n:
         raise MatrixError(f"--shard {shard}: K must be between 1 and N ({n})")
-    return [c for i, c in enumerate(cells) if i % n == k - 1]
+    return k, n
+
+
+def shard_cells(cells: Sequence[Cell], shard: str | None) -> list[Cell]:
+    """The cells of shard ``K/N`` (1-based): every N-th cell by position, so shards are balanced, and the
+    reference cell in every shard (each shard compares its replies with a reference it ran itself)."""
+    if not shard:
+        return list(cells)
+    k, n = parse_shard(shard)
+    refs = [c for c in cells if c.reference]
+    others = [c for c in cells if not c.reference]
+    return [*refs, *(c for i, c in enumerate(others) if i % n == k - 1)]

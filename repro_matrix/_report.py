@@ -25,15 +25,46 @@ from ._scrub import Removed, Scrubber
 from ._table import _ranges, build_table, markdown_table, summarize, verdicts
 from ._verdict import Verdict
 
-__all__ = ["build_report", "write_report"]
+__all__ = ["build_report", "expected_text", "write_report"]
 
-_EXPECTED = (
-    "Every request is served. A request whose chunk is at most the auto chunk gets a loan that holds "
-    "its own chunk's layout, whatever that chunk's ring; when no loan can hold it, its chunk is halved for "
-    "that request and the trace says so. No request ends in an error, and the engine never exits, because "
-    "a loan was sized for a different chunk. At temperature 0 every reply equals the reference cell's "
-    "token for token, whatever the expert-cache size, chunk, lend policy or thread count."
-)
+# what should have happened, for each kind of failure (the report says those that happened)
+_EXPECTED: dict[str, str] = {
+    "engine start failed": (
+        "The engine starts with these flags, or, when a budget cannot hold what the flags ask for, the server "
+        "refuses at once with a message that names the budget, the bytes missing and the flag to change. "
+        "A configuration the plan accepts never fails to open."),
+    "lend failed": (
+        "Every request is served. A request whose chunk is at most the auto chunk gets a loan that holds "
+        "its own chunk's layout, whatever that chunk's ring; when no loan can hold it, its chunk is halved "
+        "for that request and the trace says so. No request ends in an error because a loan was sized for a "
+        "different chunk."),
+    "engine exited": (
+        "The engine process never exits while it serves a request: a request it cannot serve ends in an "
+        "error reply that says why, and the engine goes on serving the next one."),
+    "request failed": (
+        "Every request the matrix sends (token ids of the model's ordinary vocabulary, a prompt and reply "
+        "that fit the context) is served with HTTP 200."),
+    "nondeterministic": (
+        "Fresh engine starts with the same flags give the same reply to the same prompt, token for token "
+        "(at temperature 0, and at any temperature with a fixed seed)."),
+    "reply differs": (
+        "At temperature 0 every reply equals the reference cell's token for token, whatever the expert-cache "
+        "size, chunk, lend policy or thread count: these knobs move bytes, not numbers. A difference at a "
+        "near-tie (the reference's top-2 margin below the matrix's threshold) is still a difference, but "
+        "one that a change in the order of float additions can explain."),
+}
+_EXPECTED_ORDER = ("engine start failed", "lend failed", "engine exited", "request failed", "nondeterministic",
+                   "reply differs")
+_NOTHING_FAILED = ("Every cell passes: every request served, and every reply equal to the reference cell's "
+                   "token for token. Nothing differs from what is expected.")
+
+
+def expected_text(labels: Sequence[str]) -> str:
+    """The "Expected" section for the failures seen (in the order of _EXPECTED_ORDER)."""
+    seen = [lb for lb in _EXPECTED_ORDER if lb in labels]
+    if not seen:
+        return _NOTHING_FAILED
+    return "\n\n".join(f"**{lb}**: {_EXPECTED[lb]}" if len(seen) > 1 else _EXPECTED[lb] for lb in seen)
 
 
 def _failing(df: pd.DataFrame) -> pd.DataFrame:
@@ -134,6 +165,19 @@ def _what_happens(records: dict[str, dict[str, Any]], df: pd.DataFrame, vs: dict
                        f"auto chunk {plan.get('auto_chunk')} tokens with a ring of {plan.get('auto_ring_slots')} "
                        f"slots, loan {plan.get('auto_loan_slots')} slots (at most {plan.get('max_lend_slots')}, "
                        f"floor {plan.get('lend_floor')}), small-chunk threshold {plan.get('small_chunk')}.\n")
+        failed_start = next((st for st in rec.get("starts", []) if st.get("start_error")), None)
+        if failed_start is not None and "engine start failed" in v.labels:
+            code = failed_start.get("start_exit_code")
+            when = f" after {failed_start['start_s']:.1f} s" if failed_start.get("start_s") is not None else ""
+            out.append(f"Start {failed_start.get('start', 0)}: "
+                       + (f"the server exited with exit code {code}{when}" if code is not None
+                          else "the engine did not come up")
+                       + ". In its own words:\n")
+            words = failed_start.get("start_message") or failed_start["start_error"]
+            out.append("```\n" + str(words).strip() + "\n```\n")
+            if failed_start.get("log_tail"):
+                tail = "\n".join(failed_start["log_tail"].splitlines()[-15:])
+                out.append("Server log (last lines of that start):\n\n```\n" + tail + "\n```\n")
         failing_req = None
         for st in rec.get("starts", []):
             for r in st.get("requests", []):
@@ -214,14 +258,34 @@ def _shortest_command(records: dict[str, dict[str, Any]], df: pd.DataFrame, matr
     return text
 
 
+def _merge_info(rd: RunDir) -> dict[str, Any]:
+    """What ``merge`` recorded in run.json about the shards it combined ({} for a run that was not merged)."""
+    try:
+        runs = json.loads((rd.path / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    runs = runs if isinstance(runs, list) else [runs]
+    return next((r for r in runs if isinstance(r, dict) and "merged_from" in r), {})
+
+
 def _not_run(rd: RunDir, matrix: Matrix, records: Sequence[dict[str, Any]], env: dict[str, Any]) -> str:
     lines = []
     declared = {c.cell_id for c in matrix.cells()}
     have = {r["cell_id"] for r in records}
     missing = declared - have
+    merged = _merge_info(rd)
+    for d in merged.get("missing_runs") or []:
+        lines.append(f"- `{d}` held no run when the shards were merged (a shard that did not run, or whose "
+                     "results were not collected).")
+    if merged.get("missing_shards"):
+        lines.append(f"- Shard {', '.join(merged['missing_shards'])} missing from the merge.")
     if missing:
         lines.append(f"- {len(missing)} of the matrix's {len(declared)} cells have no result here (another "
                      "shard, or an interrupted sweep: `repro_matrix run --resume DIR` finishes it).")
+    for note in rd.notes:
+        lines.append(f"- {note}.")
+    for d in merged.get("reference_differs") or []:
+        lines.append(f"- The reference cell replied otherwise in {d}: the shards' runners do not compute alike.")
     if matrix.starts == 1:
         lines.append("- One engine start per cell: whether a failure happens on every start was not measured "
                      "(`starts = 3` measures it).")
@@ -261,7 +325,7 @@ def build_report(out: str | Path) -> str:
     matrix = rd.matrix()
     records_l = rd.records()
     records = {r["cell_id"]: r for r in records_l}
-    env = json.loads((rd.path / "env.json").read_text()) if (rd.path / "env.json").is_file() else {}
+    env = rd.env()
     df = build_table(records_l, matrix)
     vs = verdicts(records_l, matrix)
     knobs = list(df.attrs.get("knobs", []))
@@ -303,16 +367,16 @@ def build_report(out: str | Path) -> str:
         parts.append("```\n" + (rd.path / "bisect.txt").read_text().strip() + "\n```\n"
                      if (rd.path / "bisect.txt").is_file() else "")
     parts.append("## Expected\n")
-    good = df[(~df["failing"]) & (df["cell"] != "reference")] if not df.empty else df
     contrast = ""
-    if not df.empty and "lend_policy" in df and n_fail:
+    if not df.empty and "lend_policy" in df and n_fail and {"lend failed", "engine exited"} & {
+            lb for cid in _failing(df)["cell_id"] for lb in vs[cid].labels}:
         cur = df[(df["lend_policy"] == "current") & (df["cell"] != "reference")]
         if len(cur) and not cur["failing"].any():
             contrast = (f"\n\nThis is what the `current` lend policy does: all {len(cur)} of its cells pass"
                         + (", and their replies equal the reference's token for token." if any(
                             r["cell"].get("reference") for r in records_l) else "."))
-    parts.append(_EXPECTED + contrast + "\n")
-    del good
+    seen_labels = sorted({lb for cid in _failing(df)["cell_id"] for lb in vs[cid].labels}) if n_fail else []
+    parts.append(expected_text(seen_labels) + contrast + "\n")
     parts.append("## How to reproduce\n")
     parts.append(_shortest_command(records, df, matrix))
     parts.append("## What was not run\n")

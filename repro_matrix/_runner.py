@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ._cell import model_path, run_cell, stop_all_servers
-from ._matrix import Cell, Matrix, MatrixError, shard_cells
+from ._matrix import Cell, Matrix, MatrixError, parse_shard, shard_cells
 from ._verdict import judge
 
-__all__ = ["RunDir", "RunOptions", "gpu_count", "merge_runs", "plan_jobs", "run_matrix"]
+__all__ = ["MergeResult", "RunDir", "RunOptions", "gpu_count", "merge_runs", "plan_jobs", "run_matrix"]
 
 
 class RunDir:
@@ -42,6 +42,7 @@ class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._lock = threading.Lock()
+        self.notes: list[str] = []  # problems found while reading (damaged lines), for the user
 
     @property
     def cells_file(self) -> Path:
@@ -53,22 +54,55 @@ class RunDir:
     def matrix(self) -> Matrix:
         if not self.exists():
             raise MatrixError(f"{self.path} holds no run (no matrix.json); run one with --out {self.path}")
-        return Matrix.from_dict(json.loads((self.path / "matrix.json").read_text()))
+        f = self.path / "matrix.json"
+        try:
+            d = json.loads(f.read_bytes().decode("utf-8"))
+        except (ValueError, OSError) as e:
+            raise MatrixError(f"{f} cannot be read as the run's matrix ({e}); the run directory is damaged: "
+                              "run the matrix again into a new --out") from None
+        if not isinstance(d, dict):
+            raise MatrixError(f"{f} holds {type(d).__name__}, not a matrix; the run directory is damaged: run "
+                              "the matrix again into a new --out")
+        return Matrix.from_dict(d)
+
+    def env(self) -> dict[str, Any]:
+        """The first run's environment ({} when it was not recorded or cannot be read)."""
+        f = self.path / "env.json"
+        try:
+            d = json.loads(f.read_bytes().decode("utf-8")) if f.is_file() else {}
+        except (ValueError, OSError):
+            self.notes.append(f"{f} cannot be read: the report's setup section is left out")
+            return {}
+        return d if isinstance(d, dict) else {}
 
     def records(self) -> list[dict[str, Any]]:
-        """Every complete record, the last one per cell winning (a line cut short by a kill is skipped)."""
+        """Every complete record, the last one per cell winning (a line cut short by a kill is skipped; a
+        line that is JSON but no cell record is skipped with a note in ``notes``)."""
         out: dict[str, dict[str, Any]] = {}
         if not self.cells_file.is_file():
             return []
-        for line in self.cells_file.read_text().splitlines():
-            if not line.strip():
+        data = self.cells_file.read_bytes()
+        lines = data.split(b"\n")
+        for n, raw in enumerate(lines, 1):
+            if not raw.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = json.loads(raw.decode("utf-8"))
             except ValueError:
+                if n < len(lines):  # a last line cut short by a kill is expected; another is damage
+                    self._note(f"{self.cells_file} line {n} is not JSON: skipped (--resume runs its cell again)")
+                continue
+            if not _is_record(rec):
+                shown = raw[:60].decode("utf-8", "replace")
+                self._note(f"{self.cells_file} line {n} is not a cell record ({shown}): skipped (--resume runs its "
+                           "cell again)")
                 continue
             out[rec["cell_id"]] = rec
         return list(out.values())
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     def finished_ids(self) -> set[str]:
         return {r["cell_id"] for r in self.records()}
@@ -123,6 +157,15 @@ class RunDir:
             runs = prev if isinstance(prev, list) else [prev]
         (self.path / "run.json").write_text(json.dumps([*runs, run], indent=1))
         self.repair()
+
+
+def _is_record(rec: Any) -> bool:
+    """A cell record as ``_cell.run_cell`` writes it (enough of it for the table and the verdicts)."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("cell_id"), str):
+        return False
+    cell = rec.get("cell")
+    return (isinstance(cell, dict) and isinstance(cell.get("engine"), dict) and isinstance(cell.get("request"), dict)
+            and isinstance(rec.get("starts", []), list))
 
 
 def gpu_count() -> int:
@@ -316,8 +359,9 @@ def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | N
         raise
     finally:
         prog.close()
-    return RunResult(records=rd.records(), ran=ran, skipped=skipped, planned=[c.cell_id for c in planned],
-                     notes=notes)
+    records = rd.records()
+    return RunResult(records=records, ran=ran, skipped=skipped, planned=[c.cell_id for c in planned],
+                     notes=[*notes, *rd.notes])
 
 
 def _local_cell(matrix: Matrix, cell: Cell, gpu: int | None, cell_env: dict[str, str]) -> dict[str, Any]:
@@ -331,23 +375,87 @@ def _local_cell(matrix: Matrix, cell: Cell, gpu: int | None, cell_env: dict[str,
     return rec
 
 
-def merge_runs(out: str | Path, dirs: Sequence[str | Path]) -> tuple[Matrix, list[dict[str, Any]], int]:
-    """Combine runs of one matrix (its shards) into ``out``: the matrix, every record, cells still missing."""
+@dataclass
+class MergeResult:
+    """What ``merge_runs`` found: the matrix, every record, and what keeps the merge from being whole."""
+
+    matrix: Matrix
+    records: list[dict[str, Any]]
+    missing_cells: list[str]  # ids of the matrix's cells with no record in any run
+    missing_runs: list[str]  # directories given that hold no run (a shard that never ran or was not collected)
+    missing_shards: list[str]  # "K/N" of the shards no directory holds, when the runs were shards of N
+    reference_differs: list[str]  # shards whose reference replied otherwise than the first shard's
+    notes: list[str]
+
+    @property
+    def complete(self) -> bool:
+        return not (self.missing_cells or self.missing_runs or self.missing_shards)
+
+
+def _shard_of(rd: RunDir) -> str | None:
+    try:
+        runs = json.loads((rd.path / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    runs = runs if isinstance(runs, list) else [runs]
+    last = runs[-1] if runs and isinstance(runs[-1], dict) else {}
+    return last.get("shard")
+
+
+def merge_runs(out: str | Path, dirs: Sequence[str | Path]) -> MergeResult:
+    """Combine runs of one matrix (its shards) into ``out``.
+
+    A directory that holds no run counts as a missing shard (the merge goes on with the others and says
+    so); so do the shards K/N that none of the runs is, and every cell without a record. The reference
+    cell, which every shard runs, must reply alike in all of them: the merged verdicts compare every cell
+    with the first shard's reference.
+    """
+    from ._verdict import compare_replies
+
     runs = [RunDir(d) for d in dirs]
-    matrices = [r.matrix() for r in runs]
+    present = [r for r in runs if r.exists()]
+    missing_runs = [str(r.path) for r in runs if not r.exists()]
+    if not present:
+        raise MatrixError("none of " + ", ".join(map(str, dirs)) + " holds a run (no matrix.json): nothing to "
+                          "merge; the shards did not run, or their directories were not collected")
+    matrices = [r.matrix() for r in present]
     first = matrices[0]
-    for d, m in zip(dirs[1:], matrices[1:], strict=True):
+    for r, m in zip(present[1:], matrices[1:], strict=True):
         if m.to_dict() != first.to_dict():
-            raise MatrixError(f"{d} ran another matrix than {dirs[0]}; only shards of one matrix merge")
+            raise MatrixError(f"{r.path} ran another matrix than {present[0].path}; only shards of one matrix merge")
+    shards = [_shard_of(r) for r in present]
+    missing_shards: list[str] = []
+    ns = {parse_shard(s)[1] for s in shards if s}
+    if len(ns) == 1:
+        n = ns.pop()
+        have = {parse_shard(s)[0] for s in shards if s}
+        missing_shards = [f"{k}/{n}" for k in range(1, n + 1) if k not in have]
     dest = RunDir(out)
-    env = json.loads((runs[0].path / "env.json").read_text()) if (runs[0].path / "env.json").is_file() else {}
-    info = {"merged_from": [str(d) for d in dirs], "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    env = present[0].env()
+    info = {"merged_from": [str(d) for d in dirs], "shards": shards, "missing_runs": missing_runs,
+            "missing_shards": missing_shards,
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     dest.start(first, env, info, resume=False)
-    seen: set[str] = set()
-    for r in runs:
+    seen: dict[str, dict[str, Any]] = {}
+    differs: list[str] = []
+    first_ref: tuple[str, dict[str, Any]] | None = None
+    for r, shard in zip(present, shards, strict=True):
         for rec in r.records():
+            if rec["cell"].get("reference"):
+                name = f"{r.path}" + (f" (shard {shard})" if shard else "")
+                if first_ref is None:
+                    first_ref = (name, rec)
+                else:
+                    d = compare_replies(rec, first_ref[1], near_tie=first.near_tie)
+                    if d is not None:
+                        differs.append(f"{name}: {d.describe(first_ref[0])}")
             if rec["cell_id"] not in seen:
-                seen.add(rec["cell_id"])
+                seen[rec["cell_id"]] = rec
                 dest.append(rec)
-    missing = len({c.cell_id for c in first.cells()} - seen)
-    return first, dest.records(), missing
+    missing = [c.cell_id for c in first.cells() if c.cell_id not in seen]
+    info["missing_cells"] = missing
+    info["reference_differs"] = differs
+    (dest.path / "run.json").write_text(json.dumps([info], indent=1))
+    notes = [n for r in present for n in r.notes]
+    return MergeResult(matrix=first, records=dest.records(), missing_cells=missing, missing_runs=missing_runs,
+                       missing_shards=missing_shards, reference_differs=differs, notes=notes)

@@ -27,6 +27,7 @@ __all__ = [
     "LABELS",
     "Difference",
     "Verdict",
+    "compare_replies",
     "first_difference",
     "judge",
 ]
@@ -77,6 +78,7 @@ class Verdict:
     exits: int = 0  # starts in which the engine exited
     lend_failures: int = 0  # starts in which a loan failed
     exit_codes: list[int] = field(default_factory=list)
+    start_exit_codes: list[int] = field(default_factory=list)  # exit codes of servers that never listened
     halvings: int = 0
     difference: Difference | None = None
     nondeterministic: Difference | None = None
@@ -104,6 +106,11 @@ def first_difference(tokens: Sequence[int], ref_tokens: Sequence[int], ref_margi
                       near_tie=margin is not None and margin < near_tie)
 
 
+def _short(text: str, n: int = 160) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
 def _replies(start: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return {r["prompt"]: r for r in start.get("requests", []) if r.get("status") == "ok"}
 
@@ -117,6 +124,21 @@ def _first_replies(record: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return out
 
 
+def compare_replies(record: dict[str, Any], reference: dict[str, Any], *, near_tie: float = 1e-3) -> Difference | None:
+    """The first difference between two records' replies (each prompt's reply in its first start that
+    served it), prompts in order; None when every prompt both served is answered alike."""
+    ref = _first_replies(reference)
+    mine = _first_replies(record)
+    for k in sorted(mine):
+        if k not in ref:
+            continue
+        d = first_difference(mine[k]["tokens"], ref[k]["tokens"], ref[k].get("margins", []), prompt=k,
+                             near_tie=near_tie)
+        if d is not None:
+            return d
+    return None
+
+
 def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie: float = 1e-3,
           fail_on: Sequence[str] = ("engine start failed", "engine exited", "lend failed", "request failed",
                                     "nondeterministic", "reply differs")) -> Verdict:
@@ -127,6 +149,7 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
     details: dict[str, str] = {}
     exits = lend = started = halvings = 0
     codes: list[int] = []
+    start_codes: list[int] = []
     errors: list[str] = []
     failed_prompts: dict[str, set[int]] = {"lend failed": set(), "engine exited": set(), "request failed": set()}
     other_codes: set[str] = set()
@@ -134,6 +157,8 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
         if st.get("start_error"):
             if st["start_error"] not in errors:
                 errors.append(st["start_error"])
+            if st.get("start_exit_code") is not None:
+                start_codes.append(int(st["start_exit_code"]))
             continue
         started += 1
         exited_here = lend_here = False
@@ -168,7 +193,11 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
         lend += lend_here
     if n and started == 0:
         labels.add("engine start failed")
-        details["engine start failed"] = f"engine start failed, {n} of {n} starts"
+        uniq = sorted(set(start_codes))
+        code_s = f", exit code {', '.join(map(str, uniq))}" if uniq else ""
+        words = next((st.get("start_message") for st in starts if st.get("start_message")), None)
+        details["engine start failed"] = (f"engine start failed, {n} of {n} starts{code_s}"
+                                          + (f": {_short(words)}" if words else ""))
     if exits:
         labels.add("engine exited")
         uniq = sorted(set(codes))
@@ -201,16 +230,7 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
     # replies against the reference
     diff: Difference | None = None
     if reference is not None and reference.get("cell_id") != record.get("cell_id"):
-        ref = _first_replies(reference)
-        mine = _first_replies(record)
-        for k in sorted(mine):
-            if k not in ref:
-                continue
-            d = first_difference(mine[k]["tokens"], ref[k]["tokens"], ref[k].get("margins", []), prompt=k,
-                                 near_tie=near_tie)
-            if d is not None:
-                diff = d
-                break
+        diff = compare_replies(record, reference, near_tie=near_tie)
         if diff is not None:
             labels.add("reply differs")
             details["reply differs"] = "reply differs: " + diff.describe()
@@ -224,6 +244,6 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
     return Verdict(
         label=ordered[0], labels=ordered, detail="; ".join(details[lb] for lb in ordered),
         failing=any(lb in fail_on for lb in ordered), starts=n, exits=exits, lend_failures=lend,
-        exit_codes=sorted(set(codes)), halvings=halvings, difference=diff, nondeterministic=nondet,
+        exit_codes=sorted(set(codes)), start_exit_codes=sorted(set(start_codes)), halvings=halvings, difference=diff, nondeterministic=nondet,
         errors=errors[:5],
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -37,9 +38,17 @@ def _add_decl(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, help="tokens per reply (default 64)")
 
 
+def _add_ci(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML: one test case per cell")
+    p.add_argument("--summary", type=Path, metavar="FILE",
+                   help="append a Markdown summary (for $GITHUB_STEP_SUMMARY)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="repro_matrix",
-                                description="Sweep engine configurations, find the failing ones, write the report.")
+                                description="Sweep engine configurations, find the failing ones, write the report.",
+                                epilog="exit status: 0 pass, 1 a cell failed (or the matrix as a whole did), "
+                                       "2 usage, 3 incomplete (cells without a result), 130 interrupted")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser("run", help="run a matrix", description="Run every cell of a matrix.")
@@ -52,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--resume", type=Path, metavar="DIR", help="finish the run in DIR, skipping finished cells")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--yes", action="store_true", help="run a matrix of more than 10,000 cells")
+    _add_ci(r)
     _add_decl(r)
     r.set_defaults(func=cmd_run)
 
@@ -70,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Combine shard runs (--shard K/N) of one matrix into one run directory, print "
                                     "its table, and exit 1 on any failure the matrix does not expect (a CI gate).")
     mg.add_argument("out", type=Path, help="the combined run directory")
-    mg.add_argument("dirs", type=Path, nargs="+", help="shard run directories")
+    mg.add_argument("dirs", type=Path, nargs="+", help="shard run directories (one that holds no run counts as "
+                                                       "a missing shard)")
+    _add_ci(mg)
     mg.set_defaults(func=cmd_merge)
 
     rp = sub.add_parser("report", help="write the Markdown bug report of a run")
@@ -116,21 +128,45 @@ def _print_table(out: Path, matrix: Any, records: list[dict[str, Any]]) -> tuple
     return failing, unexpected
 
 
-def _expectation_gate(matrix: Any, failing: int, unexpected: int, whole: bool) -> int:
-    """1 when the matrix expects failures and none happened over the whole matrix: the harness no longer
-    sees the failure it exists to find, a failure of its own for CI (like a strict xpass). A shard may
-    hold none of the failing cells: there it is a note, and the merge of the shards decides."""
+def _expectation_gate(matrix: Any, failing: int, unexpected: int, whole: bool) -> str | None:
+    """The problem when the matrix expects failures and none happened over the whole matrix: the harness
+    no longer sees the failure it exists to find, a failure of its own for CI (like a strict xpass). A
+    shard may hold none of the failing cells: there it is a note, and the merge of the shards decides."""
     if not matrix.expect_fail or failing != unexpected:
-        return 0
+        return None
     what = "; ".join(", ".join(f"{k}={v}" for k, v in e.items()) for e in matrix.expect_fail)
     if not whole:
         print(f"note: the matrix expects failures ({what}) and none happened in this shard; the merge of the "
               "shards decides")
-        return 0
-    print(f"error: the matrix expects failures ({what}) and none happened: the harness no longer sees the "
-          "failure it exists to find (check the engine flags and the device the cells ran on, or drop "
-          "expect_fail from the matrix)")
-    return 1
+        return None
+    text = (f"the matrix expects failures ({what}) and none happened: the harness no longer sees the "
+            "failure it exists to find (check the engine flags and the device the cells ran on, or drop "
+            "expect_fail from the matrix)")
+    print(f"error: {text}")
+    return text
+
+
+def _finish(args: argparse.Namespace, out: Path, matrix: Any, records: list[dict[str, Any]], *,
+            whole: bool, shard: str | None = None, missing: list[str] | None = None,
+            problems: list[str] | None = None, incomplete: list[str] | None = None, what: str = "") -> int:
+    """Print the table and the verdict line, write the CI files; the exit status (see ``_ci``)."""
+    from ._ci import Gate, write_ci_files
+    from ._table import verdicts
+
+    failing, unexpected = _print_table(out, matrix, records)
+    print(f"{len(records)} cells in {out}{what}; {failing} failing"
+          + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
+    problems = list(problems or [])
+    gate_problem = _expectation_gate(matrix, failing, unexpected, whole=whole)
+    if gate_problem:
+        problems.append(gate_problem)
+    gate = Gate(matrix=matrix, records=records, verdicts=verdicts(records, matrix), missing=list(missing or []),
+                problems=problems, incomplete=list(incomplete or []), shard=shard)
+    write_ci_files(gate, args.junit, args.summary)
+    for label, path in (("JUnit", args.junit), ("summary", args.summary)):
+        if path is not None:
+            print(f"{label}: {path}", file=sys.stderr)
+    return gate.exit_code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -143,6 +179,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 return _err("--resume DIR runs the matrix saved in DIR; give no MATRIX or --set/--axis with it")
             out = args.resume
             matrix = RunDir(out).matrix()
+            if args.shard is None:  # a shard's resume finishes that shard, not the whole matrix
+                args.shard = _shard_of_run(out)
         else:
             matrix = _load(args)
             out = args.out or Path("matrix-out")
@@ -165,13 +203,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     if res.skipped:
         print(f"resumed: skipped {len(res.skipped)} finished cells, ran {len(res.ran)}", file=sys.stderr)
-    records = res.records
-    failing, unexpected = _print_table(out, matrix, records)
-    print(f"{len(records)} cells in {out} ({len(res.ran)} run now); {failing} failing"
-          + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
-    gate = _expectation_gate(matrix, failing, unexpected, whole=not args.shard)
+    shard = args.shard
+    code = _finish(args, out, matrix, res.records, whole=not shard, shard=shard, what=f" ({len(res.ran)} run now)")
     print(f"next: repro_matrix bisect {out}   |   repro_matrix report {out}")
-    return 1 if unexpected or gate else 0
+    return code
+
+
+def _shard_of_run(out: Path) -> str | None:
+    from ._runner import RunDir, _shard_of
+
+    return _shard_of(RunDir(out))
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
@@ -188,6 +229,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     except MatrixError as e:
         return _err(str(e))
     records = rd.records()
+    for n in rd.notes:
+        print(f"note: {n}", file=sys.stderr)
     knob = args.knob.replace("-", "_")
     others = [k for k in matrix.swept_knobs() if k != knob]
     where = {}
@@ -255,17 +298,28 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from ._runner import merge_runs
 
     try:
-        matrix, records, missing = merge_runs(args.out, args.dirs)
+        res = merge_runs(args.out, args.dirs)
     except MatrixError as e:
         return _err(str(e))
-    failing, unexpected = _print_table(args.out, matrix, records)
-    print(f"{len(records)} cells from {len(args.dirs)} runs in {args.out}; {failing} failing"
-          + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
-    gate = _expectation_gate(matrix, failing, unexpected, whole=True)
-    if missing:
-        print(f"error: {missing} cells of the matrix have no result in these runs (a shard is missing or did "
-              "not finish): the merged verdict covers only part of the matrix", file=sys.stderr)
-    return 1 if unexpected or gate or missing else 0
+    for n in res.notes:
+        print(f"note: {n}", file=sys.stderr)
+    incomplete = []
+    for d in res.missing_runs:
+        incomplete.append(f"{d} holds no run: a shard that did not run or whose results were not collected")
+    if res.missing_shards:
+        incomplete.append(f"shard {', '.join(res.missing_shards)} missing: no run directory given is that shard")
+    if res.missing_cells:
+        incomplete.append(f"{len(res.missing_cells)} of the matrix's {len(res.matrix.cells())} cells have no result "
+                          "in these runs")
+    problems = [f"the reference cell replied otherwise in {d}: the shards' runners do not compute alike, so "
+                "their cells cannot be compared with one reference" for d in res.reference_differs]
+    for text in problems:
+        print(f"error: {text}", file=sys.stderr)
+    code = _finish(args, args.out, res.matrix, res.records, whole=True, missing=res.missing_cells,
+                   problems=problems, incomplete=incomplete, what=f" from {len(args.dirs)} runs")
+    for text in incomplete:
+        print(f"error: incomplete: {text}; the merged verdict covers only part of the matrix", file=sys.stderr)
+    return code
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -317,6 +371,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `repro_matrix env | head`
+        return 0
+    except OSError as e:
+        # a file or directory that cannot be written or read: say which, not where in the code
+        if os.environ.get("STRATA_DEBUG"):
+            raise
+        where = f" {e.filename}" if getattr(e, "filename", None) else ""
+        return _err(f"{e.strerror or e}:{where} (STRATA_DEBUG=1 shows where)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,6 +128,28 @@ def test_shards_cover_the_matrix_exactly_once(n_cells, n_shards):
     assert len(cells) == n_cells
     seen = [c.cell_id for k in range(1, n_shards + 1) for c in shard_cells(cells, f"{k}/{n_shards}")]
     assert sorted(seen) == sorted(c.cell_id for c in cells)
+
+
+@given(n_cells=st.integers(1, 40), n_shards=st.integers(1, 6))
+def test_every_shard_runs_the_reference_and_the_rest_once(n_cells, n_shards):
+    m = Matrix.from_dict({"axes": {"expert_cache": [f"1..{n_cells}"]}, "reference": {"expert_cache": "auto"}})
+    cells = m.cells()
+    ref = cells[0]
+    assert ref.reference
+    shards = [shard_cells(cells, f"{k}/{n_shards}") for k in range(1, n_shards + 1)]
+    assert all(s[0] == ref for s in shards)  # each shard compares with a reference it ran itself
+    rest = [c.cell_id for s in shards for c in s if not c.reference]
+    assert sorted(rest) == sorted(c.cell_id for c in cells if not c.reference)
+
+
+def test_a_toml_file_that_is_not_utf8_is_a_message(tmp_path: Path):
+    p = tmp_path / "latin1.toml"
+    p.write_bytes('name = "caf\u00e9"\n[axes]\nexpert_cache = [1, 2]\n'.encode("latin-1"))
+    with pytest.raises(MatrixError, match=r"not UTF-8 text \(byte 0xe9 on line 1\).*save it as UTF-8"):
+        load_matrix(p)
+    r = subprocess.run([sys.executable, "-m", "repro_matrix", "run", str(p)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "not UTF-8" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("bad", ["0/2", "3/2", "1-2", "x"])

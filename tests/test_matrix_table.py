@@ -87,5 +87,19 @@ def test_env_command_prints_the_setup_scrubbed():
     for part in ("**strata**", "**GPU**", "**CPU**", "**RAM**", "**OS**", "**Python**"):
         assert part in p.stdout
     assert platform.python_version() in p.stdout
+    assert ", libstrata " in p.stdout.splitlines()[0]
     home = os.path.expanduser("~")
     assert home == "/" or home + "/" not in p.stdout
+
+
+def test_the_environment_names_the_native_library_it_loaded():
+    from repro_matrix._env import collect_env, env_markdown
+    from strata import _cdefs
+
+    env = collect_env()
+    want = _cdefs.strata_version().decode()
+    assert want and env["strata"]["library"] == want
+    assert f", libstrata {want}" in env_markdown(env).splitlines()[0]
+    # a library that could not be loaded is said, with the loader's reason, not left out silently
+    env["strata"].update(library=None, library_error="LibraryNotFoundError: libstrata.so could not be loaded")
+    assert "libstrata not loaded (LibraryNotFoundError" in env_markdown(env)
