@@ -2,7 +2,8 @@
 
 Replaced, in this order, by placeholders:
 
-- home folders (``/home/alice``, ``/Users/alice``, ``C:\\Users\\alice`` → ``<home>``), only at a path
+- home folders (``/home/alice``, ``/Users/alice`` and macOS's volume paths to it such as
+  ``/System/Volumes/Data/Users/alice``, ``C:\\Users\\alice``, ``~alice/`` → ``<home>``), only at a path
   boundary: a home that is the prefix of another path (``/home/al`` and ``/home/alice``) never replaces part
   of the longer one;
 - credentials in URLs (``http://bob:pa55word@host/`` → ``http://<user>:<secret>@host/``);
@@ -11,8 +12,9 @@ Replaced, in this order, by placeholders:
   variables whose names say KEY, TOKEN, SECRET or PASSWORD;
 - e-mail addresses, IPv4 and IPv6 addresses (loopback and unspecified addresses are kept: they say
   nothing about anyone);
-- user names and host names (the current ones, every home folder's owner, and any given), as whole
-  words.
+- user names and host names, as whole words: the current user (login name and full name), every home
+  folder's owner, every name this machine goes by (node name, resolver name, ``/etc/hostname``, on macOS
+  the computer name), and any given; host names in any case.
 
 ``scrub`` returns the clean text and what it removed, so that the user can see it.
 """
@@ -22,11 +24,14 @@ from __future__ import annotations
 import getpass
 import ipaddress
 import os
+import platform
 import pwd
 import re
 import socket
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 __all__ = ["Removed", "Scrubber", "scrub"]
 
@@ -58,6 +63,11 @@ _SECRET_LABELLED = re.compile(
 _URL_CRED = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:/@<>]+)(?::(?P<pw>[^\s/@<>]+))?@")
 # a Windows home folder, either slash: C:\Users\alice, c:/Users/alice, D:\Documents and Settings\alice
 _WIN_HOME = re.compile(r"(?i)(?<![\w])[A-Z]:[\\/]+(?:Users|Documents and Settings)[\\/]+(?P<name>[^\\/\s\"'<>:|?*]+)")
+# a macOS home seen through a volume path; <home> for the whole of it
+_MAC_VOLUME_HOME = re.compile(r"(?<![\w.\-])(?:/System/Volumes/Data|/Volumes/[^/\n]+?)/Users/(?P<name>[A-Za-z0-9_][\w.\-]*?)"
+                              r"(?=/|$|[\s\"'<>:;,)\]])")
+# ~alice/x (a path: not ~/, not "~half of", not a ~ inside a word)
+_TILDE_HOME = re.compile(r"(?<![\w~])~(?P<name>[A-Za-z_][\w.\-]*[\w])(?=/)")
 _SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|credential)")
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\-]+@[A-Za-z0-9.\-]+\.[A-Za-z]{2,}")
 _IPV4 = re.compile(r"(?<![\w.])(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?![\w]|\.\d)")
@@ -70,6 +80,31 @@ _KEEP_IPS = {"127.0.0.1", "0.0.0.0", "::1", "::"}
 _GENERIC_NAMES = {"root", "nobody", "user", "admin", "ubuntu", "runner", "localhost", "local", "docker",
                   "daemon", "bin", "sys", "sync", "games", "man", "mail", "news", "www", "backup", "list",
                   "proxy", "build", "strata", "ci", "test", "tests", "home", "host"}
+
+
+def _machine_names() -> list[str]:
+    """Every name this machine goes by: the kernel's node name, the resolver's, /etc/hostname, $HOSTNAME,
+    and on macOS the computer and Bonjour names (``scutil``), e.g. "Alice's MacBook Pro"."""
+    names: list[str] = []
+    for fn in (socket.gethostname, socket.getfqdn, platform.node):
+        try:
+            names.append(fn())
+        except OSError:
+            continue
+    names.append(os.environ.get("HOSTNAME", ""))
+    try:
+        names.append(Path("/etc/hostname").read_text().strip())
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        for key in ("ComputerName", "LocalHostName", "HostName"):
+            try:
+                out = subprocess.run(["scutil", "--get", key], capture_output=True, text=True, timeout=5)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out.returncode == 0:
+                names.append(out.stdout.strip())
+    return [n for n in dict.fromkeys(names) if n]
 
 
 @dataclass
@@ -108,12 +143,15 @@ class Scrubber:
                     users.append(pw.pw_name)
         except OSError:
             pass
+        try:  # the name people know the account by (GECOS: "Alice Smith,,,")
+            me = pwd.getpwuid(os.getuid())
+            users += [me.pw_name, me.pw_gecos.split(",")[0].strip()]
+            if me.pw_dir.startswith(_HOME_ROOTS):
+                homes.append(me.pw_dir)
+        except (KeyError, OSError):
+            pass
         hosts = list(extra_hosts)
-        for fn in (socket.gethostname, socket.getfqdn):
-            try:
-                h = fn()
-            except OSError:
-                continue
+        for h in _machine_names():
             hosts += [h, h.split(".")[0]]
         secrets = list(extra_secrets)
         for name, value in os.environ.items():
@@ -141,6 +179,8 @@ class Scrubber:
         extra_users: list[str] = []
 
         def other_home(m: re.Match[str]) -> str:
+            if m.group(0).startswith(("/Users/", "/users/")) and m.group("name").lower() in ("shared", "guest"):
+                return m.group(0)  # macOS's folders for everyone
             extra_users.append(m.group("name"))
             return note("home", m.group(0), "<home>")
 
@@ -154,6 +194,22 @@ class Scrubber:
             return note("home", m.group(0), "<home>")
 
         text = _WIN_HOME.sub(win_home, text)
+
+        # macOS: the same home seen through a volume (/System/Volumes/Data/Users/bob, /Volumes/Disk/Users/bob)
+        def mac_home(m: re.Match[str]) -> str:
+            if m.group("name").lower() in ("shared", "guest"):
+                return m.group(0)
+            extra_users.append(m.group("name"))
+            return note("home", m.group(0), "<home>")
+
+        text = _MAC_VOLUME_HOME.sub(mac_home, text)
+
+        # ~name/... (a shell's way of writing another user's home)
+        def tilde_home(m: re.Match[str]) -> str:
+            extra_users.append(m.group("name"))
+            return note("home", m.group(0), "<home>")
+
+        text = _TILDE_HOME.sub(tilde_home, text)
 
         # 1b. credentials in URLs: the user and the password, whoever's they are
         def url_cred(m: re.Match[str]) -> str:
@@ -203,7 +259,8 @@ class Scrubber:
         # 4. host and user names, whole words, longest first (a host name often contains the user's)
         hosts = {h for h in self.hosts if h and len(h) >= 2 and h.lower() not in _GENERIC_NAMES}
         for h in sorted(hosts, key=len, reverse=True):
-            text = re.sub(r"(?<![\w\-])" + re.escape(h) + r"(?![\w\-])",
+            # host names are case-insensitive (VM.local, vm and Vm are one machine)
+            text = re.sub(r"(?i)(?<![\w\-])" + re.escape(h) + r"(?![\w\-])",
                           lambda m: note("host", m.group(0), "<host>"), text)
         users = {u for u in [*self.users, *extra_users] if u and len(u) >= 2 and u.lower() not in _GENERIC_NAMES}
         for u in sorted(users, key=len, reverse=True):

@@ -109,3 +109,31 @@ def test_url_credentials_and_windows_homes():
     clean, removed = Scrubber().scrub("http://bob:pa55word@10.0.0.1/ x C:\\Users\\carol\\m.gguf y C:\\Users\\Public\\z")
     assert clean == "http://<user>:<secret>@<ip>/ x <home>\\m.gguf y C:\\Users\\Public\\z", clean
     assert {("user", "bob"), ("key", "pa55word"), ("home", "C:\\Users\\carol")} <= {(r.kind, r.original) for r in removed}
+
+
+def test_macos_homes_through_their_volumes_and_tilde_paths():
+    text = ("/System/Volumes/Data/Users/frank/m.gguf, /Volumes/Macintosh HD/Users/gina/x and ~hank/.cache; "
+            "/Users/Shared/models stays, and so do ~/x and 'about ~half of it'")
+    clean, removed = Scrubber().scrub(text)
+    for name in ("frank", "gina", "hank"):
+        assert name not in clean, clean
+    assert clean.startswith("<home>/m.gguf, <home>/x and <home>/.cache;")
+    assert "/Users/Shared/models" in clean and "~/x" in clean and "~half of" in clean
+    assert {r.original for r in removed if r.kind == "home"} == {
+        "/System/Volumes/Data/Users/frank", "/Volumes/Macintosh HD/Users/gina", "~hank"}
+
+
+def test_this_machines_names_in_any_case():
+    import platform
+    import socket
+
+    from repro_matrix._scrub import _GENERIC_NAMES, _machine_names
+
+    names = _machine_names()
+    assert socket.gethostname() in names and platform.node() in names
+    host = socket.gethostname().split(".")[0]
+    if host.lower() in _GENERIC_NAMES or len(host) < 2:
+        pytest.skip(f"this machine's name {host!r} is too common to scrub")
+    text = f"ssh {host} and {host.upper()}.local, {host.lower()}-worker stays one word"
+    clean, _ = Scrubber.for_this_machine().scrub(text)
+    assert clean.startswith("ssh <host> and <host>.local, ") and f"{host.lower()}-worker" in clean
