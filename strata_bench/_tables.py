@@ -7,7 +7,8 @@
   against the faster of them that kept to the budget, and its cell names the flags that won.
 - **engine**: one row per test with what the engine did while it was timed: expert-cache hit
   rate, bytes streamed through the prompt ring, slots lent, the chunk, and the GB/s achieved.
-- **server**: one row per suite with TTFT, TPOT, ITL and end-to-end latency percentiles.
+- **server**: one row per suite step and load (concurrency, request rate) with TTFT, TPOT, ITL and
+  end-to-end latency percentiles (p50, p90, p99) and the throughput at that load.
 - **failed**: one row per configuration that failed (a test of it, or all of them), with the error.
 
 On the GPU each row also shows the device memory the target used at its peak (NVML; the process's
@@ -331,6 +332,15 @@ def failed_table(records: Sequence[dict[str, Any]]) -> Table | None:
                  ["target", "flags", "tests", "where", "error"], rows)  # fmt: skip
 
 
+def _load_cells(r: dict[str, Any]) -> tuple[str, str]:
+    w = r.get("work") or {}
+    if "max_concurrency" not in w:
+        return "-", "-"  # a row of a version that sent one request at a time and did not say so
+    c = w.get("max_concurrency")
+    rate = w.get("request_rate")
+    return ("inf" if c is None else str(c)), ("inf" if rate is None else f"{rate:g}/s")
+
+
 def server_table(records: Sequence[dict[str, Any]]) -> Table | None:
     recs = [r for r in records if r.get("kind") == "server"]
     if not recs:
@@ -338,40 +348,53 @@ def server_table(records: Sequence[dict[str, Any]]) -> Table | None:
     headers = [
         "target",
         "suite",
+        "concurrency",
+        "rate",
         "requests",
-        "TTFT ms mean/med/p90/p99",
-        "TPOT ms mean/med/p90/p99",
-        "ITL ms mean/med/p90/p99",
-        "E2E ms mean/med/p90/p99",
-        "tok/s",
+        "TTFT ms p50/p90/p99",
+        "TPOT ms p50/p90/p99",
+        "ITL ms p50/p90/p99",
+        "E2E ms p50/p90/p99",
+        "out tok/s",
+        "req/s",
     ]
     rows = []
     for r in recs:
         m = r.get("metrics") or {}
+        conc, rate = _load_cells(r)
         if failed(r):
-            rows.append([r.get("target", "?"), r["test"], "-", "failed", "-", "-", "-", "-"])
+            rows.append([r.get("target", "?"), r["test"], conc, rate, "-", "failed", "-", "-", "-", "-", "-"])
             continue
 
         def pct(name: str, m: dict[str, Any] = m) -> str:
             s = m.get(name) or {}
-            if s.get("mean") is None:
+            if s.get("p90") is None:
                 return "-"
-            return "/".join(f"{s[k]:.1f}" for k in ("mean", "median", "p90", "p99"))
+            return "/".join(f"{s.get(k, s.get('median')):.1f}" for k in ("p50", "p90", "p99"))
+
+        def num(x: Any) -> str:
+            return f"{x:.2f}" if isinstance(x, (int, float)) else "-"
 
         rows.append(
             [
                 r.get("target", "?"),
                 r["test"],
+                conc,
+                rate,
                 str(m.get("requests", "-")),
                 pct("ttft_ms"),
                 pct("tpot_ms"),
                 pct("itl_ms"),
                 pct("e2e_ms"),
-                f"{r['mean']:.2f}" if r.get("mean") is not None else "-",
+                num(m.get("throughput_tok_s")),
+                num(m.get("request_throughput")),
             ]
         )
     return Table(
-        "server (latency in ms: mean / median / p90 / p99; tok/s = output tokens per second)", headers, rows
+        "server (latency in ms: p50 / p90 / p99; out tok/s and req/s = output tokens and requests per second of "
+        "wall time at that load)",
+        headers,
+        rows,
     )
 
 

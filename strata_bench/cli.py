@@ -3,7 +3,7 @@
     strata-bench run --model FILE -p 512,4096 -n 128 -d 0,4096 -r 5 --expert-cache 64,128 \\
                      --target strata --target llama.cpp --output runs.jsonl
     strata-bench run --target openai:http://127.0.0.1:8080 --suite short,long,agentic
-    strata-bench serve-bench --url http://127.0.0.1:8080 --suite short
+    strata-bench serve-bench --url http://127.0.0.1:8080 --suite short --max-concurrency 1,4,16
     strata-bench compare old.jsonl new.jsonl --fail-if tg128:-5%
     strata-bench plot runs.jsonl --out plots/
     strata-bench show runs.jsonl --format md
@@ -56,6 +56,50 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--server-model", help="model name to request (default: the first of /v1/models)")
     g.add_argument("--server-context", type=int, help="the server's context in tokens, when it does not say")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds one request may take (default 900)")
+    g.add_argument(
+        "--max-concurrency",
+        type=_concurrency_list,
+        default=[1],
+        metavar="N,...",
+        help="requests in flight at most; a comma list runs every suite at each (inf: no limit; default 1)",
+    )
+    g.add_argument(
+        "--request-rate",
+        type=_rate_list,
+        default=[None],
+        metavar="R,...",
+        help="requests per second, arriving as a seeded Poisson process; a comma list runs each "
+        "(default inf: all at once, as fast as the concurrency lets them)",
+    )
+
+
+def _concurrency_list(text: str) -> list[int | None]:
+    out: list[int | None] = []
+    for t in (x.strip() for x in text.split(",")):
+        if t.lower() in ("inf", "unlimited", "none"):
+            out.append(None)
+        elif t.isdigit() and int(t) >= 1:
+            out.append(int(t))
+        else:
+            raise argparse.ArgumentTypeError(
+                f"--max-concurrency: {t!r} is not a count of at least 1 or 'inf'"
+            )
+    return out
+
+
+def _rate_list(text: str) -> list[float | None]:
+    out: list[float | None] = []
+    for t in (x.strip() for x in text.split(",")):
+        try:
+            v = float(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--request-rate: {t!r} is not a number of requests per second"
+            ) from None
+        if v != v or v <= 0:
+            raise argparse.ArgumentTypeError(f"--request-rate: {t!r} must be above 0 (inf: all at once)")
+        out.append(None if v == float("inf") else v)
+    return out
 
 
 def _n_cpu_moe_list(text: str) -> list[str]:
@@ -301,9 +345,10 @@ def _parse_targets(raw: list[str] | None) -> list[str]:
 def _run_server(
     args: argparse.Namespace, url: str, on_record: Callable[[dict[str, Any]], None], prog: Any = None
 ) -> int:
-    from ._server_bench import run_suites
+    from ._server_bench import Load, run_suites
 
     suites = [s.strip() for s in args.suite.split(",") if s.strip()]
+    loads = [Load(c, r) for c in args.max_concurrency for r in args.request_rate]
     if prog is None:
         with _progress() as own:
             return _run_server(args, url, on_record, own)
@@ -320,6 +365,7 @@ def _run_server(
         max_context=args.server_context,
         turns=args.turns,
         timeout=args.timeout,
+        loads=loads,
         advance=lambda k: prog.advance(task, k),
         set_total=lambda n: prog.update(task, total=n),
     )
