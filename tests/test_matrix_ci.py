@@ -5,6 +5,8 @@ records and report of an engine that cannot start. Records are written by hand i
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -214,3 +216,78 @@ def test_a_server_that_refuses_to_start_is_recorded_in_its_own_words(tmp_path: P
     failure = ET.parse(tmp_path / "j.xml").getroot().find(".//failure")
     assert failure.get("type") == "engine start failed" and "exit code 1" in failure.get("message")
     assert json.loads((out / "verdicts.jsonl").read_text().splitlines()[0])["start_exit_codes"] == [1]
+
+
+# ---- the example CI: the workflow and its script, end to end on two "runners" (two processes) -----------
+
+_ROOT = Path(__file__).resolve().parent.parent
+_SCRIPT = _ROOT / "ci" / "matrix-shards.sh"
+
+
+def _ci_matrix(path: Path, planted: bool) -> Path:
+    """Fast: a 512-token context, one 216-token prompt, 4 tokens. Without the plant: the reference and two
+    cache sizes (one per shard). With it: one cache size (shard 1) and a cell at temperature 0.8 (shard 2),
+    whose reply differs from the reference's."""
+    body = ('name = "ci"\nmodel = "tiny"\nmax_tokens = 4\n[engine]\ndevice = "cpu"\nmax_context = 512\n'
+            'vram_budget = "64MiB"\n[prompts]\nchunks = [256]\n[reference]\nexpert_cache = "auto"\n'
+            '[axes]\nexpert_cache = ' + ('[600]\n[[cells]]\ntemperature = 0.8\nseed = 7\n' if planted else
+                                         '[600, 1024]\n'))
+    path.write_text(body)
+    return path
+
+
+def _script(*args: str, matrix: Path, out: Path, summary: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MATRIX": str(matrix), "OUT": str(out), "PYTHON": sys.executable,
+           "GITHUB_STEP_SUMMARY": str(summary)}
+    return subprocess.run(["bash", str(_SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_the_workflow_runs_the_script_per_shard_and_merges_always():
+    import yaml
+
+    wf = yaml.safe_load((_ROOT / ".github" / "workflows" / "matrix-gpu.yml").read_text())
+    shard, merge = wf["jobs"]["shard"], wf["jobs"]["merge"]
+    assert "self-hosted" in shard["runs-on"] and "gpu" in shard["runs-on"]
+    assert shard["strategy"]["fail-fast"] is False
+    n = int(wf["env"]["SHARDS"])
+    assert shard["strategy"]["matrix"]["shard"] == list(range(1, n + 1))
+    runs = [s.get("run", "") for s in shard["steps"]]
+    assert "ci/matrix-shards.sh build" in runs
+    assert any(r.startswith("ci/matrix-shards.sh shard ${{ matrix.shard }}") for r in runs)
+    assert merge["needs"] == "shard" and merge["if"] == "always()"  # a failed or missing shard is still merged
+    assert any(s.get("run", "").startswith("ci/matrix-shards.sh merge") for s in merge["steps"])
+    subprocess.run(["bash", "-n", str(_SCRIPT)], check=True)
+    # the CI matrix itself loads, expects no failure and fails on the verdicts the workflow promises
+    from repro_matrix import load_matrix
+
+    m = load_matrix(_ROOT / "ci" / "ci.toml")
+    assert not m.expect_fail and {"lend failed", "engine exited", "reply differs"} <= set(m.fail_on)
+    assert m.reference_cell() is not None and m.engine["device"] == "cuda"
+
+
+def test_two_runners_through_the_script_pass_then_fail_on_a_plant_and_on_a_missing_shard(tmp_path: Path):
+    pytest.importorskip("strata.server.cli")
+    summary = tmp_path / "step-summary.md"
+    out = tmp_path / "ci"
+    p = _script("local", "2", matrix=_ci_matrix(tmp_path / "ok.toml", planted=False), out=out, summary=summary)
+    assert p.returncode == 0, (p.stdout, p.stderr, [f.read_text() for f in out.glob("*.log")])
+    for name in ("shard-1", "shard-2", "merged"):
+        _check_junit_shape((out / f"{name}.junit.xml").read_text())
+    merged = ET.parse(out / "merged.junit.xml").getroot()
+    assert int(merged.get("tests")) == 3 and int(merged.get("failures")) == int(merged.get("errors")) == 0
+    assert (out / "report.md").read_text().startswith("# No failures")
+    assert summary.read_text().count("### repro_matrix `ci`") == 3  # two shards and the merge
+    assert "### repro_matrix `ci`: pass (exit status 0)" in summary.read_text()
+    # a runner's results lost: the merge is incomplete, and says which shard
+    shutil.rmtree(out / "shard-2")
+    p = _script("merge", "2", matrix=tmp_path / "ok.toml", out=out, summary=summary)
+    assert p.returncode == 3 and "shard-2 holds no run" in p.stderr, (p.stdout, p.stderr)
+    assert "Shard 2/2 missing" in (out / "report.md").read_text()
+    # a changed reply in shard 2 fails shard 2 on its own: it ran the reference itself
+    bad = tmp_path / "bad"
+    p = _script("shard", "2", "2", matrix=_ci_matrix(tmp_path / "bad.toml", planted=True), out=bad, summary=summary)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    failures = ET.parse(bad / "shard-2.junit.xml").getroot().findall(".//failure")
+    assert [f.get("type") for f in failures] == ["reply differs"]
+    p = _script("merge", "2", matrix=tmp_path / "bad.toml", out=bad, summary=summary)
+    assert p.returncode == 1, (p.stdout, p.stderr)  # a failure outranks the missing shard 1
