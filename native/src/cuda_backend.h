@@ -39,7 +39,8 @@ void cuda_ctx_destroy(cuda_ctx *ctx);
 const char *cuda_ctx_error(const cuda_ctx *ctx);
 /* Decode options of a context (a new one has fast = CUDA_FAST_ALL, pdl = 0): fast, a mask of the
  * CUDA_FAST_* below, picks latency-tuned kernels (the same bits as the plain ones); pdl launches the
- * decode kernels with programmatic dependent launch (each may start while the one before it finishes). */
+ * decode kernels with programmatic dependent launch (each may start while the one before it finishes)
+ * where the card and the loaded code have it (sm_90 and newer, not STRATA_CUDA_PORTABLE=1), else plainly. */
 void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl);
 enum {
     CUDA_FAST_NORM = 1,       /* RMSNorm */
@@ -52,6 +53,9 @@ enum {
 };
 /* name of the device, e.g. "NVIDIA H200" */
 const char *cuda_ctx_device_name(const cuda_ctx *ctx);
+/* The device, the architecture its loaded kernels were compiled for and the paths they take (cp.async,
+ * integer MMA form, programmatic launches, shared memory; cuda/arch.cuh), in words, for the trace. */
+const char *cuda_ctx_code_path(const cuda_ctx *ctx);
 strata_status cuda_mem_info(cuda_ctx *ctx, int64_t *free_bytes, int64_t *total_bytes);
 
 strata_status cuda_alloc(cuda_ctx *ctx, size_t bytes, void **dptr, const char *what);

@@ -19,6 +19,7 @@ void cuda_ctx_destroy(cuda_ctx *ctx) { (void)ctx; }
 void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl) { (void)ctx; (void)fast; (void)pdl; }
 const char *cuda_ctx_error(const cuda_ctx *ctx) { (void)ctx; return NO_CUDA; }
 const char *cuda_ctx_device_name(const cuda_ctx *ctx) { (void)ctx; return ""; }
+const char *cuda_ctx_code_path(const cuda_ctx *ctx) { (void)ctx; return ""; }
 strata_status cuda_mem_info(cuda_ctx *c, int64_t *f, int64_t *t) { (void)c; *f = *t = 0; return STRATA_ERR_DEVICE; }
 strata_status cuda_alloc(cuda_ctx *c, size_t n, void **p, const char *w) { (void)c; (void)n; (void)w; *p = NULL; return STRATA_ERR_DEVICE; }
 void cuda_free(cuda_ctx *c, void *p) { (void)c; (void)p; }

@@ -83,6 +83,13 @@
  *                  decode kernel). Any other value, or unset: the tensor-core kernel. Read at the first
  *                  prompt.
  *
+ *   STRATA_CUDA_PORTABLE "1": on --device cuda, run every kernel in the form a card without sm_80 and
+ *                  sm_90 features takes (cuda/arch.cuh): plain copies instead of cp.async, four mma
+ *                  m8n8k16 per integer m16n8k32, one flash attention stage, no programmatic launches.
+ *                  Same replies (how a Turing card's path is tested on a newer one; the driver's
+ *                  CUDA_FORCE_PTX_JIT=1 runs the compute_75 PTX, sm_75's code, as well). Read when a
+ *                  CUDA context is made.
+ *
  * STRATA_TRACE and the STRATA_CUDA_* switches of the decode path are read when an engine is opened, not
  * per line; STRATA_CUDA_MMQ and STRATA_CUDA_FLASH at the first prompt.
  */
@@ -180,6 +187,11 @@ double env_cuda_miss_split(void) {
     char *end = NULL;
     const double x = strtod(v, &end);
     return end && *end == '\0' && x >= 0.0 && x <= 1.0 ? x : -1.0;
+}
+
+int env_cuda_portable(void) {
+    const char *v = getenv("STRATA_CUDA_PORTABLE");
+    return v && strcmp(v, "1") == 0;
 }
 
 int trace_env_cuda_flash(void) {

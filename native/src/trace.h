@@ -42,6 +42,8 @@ int env_cuda_fuse2(void);
 int env_cuda_att_split(void);
 /* 0 when STRATA_CUDA_FLASH=0 asks for the decode attention kernel in prompt chunks, else 1 (see trace.c). */
 int trace_env_cuda_flash(void);
+/* 1 when STRATA_CUDA_PORTABLE=1 asks the CUDA kernels for their portable forms on every card (trace.c). */
+int env_cuda_portable(void);
 
 /* Monotonic wall time in milliseconds (traces and timings). */
 double engine_now_ms(void);

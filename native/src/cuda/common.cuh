@@ -25,6 +25,14 @@ struct cuda_ctx {
     int fast, pdl;
     /* the next cu_launch follows a copy or an event wait on the compute stream: launch it plainly */
     int pdl_hold;
+    /* what the card and the loaded code can do (device.cu, arch.cuh), fixed when the context is made:
+     * cc the device's compute capability and code_arch the architecture its kernels were compiled for
+     * (10 * major + minor: 90 for sm_90 machine code; 75 for the compute_75 PTX the driver compiled);
+     * portable STRATA_CUDA_PORTABLE=1; sm80 the kernels may take their cp.async / m16n8k32 forms
+     * (code_arch >= 80, not portable); pdl_ok programmatic dependent launch (cc and code_arch >= 90, not
+     * portable); smem_optin the most dynamic shared memory a block may ask for, in bytes */
+    int cc, code_arch, portable, sm80, pdl_ok, smem_optin;
+    char code_path[256]; /* the above in words, for the trace */
 };
 
 /* Record a failure in the context's message and return STRATA_ERR_DEVICE. */
@@ -60,8 +68,8 @@ static inline strata_status cuda_fail(cuda_ctx *ctx, cudaError_t e, const char *
  * it has finished and its writes are visible) before it reads anything another launch wrote, and
  * before it writes anything; only reads of memory no launch writes (weights) may come before. Every
  * thread of every kernel launched with cu_launch calls cu_pdl_wait, so a kernel never finishes before
- * the one it follows, and a kernel two launches later can rely on both. Without the attribute (or on
- * older devices) both calls do nothing. */
+ * the one it follows, and a kernel two launches later can rely on both. Without the attribute both
+ * calls do nothing; in code compiled for an architecture below sm_90 they are empty. */
 __device__ __forceinline__ void cu_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -74,7 +82,9 @@ __device__ __forceinline__ void cu_pdl_trigger() {
 }
 
 /* Launch kern on the compute stream, with programmatic dependent launch when ctx->pdl is on and the
- * launch follows another kernel (not a copy: cuda_h2d and the others set pdl_hold). */
+ * launch follows another kernel (not a copy: cuda_h2d and the others set pdl_hold). ctx->pdl is never on
+ * unless ctx->pdl_ok: a kernel compiled for an architecture below sm_90 (the compute_75 PTX on any card)
+ * has empty cu_pdl_wait calls and must not start before the kernel it follows has finished. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t cu_launch(cuda_ctx *ctx, void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem,
                                     Args... args) {

@@ -5,6 +5,61 @@
 #include "common.cuh"
 
 extern "C" {
+#include "../trace.h"
+}
+
+/* The architecture the code loaded for this device was compiled for (__CUDA_ARCH__): its own machine
+ * code, the machine code of an older minor version of its major one, or the PTX compiled by the driver
+ * (every module of the library carries the same architectures, so the driver picks the same for all). */
+__global__ void k_code_arch(int *out) {
+#ifdef __CUDA_ARCH__
+    *out = __CUDA_ARCH__;
+#endif
+}
+
+/* Fill ctx's capabilities (common.cuh) from the device and the loaded code; a message in err on failure. */
+static strata_status probe_code(cuda_ctx *ctx, const cudaDeviceProp *prop, char *err, size_t err_len) {
+    ctx->cc = prop->major * 10 + prop->minor;
+    cudaError_t e = cudaDeviceGetAttribute(&ctx->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device);
+    int *d = NULL, arch = 0;
+    if (e == cudaSuccess) e = cudaMalloc((void **)&d, sizeof(int));
+    if (e == cudaSuccess) {
+        k_code_arch<<<1, 1, 0, ctx->stream[0]>>>(d);
+        e = cudaGetLastError();
+        if (e == cudaSuccess) e = cudaMemcpyAsync(&arch, d, sizeof arch, cudaMemcpyDeviceToHost, ctx->stream[0]);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream[0]);
+        cudaFree(d);
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidKernelImage ||
+            e == cudaErrorUnsupportedPtxVersion) {
+            snprintf(err, err_len,
+                     "this build of strata has no code that %s (compute %d.%d) can run with this driver (%s): rebuild "
+                     "with the default architectures, or with -DSTRATA_CUDA_ARCHS=%d%d (see the README), or "
+                     "update the driver",
+                     prop->name, prop->major, prop->minor, cudaGetErrorString(e), prop->major, prop->minor);
+        } else {
+            snprintf(err, err_len, "CUDA: probing device %d failed: %s", ctx->device, cudaGetErrorString(e));
+        }
+        return STRATA_ERR_DEVICE;
+    }
+    ctx->code_arch = arch / 10;
+    ctx->portable = env_cuda_portable();
+    ctx->sm80 = ctx->code_arch >= 80 && !ctx->portable;
+    ctx->pdl_ok = ctx->cc >= 90 && ctx->code_arch >= 90 && !ctx->portable;
+    snprintf(ctx->code_path, sizeof ctx->code_path,
+             "%s (compute %d.%d) runs code built for sm_%d%s: %s, %s, programmatic launches %s, %d KiB of shared "
+             "memory per block",
+             prop->name, prop->major, prop->minor, ctx->code_arch,
+             ctx->portable ? ", portable path (STRATA_CUDA_PORTABLE=1)" : "",
+             ctx->sm80 ? "cp.async" : "plain copies to shared memory",
+             ctx->sm80 ? "m16n8k32 integer products" : "m8n8k16 integer products", ctx->pdl_ok ? "on" : "off",
+             ctx->smem_optin / 1024);
+    return STRATA_OK;
+}
+
+extern "C" {
 
 int32_t cuda_device_present(void) {
     int n = 0;
@@ -48,6 +103,10 @@ strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t 
         return s;
     }
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
+    if ((s = probe_code(ctx, &prop, err, err_len)) != STRATA_OK) {
+        cuda_ctx_destroy(ctx);
+        return s;
+    }
     ctx->fast = CUDA_FAST_ALL;
     *out = ctx;
     return STRATA_OK;
@@ -71,9 +130,11 @@ void cuda_ctx_destroy(cuda_ctx *ctx) {
 void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl) {
     if (!ctx) return;
     ctx->fast = fast & CUDA_FAST_ALL;
-    ctx->pdl = pdl != 0;
+    ctx->pdl = pdl != 0 && ctx->pdl_ok;
     ctx->pdl_hold = 0;
 }
+
+const char *cuda_ctx_code_path(const cuda_ctx *ctx) { return ctx ? ctx->code_path : ""; }
 
 const char *cuda_ctx_error(const cuda_ctx *ctx) { return ctx ? ctx->err : ""; }
 const char *cuda_ctx_device_name(const cuda_ctx *ctx) { return ctx ? ctx->name : ""; }

@@ -35,24 +35,22 @@
  * So the C fragments of two 8-position tiles of s are the A fragment of p for those 16 positions. B of
  * K^T comes from K rows by ldmatrix (thread i gets row i / 4, columns 2 (i % 4)..+1 of an 8 x 8
  * matrix); B of V from V rows by ldmatrix.trans (thread i gets rows 2 (i % 4)..+1 of column i / 4).
+ *
+ * Cards. ldmatrix is sm_75's; the m16n8k16 product is two m16n8k8 on sm_75 (cu_mma_f16: the same
+ * operands in the same order; the tensor core's own rounding of the sums is the hardware's, so the
+ * last bits may differ between architectures, never between runs or chunkings on one card); cp.async
+ * is plain copies below sm_80; one pipeline stage where two do not fit the card's shared memory.
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "arch.cuh"
 #include "common.cuh"
 
 #define FA_WARPS 4
 #define FA_ROWS (16 * FA_WARPS) /* rows of a block */
 #define FA_KV 64                /* positions per KV tile */
 #define FA_PAD 8                /* halves after each shared row: ldmatrix's 8 rows fall in distinct banks */
-
-/* c += a . b on registers only (not volatile: the compiler may schedule it freely). */
-static __device__ __forceinline__ void fa_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Four 8 x 8 matrices of f16; lanes 8i .. 8i + 7 give the row addresses of matrix i. */
 static __device__ __forceinline__ void fa_ldsm4(uint32_t (&r)[4], const __half *p) {
@@ -70,15 +68,6 @@ static __device__ __forceinline__ void fa_ldsm4_t(uint32_t (&r)[4], const __half
                  : "memory"); /* reads what cp.async wrote: keep it after the barrier */
 }
 
-/* 16 bytes global -> shared without the registers; src_bytes 0 writes zeros and reads nothing. */
-static __device__ __forceinline__ void fa_cp16(void *dst, const void *src, int src_bytes) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-static __device__ __forceinline__ void fa_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void fa_cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
-
 /* Two floats as an f16 pair (x in the lower half: the lower column of a fragment register). */
 static __device__ __forceinline__ uint32_t fa_pack(float x, float y) {
     const __half2 h = __halves2half2(__float2half_rn(x), __float2half_rn(y));
@@ -92,13 +81,17 @@ static __device__ __forceinline__ void fa_split(float x, float y, uint32_t &hi, 
     lo = fa_pack(__fsub_rn(x, __half2float(hx)), __fsub_rn(y, __half2float(hy)));
 }
 
-/* Shared memory of a block: 2 stages of a K and a V tile. */
+/* Shared memory of a block: S stages of a K and a V tile (2 stages, head dim 128: 68 KiB). */
 template <int D>
-constexpr int fa_smem_bytes() {
-    return 2 * 2 * FA_KV * (D + FA_PAD) * 2;
+constexpr int fa_smem_bytes(int S) {
+    return S * 2 * FA_KV * (D + FA_PAD) * 2;
 }
 
-template <int D>
+/* S = 2: the next tile's copies are in flight while the current tile is computed; S = 1 (a card whose
+ * opt-in shared memory is below two stages, 64 KiB on sm_75, or STRATA_CUDA_PORTABLE=1): each tile is
+ * brought in, then computed. SM80: cp.async (else plain copies, arch.cuh). Neither changes what is
+ * computed or in which order: the same bits. */
+template <int D, int S, bool SM80>
 __global__ void __launch_bounds__(FA_WARPS * 32)
 k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
              float *__restrict__ out, int T, int H, int Hkv, int pos0, const int32_t *pos_dev, float qscale) {
@@ -108,8 +101,8 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
     constexpr int NT = FA_KV / 8;   /* 8-position tiles of s */
     constexpr int CH = D / 8;       /* 16-byte chunks of a row */
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    __half *sk = (__half *)fa_smem;          /* [2][FA_KV][SD] */
-    __half *sv = sk + 2 * FA_KV * SD;        /* [2][FA_KV][SD] */
+    __half *sk = (__half *)fa_smem;          /* [S][FA_KV][SD] */
+    __half *sv = sk + S * FA_KV * SD;        /* [S][FA_KV][SD] */
 
     if (pos_dev) pos0 = *pos_dev;
     const int G = H / Hkv, R = T * G, kv_dim = Hkv * D;
@@ -152,10 +145,10 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
             const int i = c / CH, ch = c % CH, p = j * FA_KV + i;
             const int ok = p <= pos_last;
             const int64_t src = (int64_t)(ok ? p : pos_last) * kv_dim + hk * D + ch * 8;
-            fa_cp16(dk + i * SD + ch * 8, kc + src, ok ? 16 : 0);
-            fa_cp16(dv + i * SD + ch * 8, vc + src, ok ? 16 : 0);
+            cu_cp16<SM80>(dk + i * SD + ch * 8, kc + src, ok ? 16 : 0);
+            cu_cp16<SM80>(dv + i * SD + ch * 8, vc + src, ok ? 16 : 0);
         }
-        fa_cp_commit();
+        cu_cp_commit<SM80>();
     };
 
     float o[ND][4];
@@ -163,14 +156,17 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
-    load_tile(0, 0);
+    if (S == 2) load_tile(0, 0);
     for (int j = 0; j < ntile; j++) {
-        const int st = j & 1;
-        if (j + 1 < ntile) {
+        const int st = S == 2 ? j & 1 : 0;
+        if (S == 1) {
+            load_tile(j, 0); /* the stage's last readers passed the barrier at the end of the last tile */
+            cu_cp_wait_group<SM80, 0>();
+        } else if (j + 1 < ntile) {
             load_tile(j + 1, st ^ 1);
-            fa_cp_wait<1>();
+            cu_cp_wait_group<SM80, 1>();
         } else {
-            fa_cp_wait<0>();
+            cu_cp_wait_group<SM80, 0>();
         }
         __syncthreads();
         if (j < warp_tiles) {
@@ -186,10 +182,10 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
                     /* matrices i = 0..3: positions 8n.., dims 32kk + 8i..: b0, b1 of k-step 2kk, then 2kk + 1 */
                     uint32_t b[4];
                     fa_ldsm4(b, tk + (n * 8 + (lane & 7)) * SD + kk * 32 + (lane >> 3) * 8);
-                    fa_mma(s[n], qh[2 * kk], b[0], b[1]);
-                    fa_mma(s[n], ql[2 * kk], b[0], b[1]);
-                    fa_mma(s[n], qh[2 * kk + 1], b[2], b[3]);
-                    fa_mma(s[n], ql[2 * kk + 1], b[2], b[3]);
+                    cu_mma_f16(s[n], qh[2 * kk], b[0], b[1]);
+                    cu_mma_f16(s[n], ql[2 * kk], b[0], b[1]);
+                    cu_mma_f16(s[n], qh[2 * kk + 1], b[2], b[3]);
+                    cu_mma_f16(s[n], ql[2 * kk + 1], b[2], b[3]);
                 }
             }
             /* causal mask by absolute position, the tile's max per row */
@@ -251,10 +247,10 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
                     const int i = lane >> 3;
                     uint32_t b[4];
                     fa_ldsm4_t(b, tv + (kp * 16 + (i & 1) * 8 + (lane & 7)) * SD + n * 8 + (i >> 1) * 8);
-                    fa_mma(o[n], ph, b[0], b[1]);
-                    fa_mma(o[n], pl, b[0], b[1]);
-                    fa_mma(o[n + 1], ph, b[2], b[3]);
-                    fa_mma(o[n + 1], pl, b[2], b[3]);
+                    cu_mma_f16(o[n], ph, b[0], b[1]);
+                    cu_mma_f16(o[n], pl, b[0], b[1]);
+                    cu_mma_f16(o[n + 1], ph, b[2], b[3]);
+                    cu_mma_f16(o[n + 1], pl, b[2], b[3]);
                 }
             }
         }
@@ -280,21 +276,41 @@ extern "C" int32_t cuda_flash_attention_supported(int32_t kv_type, int32_t H, in
     return kv_type == STRATA_KV_F16 && (hd == 32 || hd == 64 || hd == 128) && Hkv > 0 && H % Hkv == 0;
 }
 
-template <int D>
-static strata_status fa_launch(cuda_ctx *ctx, const float *q, const void *kc, const void *vc, float *out, int32_t T,
-                               int32_t H, int32_t Hkv, int32_t pos0, const int32_t *pos_dev) {
-    constexpr int bytes = fa_smem_bytes<D>();
+template <int D, int S, bool SM80>
+static strata_status fa_launch_as(cuda_ctx *ctx, const float *q, const void *kc, const void *vc, float *out, int32_t T,
+                                  int32_t H, int32_t Hkv, int32_t pos0, const int32_t *pos_dev) {
+    const int bytes = fa_smem_bytes<D>(S);
     /* above 48 KiB a kernel must ask for its dynamic shared memory */
-    CU_TRY(ctx, cudaFuncSetAttribute(k_flash_attn<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+    CU_TRY(ctx, cudaFuncSetAttribute(k_flash_attn<D, S, SM80>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
            "setting the flash attention kernel's shared memory (%d bytes)", bytes);
     const int64_t rows = (int64_t)T * (H / Hkv);
     const dim3 grid((unsigned)((rows + FA_ROWS - 1) / FA_ROWS), (unsigned)Hkv);
     /* scores in log2 units: exp2(s') = exp(q . k / sqrt(D)) */
     const float qscale = (float)(1.4426950408889634 / sqrt((double)D));
-    k_flash_attn<D><<<grid, FA_WARPS * 32, bytes, CU_COMPUTE(ctx)>>>(q, (const __half *)kc, (const __half *)vc, out, T,
-                                                                      H, Hkv, pos0, pos_dev, qscale);
+    k_flash_attn<D, S, SM80><<<grid, FA_WARPS * 32, bytes, CU_COMPUTE(ctx)>>>(q, (const __half *)kc, (const __half *)vc,
+                                                                             out, T, H, Hkv, pos0, pos_dev, qscale);
     CU_LAUNCHED(ctx, "flash attention");
     return STRATA_OK;
+}
+
+/* Two stages where the card's opt-in shared memory holds them (every card but sm_75 at head dim 128),
+ * cp.async where the code has it; STRATA_CUDA_PORTABLE=1 takes one stage and plain copies. */
+template <int D>
+static strata_status fa_launch(cuda_ctx *ctx, const float *q, const void *kc, const void *vc, float *out, int32_t T,
+                               int32_t H, int32_t Hkv, int32_t pos0, const int32_t *pos_dev) {
+    const int two = !ctx->portable && fa_smem_bytes<D>(2) <= ctx->smem_optin;
+    if (!two && fa_smem_bytes<D>(1) > ctx->smem_optin) {
+        snprintf(ctx->err, sizeof ctx->err,
+                 "CUDA: flash attention at head dim %d needs %d bytes of shared memory per block; %s allows %d",
+                 D, fa_smem_bytes<D>(1), ctx->name, ctx->smem_optin);
+        return STRATA_ERR_UNSUPPORTED;
+    }
+    if (two) {
+        return ctx->sm80 ? fa_launch_as<D, 2, true>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev)
+                         : fa_launch_as<D, 2, false>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
+    }
+    return ctx->sm80 ? fa_launch_as<D, 1, true>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev)
+                     : fa_launch_as<D, 1, false>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
 }
 
 extern "C" strata_status cuda_flash_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,

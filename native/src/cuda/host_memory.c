@@ -381,6 +381,7 @@ strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     e->gpu = g;
     strata_status s = cuda_ctx_create(0, &g->ctx, err, sizeof err);
     if (s != STRATA_OK) return err_set(&e->err, s, "--device cuda: %s", err);
+    trace_emit(&e->trace, "cuda: %s", cuda_ctx_code_path(g->ctx));
     int64_t total = 0;
     DEV(e, cuda_mem_info(g->ctx, free_bytes, &total));
     /* leave room for the runtime's own allocations (module images, stream and event state) */

@@ -29,7 +29,12 @@
  *   B 32x8 (tokens, one column per token): b0 = B[4tig..][gid], b1 = B[16+4tig..][gid]
  *   C 16x8: c0 = C[gid][2tig], c1 = C[gid][2tig+1], c2 = C[gid+8][2tig], c3 = C[gid+8][2tig+1]
  * Tiles reach shared memory by cp.async, every copy of a stage in flight at once.
+ *
+ * Below sm_80 (and with STRATA_CUDA_PORTABLE=1) the same kernel runs with SM80 = false: plain copies
+ * and four mma m8n8k16 per m16n8k32 (arch.cuh). Both give every isum as the same exact integer, so the
+ * float expressions above, and the bits, are the same on every card.
  */
+#include "arch.cuh"
 #include "common.cuh"
 #include "../group_dequant.h"
 
@@ -55,27 +60,13 @@ static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p) {
  * the quarter-rate conversion unit. */
 #define MQ_BIAS_BITS 0x4B400000
 #define MQ_BIAS 12582912.0f
+template <bool SM80>
 static __device__ __forceinline__ void mma_s8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     int r[4];
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%10,%10,%10,%10};"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(MQ_BIAS_BITS));
+    cu_mma_s8<SM80>(r, a, b0, b1, MQ_BIAS_BITS);
 #pragma unroll
     for (int i = 0; i < 4; i++) c[i] = __fsub_rn(__int_as_float(r[i]), MQ_BIAS);
 }
-
-/* Asynchronous global -> shared copies of 16 or 4 bytes (cp.async); src_bytes 0 writes zeros and
- * reads nothing. All of a stage's copies are in flight together; cp_wait_all waits for this thread's. */
-static __device__ __forceinline__ void cp16(void *dst, const void *src, int src_bytes) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-static __device__ __forceinline__ void cp4(void *dst, const void *src, int src_bytes) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-static __device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* Copy `bytes` of each of nrows rows (row r at src0 + src_off[r]) to dst rows of dst_stride, in units
  * of U (the caller checks that every address and length is a multiple of sizeof(U)). */
@@ -96,7 +87,7 @@ static __device__ __forceinline__ void copy_rows(uint8_t *dst, int64_t dst_strid
  *   pair p reads x row p / xdiv and writes y row p.
  * accumulate: y += instead of y =.
  */
-template <int TYPE>
+template <int TYPE, bool SM80>
 __global__ void __launch_bounds__(MQ_THREADS)
 k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, int64_t row_bytes, int64_t rows,
       int64_t cols, const uint8_t *__restrict__ xq, int64_t xs, const int32_t *__restrict__ pairs,
@@ -172,7 +163,7 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
                 if (sh == 0 && u == 52)
                     *(uint16_t *)(sA + r * SA + 208) = *(const uint16_t *)(a + 208);
                 else
-                    cp4(sA + r * SA + 4 * u, a - sh + 4 * u, 4);
+                    cu_cp4<SM80>(sA + r * SA + 4 * u, a - sh + 4 * u, 4);
             }
         } else {
             const int bytes = nb * BS;
@@ -182,7 +173,7 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
                 constexpr int UPR = SA / 16;
                 for (int i = tid; i < MQ_BM * UPR; i += MQ_THREADS) {
                     const int r = i / UPR, u = i - r * UPR;
-                    cp16(sA + r * SA + u * 16, src + swo[r] + u * 16, 16);
+                    cu_cp16<SM80>(sA + r * SA + u * 16, src + swo[r] + u * 16, 16);
                 }
             } else if ((al & 15) == 0) {
                 copy_rows<uint4>(sA, SA, src, swo, MQ_BM, bytes);
@@ -197,14 +188,14 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
         for (int i = tid; i < MQ_BN * 2 * MQ_KC; i += MQ_THREADS) {
             const int n = i / (2 * MQ_KC), u = i % (2 * MQ_KC);
             const bool ok = n < cnt && (u >> 1) < nb;
-            cp16(sB + n * MQ_SB + u * 16, ok ? xq + sxo[n] + c0 * 32 + u * 16 : xq, ok ? 16 : 0);
+            cu_cp16<SM80>(sB + n * MQ_SB + u * 16, ok ? xq + sxo[n] + c0 * 32 + u * 16 : xq, ok ? 16 : 0);
         }
         for (int i = tid; i < MQ_BN * MQ_KC; i += MQ_THREADS) {
             const int n = i / MQ_KC, blk = i % MQ_KC;
             const bool ok = n < cnt && blk < nb;
-            cp4(&sdx[blk][n], ok ? xscale_base + (sxo[n] >> 2) + c0 + blk : (const float *)xq, ok ? 4 : 0);
+            cu_cp4<SM80>(&sdx[blk][n], ok ? xscale_base + (sxo[n] >> 2) + c0 + blk : (const float *)xq, ok ? 4 : 0);
         }
-        cp_wait_all();
+        cu_cp_wait_all<SM80>();
         __syncthreads();
 
 #pragma unroll 2
@@ -274,15 +265,15 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
                 const uint8_t *bp = sB + (nt * 8 + gid) * MQ_SB + blk * 32 + 4 * tig;
                 const uint32_t b0 = *(const uint32_t *)bp, b1 = *(const uint32_t *)(bp + 16);
                 float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                if (!K6) mma_s8(c, a, b0, b1);
+                if (!K6) mma_s8<SM80>(c, a, b0, b1);
                 const float2 dx = *(const float2 *)&sdx[blk][nt * 8 + 2 * tig];
                 if (K6) {
                     /* the two halves of the block by two MMAs, each with the other half's weights
                      * zeroed: term = (d*sc_lo * dx) * isum_lo + (d*sc_hi * dx) * isum_hi */
                     const uint32_t alo[4] = {a[0], a[1], 0u, 0u}, ahi[4] = {0u, 0u, a[2], a[3]};
                     float cl[4], ch[4];
-                    mma_s8(cl, alo, b0, b1);
-                    mma_s8(ch, ahi, b0, b1);
+                    mma_s8<SM80>(cl, alo, b0, b1);
+                    mma_s8<SM80>(ch, ahi, b0, b1);
                     acc[nt][0] = __fadd_rn(acc[nt][0], __fadd_rn(__fmul_rn(__fmul_rn(dwa, dx.x), cl[0]),
                                                                  __fmul_rn(__fmul_rn(dha, dx.x), ch[0])));
                     acc[nt][1] = __fadd_rn(acc[nt][1], __fadd_rn(__fmul_rn(__fmul_rn(dwa, dx.y), cl[1]),
@@ -297,7 +288,7 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
                      * token 2tig + 1's. term = (dsc * dx) * isum - (dmin_m * dx) * xsum */
                     const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
                     float xs[4];
-                    mma_s8(xs, ones, b0, b1);
+                    mma_s8<SM80>(xs, ones, b0, b1);
                     acc[nt][0] = __fadd_rn(acc[nt][0], __fsub_rn(__fmul_rn(__fmul_rn(dwa, dx.x), c[0]),
                                                                  __fmul_rn(__fmul_rn(mna, dx.x), xs[0])));
                     acc[nt][1] = __fadd_rn(acc[nt][1], __fsub_rn(__fmul_rn(__fmul_rn(dwa, dx.y), c[1]),
@@ -350,9 +341,15 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
     for (int64_t u0 = 0; u0 < units; u0 += 65535) {
         const int64_t nu = units - u0 < 65535 ? units - u0 : 65535;
         dim3 grid(cu_blocks(rows, MQ_BM), (unsigned)nu);
+/* ctx->sm80: cp.async and mma m16n8k32 (arch.cuh); else plain copies and mma m8n8k16, the same bits */
+#define MQ_LAUNCH2(TY, SM)                                                                                   \
+    k_mmq<TY, SM><<<grid, MQ_THREADS, 0, s>>>((const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols,      \
+                                              (const uint8_t *)xq, xs, pairs, seg_start, xdiv, y, ys, T, accumulate, u0)
 #define MQ_LAUNCH(TY)                                                                                        \
-    k_mmq<TY><<<grid, MQ_THREADS, 0, s>>>((const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols,          \
-                                          (const uint8_t *)xq, xs, pairs, seg_start, xdiv, y, ys, T, accumulate, u0)
+    do {                                                                                                     \
+        if (ctx->sm80) MQ_LAUNCH2(TY, true);                                                                 \
+        else MQ_LAUNCH2(TY, false);                                                                          \
+    } while (0)
         if (type == STRATA_TYPE_Q8_0)
             MQ_LAUNCH(STRATA_TYPE_Q8_0);
         else if (type == STRATA_TYPE_Q4_0)
@@ -362,6 +359,7 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
         else
             MQ_LAUNCH(STRATA_TYPE_Q6_K);
 #undef MQ_LAUNCH
+#undef MQ_LAUNCH2
         CU_LAUNCHED(ctx, "grouped quantized product");
     }
     return STRATA_OK;
