@@ -12,10 +12,16 @@
 #                                                          from the model for the same device memory
 #                                                          (LLAMA_N_CPU_MOE=0,N1,N2 gives them, one per budget)
 #   tests pp512, pp4096, tg128; 3 repetitions after one untimed run; GPU memory and utilization through NVML.
-# strata's grid runs first, then llama.cpp's (one llama-bench per budget); both append to OUT_DIR/gpu.jsonl and
-# the table pairs the rows of equal budgets with their ratio. Each row is printed (stderr) as it finishes; the
-# Markdown table is printed last, made from the file, so a run cut short by a time limit still shows every row
-# it finished.
+# llama.cpp at its best: every test at its default micro-batch (-ub 512 -b 2048), and the prompts longer than
+# 512 again at -ub 4096 -b 4096 (LLAMA_UBATCH=512,4096), each with its own --n-cpu-moe for the budget (a larger
+# micro-batch needs larger compute buffers); a micro-batch that does not fit is halved until one runs. The
+# ratio row pairs strata with the faster llama.cpp row of each test that kept to the budget and names the flags
+# that won. Both processes' device memory peaks (NVML, per process) are in the VRAM peak column, marked
+# "(over)" where a peak exceeds the row's budget.
+# strata's grid runs first, then llama.cpp's (two llama-bench runs per budget); both append to OUT_DIR/gpu.jsonl
+# and the table pairs the rows of equal budgets with their ratio. Each row is printed (stderr) as it finishes;
+# the Markdown table is printed last, made from the file, so a run cut short by a time limit still shows every
+# row it finished.
 #
 # Setup it does when asked or needed (so that one device call can hold everything):
 #   WHEELS='dir/*.whl'  installs those wheels into /tmp/site (pip --target, no index) and puts it on PYTHONPATH;
@@ -28,8 +34,9 @@
 # No virtual environment: PYTHONPATH gets this tree (and /tmp/site when it exists).
 # Environment: DEVICE (cuda), BUDGETS (auto,12GiB,24GiB: the order they run in; a time limit cuts the last first),
 # LLAMA_N_CPU_MOE (auto per budget), PROMPTS (512,4096),
-# GEN (128), REPS (3), STRATA_LIMIT (s, 330), LLAMA_LIMIT (s, 200), LLAMA_ARGS (more llama-bench flags, e.g.
-# '-ub 4096 -b 4096'), EXTRA (more strata-bench flags for both parts), WHEELS, STRATA_JOBS (8), LLAMA_SRC,
+# GEN (128), REPS (3), STRATA_LIMIT (s, 330), LLAMA_LIMIT (s, 300), LLAMA_UBATCH (512,4096: the first runs every
+# test, the others the longer prompts), LLAMA_ARGS (more llama-bench flags for every llama.cpp run; a -ub or -b
+# there replaces the LLAMA_UBATCH runs), EXTRA (more strata-bench flags for both parts), WHEELS, STRATA_JOBS (8), LLAMA_SRC,
 # LLAMA_JOBS (all cores), LLAMA_WAIT (420), DEADLINE (seconds from the start by which the table must be printed:
 # each part's limit is cut to fit, leaving 20 s for the table; e.g. 570 inside a 600 s call).
 # STRATA_BENCH_COMMIT (COMMIT or COMMIT+dirty): the commit the rows name, for a tree copied without its own git
@@ -136,8 +143,9 @@ if [ -x "$LLAMA_BENCH" ]; then
   largs=(run --target llama.cpp --llama-bench "$LLAMA_BENCH" "${common[@]}")
   [ -n "${LLAMA_N_CPU_MOE:-}" ] && largs+=(--llama-n-cpu-moe "$LLAMA_N_CPU_MOE")
   [ -n "${LLAMA_ARGS:-}" ] && largs+=(--llama-args "$LLAMA_ARGS")
+  largs+=(--llama-ubatch "${LLAMA_UBATCH:-512,4096}")
   step "python3 -m strata_bench ${largs[*]}"
-  timeout --signal=INT --kill-after=10 "$(limit "${LLAMA_LIMIT:-200}")" python3 -m strata_bench "${largs[@]}" > "$OUT_DIR/llama.md"
+  timeout --signal=INT --kill-after=10 "$(limit "${LLAMA_LIMIT:-300}")" python3 -m strata_bench "${largs[@]}" > "$OUT_DIR/llama.md"
   rc_l=$?
   step "llama.cpp part: exit status $rc_l (0 all measured, 1 some settings failed, 124 stopped at its time limit)"
 else
@@ -146,4 +154,6 @@ fi
 echo
 [ -s "$records" ] || { echo "bench_table: no rows were measured" >&2; exit 1; }
 python3 -m strata_bench show "$records" --format md | tee "$OUT_DIR/table.md"
+# the charts of the same rows (decode and hit rate against the cache, prompt speed against its length)
+python3 -m strata_bench plot "$records" --out "$OUT_DIR/plots" >/dev/null 2>&1 || true
 [ "$rc_s" = 0 ] && [ "$rc_l" = 0 ]
