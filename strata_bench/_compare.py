@@ -262,7 +262,7 @@ def compare(
     ]  # fmt: skip
     res = CompareResult(headers=headers, rows=[], notes=notes)
     gate_hits = {g: 0 for g in gates}
-    stats = {"confidence": confidence, "n_boot": n_boot, "seed": seed}
+    stats: dict[str, Any] = {"confidence": confidence, "n_boot": n_boot, "seed": seed}
 
     def describe(k: tuple[str | None, ...]) -> str:
         return ", ".join(
@@ -290,8 +290,9 @@ def compare(
                 verdict = "failed in OLD"
             else:
                 try:
-                    change = bootstrap_change(_samples(ro, "median")[0], _samples(rn, "median")[0],  # type: ignore[index]
-                                              "median", **stats)  # fmt: skip
+                    change = bootstrap_change(
+                        ro.get("samples") or [], rn.get("samples") or [], "median", **stats
+                    )
                 except ValueError:
                     change = None
                 if change is not None:
@@ -314,7 +315,7 @@ def compare(
         old_v = change.old if change else _fallback(ro)
         new_v = change.new if change else _fallback(rn)
         res.rows.append(
-            [k[i] if k[i] is not None else "-" for i in shown]
+            [str(k[i]) if k[i] is not None else "-" for i in shown]
             + [
                 f"{old_v:.2f}" if _num(old_v) else "-",
                 f"{new_v:.2f}" if _num(new_v) else "-",

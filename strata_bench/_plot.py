@@ -116,7 +116,7 @@ def decode_vs_cache_figure(records: Sequence[dict[str, Any]]) -> Any | None:
     def size(r: dict[str, Any]) -> float:
         s, u = _cache_size(r)  # type: ignore[misc]
         plan = r.get("plan") or {}
-        return float(plan.get("n_slots", s)) if unit == "slots" and u == "GiB" else s
+        return float(plan.get("n_slots") or s) if unit == "slots" and u == "GiB" else s
 
     knobs = swept_knobs([r.get("knobs") or {} for r in speed if r.get("target") == "strata"])
     other = [k for k in knobs if k not in ("expert_cache", "vram_budget", "max_context")]
@@ -126,7 +126,7 @@ def decode_vs_cache_figure(records: Sequence[dict[str, Any]]) -> Any | None:
     for r in dec:
         lines[f"{_label(r, other, many)} {r['test']}"][size(r)] = r
     # llama.cpp at each budget: drawn at the cache size strata had at that budget
-    at_budget: dict[tuple[Any, Any, str], float] = {}
+    at_budget: dict[tuple[Any, Any, Any], float] = {}
     for r in dec:
         k = r.get("knobs") or {}
         if k.get("vram_budget") is not None:
