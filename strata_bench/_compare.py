@@ -371,11 +371,13 @@ def _judge(
         if c.significant and beyond:
             return "FAIL", figures
         if not c.significant:
-            wide = c.half_width > abs(g.threshold) or beyond
+            # noise larger than the gate: the interval reaches past it, so a change that large is not ruled out
+            wide = c.lo < g.threshold if g.threshold < 0 else c.hi > g.threshold
             return (
                 "no significant change (noise exceeds the gate)" if wide else "no significant change"
             ), figures
-        return "ok", figures
+        better = c.change > 0 if g.threshold < 0 else c.change < 0
+        return ("ok (better)" if better else "ok (within the gate)"), figures
     # a field with one value per run: nothing to judge its noise by, and the verdict says so
     assert flo is not None
     a, b = _point(flo, g.field), _point(fln, g.field)
