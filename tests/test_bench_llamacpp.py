@@ -431,3 +431,26 @@ def test_peer_over_its_budget_is_marked_and_not_chosen() -> None:
     assert cells[0][vram] == "12.54 GiB (over)" and cells[2][vram] == "13.00 GiB (over)"
     assert cells[1][vram] == "12.00 GiB" and cells[3][vram] == "12.00 GiB"
     assert cells[-1][-1] == f"{7765 / 7936:.2f}x (-ub 4096 -ncmoe 22)"
+
+
+def test_each_micro_batch_gets_the_n_cpu_moe_that_fits_the_budget(fake_bin, model_file, tmp_path) -> None:
+    """--llama-n-cpu-moe auto at a budget: the -ub 512 run and the large micro-batch run each keep on the host
+    the fewest layers' experts whose estimated device memory fits the budget at that micro-batch."""
+    from strata_bench._llamacpp import compute_bytes, fit_n_cpu_moe
+    from strata_bench._model import weight_bytes
+
+    w = weight_bytes(model_file)
+    assert w is not None
+    ctx = 2048  # the longest test's context
+    per_layer = [b * w["n_expert"] for b in w["expert_bytes"]]
+    budget = (
+        w["dense_bytes"] + w["kv_values_per_token"] * 2 * ctx + compute_bytes(w, 2048) + sum(per_layer[2:])
+    )
+    out = tmp_path / "r.jsonl"
+    cmd = (f"run --device cuda --target llama.cpp --model {model_file} -p 512,2048 -n 8 -r 5 --threads 1 "
+           f"--vram-budget {budget} --output {out}")  # fmt: skip
+    assert bench(cmd) == 0
+    got = {(r["test"], r["knobs"]["n_ubatch"]): r["knobs"]["n_cpu_moe"] for r in _rows(out)}
+    small = fit_n_cpu_moe(w, budget, ctx, 512)
+    assert got == {("pp512", 512): small, ("pp2048", 512): small, ("tg8", 512): small, ("pp2048", 2048): 2}
+    assert small is not None and small < 2
