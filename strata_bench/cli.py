@@ -501,6 +501,8 @@ def _row_line(rec: dict[str, Any]) -> str:
             flags = ""
     else:
         flags = " ".join(f"{n}={v}" for n, v in k.items() if n in ("threads", "n_gpu_layers", "n_cpu_moe"))
+        if k.get("n_ubatch") not in (None, 512):
+            flags += f" n_ubatch={k['n_ubatch']}"
         if "vram_budget" in k:
             from ._tables import knob_str
 
@@ -686,7 +688,7 @@ def _run_server_target(
     args: argparse.Namespace, target: str, record: Callable[[dict[str, Any]], None], prog: Any
 ) -> None:
     from ._records import failed_record
-    from ._server_bench import ServerBenchError
+    from ._server_bench import PROMPT_SET, ServerBenchError
 
     url = target.removeprefix("openai:")
     try:
@@ -696,6 +698,7 @@ def _run_server_target(
         record(failed_record(
             {"phase": "server", "type": type(e).__name__, "status": None, "message": str(e), "flags": url},
             target="openai", url=url, test=args.suite, kind="server", unit="tok/s", knobs={},
+            work={"suite": args.suite, "max_tokens": args.max_tokens, "seed": args.seed, "prompt_set": PROMPT_SET},
         ))  # fmt: skip
 
 
