@@ -131,14 +131,14 @@ def _set_pdeathsig() -> None:
 class _Server:
     """A `strata serve` process on a free loopback port, its output kept in a ring of lines."""
 
-    def __init__(self, model: Path, cell: Cell, env: dict[str, str]):
+    def __init__(self, model: Path, cell: Cell, env: dict[str, str], cwd: str | None = None):
         args = [*_strata_cmd(), "serve", "--model", str(model), *cell.config.to_cli_args(),
                 "--host", "127.0.0.1", "--port", "0"]
         self.log: deque[str] = deque(maxlen=_LOG_LINES)
         self.url: str | None = None
         self._ready = threading.Event()
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1, env=env, preexec_fn=_set_pdeathsig)
+                                     bufsize=1, env=env, cwd=cwd, preexec_fn=_set_pdeathsig)
         with _LIVE_LOCK:
             _LIVE.add(self.proc)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -313,10 +313,10 @@ def _plan_of(status: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _one_start(model: Path, cell: Cell, get_prompts: Callable[[dict[str, Any]], list[list[int]]], index: int,
-               env: dict[str, str], on_event: Callable[[str], None] | None) -> dict[str, Any]:
+               env: dict[str, str], on_event: Callable[[str], None] | None, cwd: str | None = None) -> dict[str, Any]:
     rec: dict[str, Any] = {"start": index, "start_error": None, "requests": []}
     t0 = time.monotonic()
-    server = _Server(model, cell, env)
+    server = _Server(model, cell, env, cwd)
     try:
         url = server.wait_listening(_START_TIMEOUT_S)
         if url is None:
@@ -390,8 +390,11 @@ def _layouts(model: Path, cell: Cell, lengths: Sequence[int], chunks: Sequence[i
 
 
 def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
-             on_event: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run one cell (all its starts) and return its record (JSON-ready)."""
+             on_event: Callable[[str], None] | None = None, layouts: bool = True,
+             cwd: str | Path | None = None) -> dict[str, Any]:
+    """Run one cell (all its starts) and return its record (JSON-ready). ``layouts=False`` leaves out the
+    layout helper (``bisect --commits`` runs other commits' strata, whose engine the helper would not use);
+    ``cwd`` is where the servers start (a worktree, whose packages a Python started there imports first)."""
     env = dict(os.environ if env is None else env)
     started = datetime.now(timezone.utc)
     t0 = time.monotonic()
@@ -422,13 +425,16 @@ def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
             record["prompts"] = [{"index": k, "length": n, "chunk": c} for k, (n, c) in enumerate(spec)]
         return made["prompts"]
 
-    starts = [_one_start(model, cell, get_prompts, s, env, on_event) for s in range(matrix.starts)]
+    starts = [_one_start(model, cell, get_prompts, s, env, on_event, None if cwd is None else str(cwd))
+              for s in range(matrix.starts)]
     record["starts"] = starts
     plan_src = next((st["status"] for st in starts if st.get("status") and st["status"].get("plan")), None)
     record["plan"] = (plan_src or {}).get("plan")
     record["budget"] = (plan_src or {}).get("budget")
     auto = (record["plan"] or {}).get("auto_chunk")
-    if record["plan"]:
+    if record["plan"] and not layouts:
+        record["layouts"] = {"error": "not asked for"}
+    elif record["plan"]:
         # each prompt's chunk as the plan decides it, and the chunks the engine reported using
         chunks = {int(r["chunk"]) for st in starts for r in st.get("requests", []) if r.get("chunk")}
         record["layouts"] = _layouts(model, cell, [n for n, _ in made.get("spec", [])],

@@ -65,10 +65,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decl(r)
     r.set_defaults(func=cmd_run)
 
-    b = sub.add_parser("bisect", help="narrow a knob to the exact ranges where cells fail",
+    b = sub.add_parser("bisect", help="narrow a knob to the exact ranges where cells fail, or find the first "
+                                      "bad commit (--commits)",
                        description="Between neighbouring passing and failing values of a knob, run the values "
-                                   "in between by bisection until every failing range has exact edges.")
-    b.add_argument("dir", type=Path, help="run directory")
+                                   "in between by bisection until every failing range has exact edges. With "
+                                   "--commits GOOD..BAD CELL: build each candidate commit in a worktree of its "
+                                   "own and name the first commit at which CELL fails, with enough engine "
+                                   "starts per commit for a cell that fails only some of them.")
+    b.add_argument("dir", help="run directory; with --commits, CELL: a run directory (its first failing "
+                               "cell, or DIR:CELL_ID), a TOML matrix of one cell, or - with --set")
+    b.add_argument("--commits", metavar="GOOD..BAD", help="bisect over the commits after GOOD up to BAD")
+    b.add_argument("--cell", metavar="ID", help="with --commits: the cell (an id, or its first characters)")
+    b.add_argument("--repo", type=Path, help="with --commits: the git repository (default: the one here)")
+    b.add_argument("--build", help="with --commits: the build command run in each worktree (default: cmake "
+                                   "into strata/lib)")
+    b.add_argument("--cache", type=Path, help="with --commits: where the built worktrees are kept")
+    b.add_argument("--out", type=Path, help="with --commits: where trials and the answer go "
+                                            "(default: matrix-bisect)")
+    b.add_argument("--calibrate", type=int, default=3, metavar="N",
+                   help="with --commits: starts on BAD first, to measure how often the cell fails (default 3)")
+    b.add_argument("--miss", type=float, default=0.01,
+                   help="with --commits: the chance to call a bad commit good that the starts per commit allow "
+                        "(default 0.01)")
+    b.add_argument("--starts", dest="commit_starts", type=int, metavar="N",
+                   help="with --commits: starts per commit (default: computed from the failure rate)")
+    b.add_argument("--max-starts", type=int, default=60, help="with --commits: at most this many starts per commit")
+    b.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE",
+                   help="with --commits and CELL -: the cell's settings")
     b.add_argument("--knob", default="expert_cache", help="the knob to bisect (whole-number values)")
     b.add_argument("--where", action="append", default=[], metavar="KNOB=VALUE",
                    help="only the groups with this setting")
@@ -215,7 +238,74 @@ def _shard_of_run(out: Path) -> str | None:
     return _shard_of(RunDir(out))
 
 
+def _commit_cell(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | None, dict[str, Any] | None]:
+    """CELL of ``bisect --commits``: (matrix, cell, its record or None, the reference's record or None)."""
+    from ._matrix import Cell, MatrixError, load_matrix
+    from ._runner import RunDir
+    from ._table import verdicts
+
+    spec, _, want = str(args.dir).partition(":") if not Path(args.dir).exists() else (str(args.dir), "", "")
+    want = want or args.cell or ""
+    rd = RunDir(spec)
+    if rd.exists():
+        matrix = rd.matrix()
+        records = rd.records()
+        for n in rd.notes:
+            print(f"note: {n}", file=sys.stderr)
+        ref = next((r for r in records if r["cell"].get("reference")), None)
+        if want:
+            hits = [r for r in records if r["cell_id"].startswith(want)]
+            if len(hits) != 1:
+                raise MatrixError(f"{len(hits)} cells of {spec} have an id that starts with {want!r}; give more of it")
+            rec = hits[0]
+        else:
+            vs = verdicts(records, matrix)
+            rec = next((r for r in records if vs[r["cell_id"]].failing and not r["cell"].get("reference")), None)
+            if rec is None:
+                raise MatrixError(f"no cell of {spec} fails; name the one to bisect with --cell ID")
+        return matrix, Cell.from_dict(rec["cell"]), rec, ref
+    matrix = load_matrix(spec, args.sets, [])
+    cells = [c for c in matrix.cells() if not c.reference]
+    if want:
+        cells = [c for c in cells if c.cell_id.startswith(want)]
+    if len(cells) != 1:
+        raise MatrixError(f"{spec} declares {len(cells)} cells besides the reference; bisect one: --cell ID "
+                          f"({', '.join(c.cell_id for c in cells[:6])})")
+    return matrix, cells[0], None, None
+
+
+def cmd_bisect_commits(args: argparse.Namespace) -> int:
+    from ._ci import EXIT_INCOMPLETE
+    from ._commits import DEFAULT_BUILD, Builds, bisect_commits, default_cache, repo_root
+    from ._matrix import MatrixError
+
+    good, sep, bad = args.commits.partition("..")
+    if not sep or not good or not bad:
+        return _err(f"--commits {args.commits!r}: write GOOD..BAD (two commits, tags or branches)")
+    if args.calibrate < 1 or not 0 < args.miss < 1 or (args.commit_starts is not None and args.commit_starts < 1):
+        return _err("--calibrate and --starts need at least 1, --miss a probability between 0 and 1")
+    try:
+        repo = repo_root(args.repo or Path.cwd())
+        matrix, cell, rec, ref = _commit_cell(args)
+        fail_on = [x.strip() for x in args.fail_on.split(",")] if args.fail_on else None
+        builds = Builds(repo, args.cache or default_cache(repo), args.build or DEFAULT_BUILD,
+                        log=lambda t: print(f"bisect: {t}", file=sys.stderr))
+        out = args.out or Path("matrix-bisect")
+        res = bisect_commits(repo, good, bad, matrix, cell, builds=builds, labels=fail_on, source=rec,
+                             source_reference=ref, calibrate=args.calibrate, miss=args.miss,
+                             max_starts=args.max_starts, starts=args.commit_starts, out=out,
+                             log=lambda t: print(f"bisect: {t}", file=sys.stderr))
+    except MatrixError as e:
+        return _err(str(e))
+    print(res.text())
+    print(f"(trials in {out}/trials.jsonl; the answer in {out}/bisect-commits.json)", file=sys.stderr)
+    return 0 if res.first_bad else EXIT_INCOMPLETE
+
+
 def cmd_bisect(args: argparse.Namespace) -> int:
+    if args.commits:
+        return cmd_bisect_commits(args)
+    args.dir = Path(args.dir)
     from ._bisect import bisect_ranges, format_result, groups_of
     from ._cell import run_cell
     from ._matrix import Cell, MatrixError, _normalize
