@@ -108,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ci(mg)
     mg.set_defaults(func=cmd_merge)
 
+    pl = sub.add_parser("plot", help="draw the verdicts as a heat map (cache size x chunk)",
+                        description="Draw the run's verdicts as a heat map: expert-cache size across, the prompts' "
+                                    "chunks up, one panel per value of the other swept knobs.")
+    pl.add_argument("dir", type=Path, help="run directory")
+    pl.add_argument("--output", "-o", type=Path, help="image to write, .png/.svg/.pdf (default: DIR/verdicts.png)")
+    pl.add_argument("--x", default="expert_cache", help="the knob across (default expert_cache)")
+    pl.add_argument("--y", default="chunk", help="'chunk' (each prompt's chunk, the default) or a swept knob")
+    pl.set_defaults(func=cmd_plot)
+
     rp = sub.add_parser("report", help="write the Markdown bug report of a run")
     rp.add_argument("dir", type=Path, help="run directory")
     rp.add_argument("--output", "-o", type=Path, help="file to write (default: DIR/report.md)")
@@ -410,6 +419,31 @@ def cmd_merge(args: argparse.Namespace) -> int:
     for text in incomplete:
         print(f"error: incomplete: {text}; the merged verdict covers only part of the matrix", file=sys.stderr)
     return code
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from ._matrix import ENGINE_KNOBS, REQUEST_KNOBS, MatrixError
+    from ._plot import plot_verdicts
+    from ._runner import RunDir
+
+    rd = RunDir(args.dir)
+    try:
+        matrix = rd.matrix()
+    except MatrixError as e:
+        return _err(str(e))
+    records = rd.records()
+    for n in rd.notes:
+        print(f"note: {n}", file=sys.stderr)
+    for axis, knob in (("--x", args.x), ("--y", args.y)):
+        if knob != "chunk" and knob not in ENGINE_KNOBS and knob not in REQUEST_KNOBS:
+            return _err(f"{axis} {knob!r}: give a knob of the matrix ({', '.join(matrix.swept_knobs()) or 'none swept'})"
+                        + (" or chunk" if axis == "--y" else ""))
+    try:
+        path = plot_verdicts(matrix, records, args.output or rd.path / "verdicts.png", x=args.x, y=args.y)
+    except ValueError as e:
+        return _err(f"{args.dir}: {e}")
+    print(f"heat map written to {path}", file=sys.stderr)
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
