@@ -12,10 +12,11 @@ MATRIX_OUT ?= matrix-out
 
 all: native
 
+# dev tools and the ray extra (tests/test_matrix_run.py sends cells to a local Ray cluster)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,ray]'
 	touch $@
 
 # The test suite also compares against Hugging Face transformers (torch CPU; the wheel is local).

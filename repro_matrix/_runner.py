@@ -270,6 +270,14 @@ def _ray_run(matrix: Matrix, cells: Sequence[Cell], address: str, gpu: bool, on_
                      log_to_driver=False, ignore_reinit_error=True)
         else:
             ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+    # a CUDA cell takes one of the cluster's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it); the driver's
+    # own machine may have none
+    wants_gpu = any(c.knob("device") in ("cuda", "auto") for c in cells)
+    cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
+    if any(c.knob("device") == "cuda" for c in cells) and cluster_gpus == 0:
+        raise MatrixError("the matrix runs cells on the CUDA backend and the Ray cluster has no GPU "
+                          f"({ray.cluster_resources()}); start its nodes with GPUs, or run the cells with --set device=cpu")
+    gpu = wants_gpu and cluster_gpus > 0
     remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, max_retries=0)(_ray_cell)
     pending = [remote.remote(matrix.to_dict(), c.to_dict()) for c in cells]
     while pending:

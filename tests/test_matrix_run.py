@@ -3,7 +3,7 @@
 The built-in matrix must find the legacy lend bug (and bisect must pin its range), the current policy
 must serve everything with replies equal to the reference's, a planted change must be reported with
 its position, a killed sweep must resume without redoing cells, shards must cover the matrix once,
-and Ray (when installed) must reach the same verdicts.
+and cells sent to a local Ray cluster must reach the same verdicts and resume after a killed driver.
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -244,13 +247,64 @@ def test_a_matrix_that_expects_failures_and_sees_none_fails(tmp_path: Path):
     assert r.returncode == 1 and "none happened" in r.stdout
 
 
-def test_ray_backend_reaches_the_same_verdicts(tmp_path: Path, local_scale_run: tuple[Path, Path]):
-    pytest.importorskip("ray")
+@pytest.fixture
+def ray_cluster(tmp_path: Path):
+    """A local Ray cluster of one node and 2 CPUs, started and stopped by the test (its own process group)."""
+    import ray  # noqa: F401 - make test installs the ray extra; a missing one is an error, not a skip
+
+    ray_bin = Path(sys.executable).parent / "ray"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "ray.log", "w")  # noqa: SIM115 - closed below
+    temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's socket paths must stay short
+    proc = subprocess.Popen([str(ray_bin), "start", "--head", "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
+                             "--include-dashboard=false", "--disable-usage-stats", "--object-store-memory",
+                             str(100 * 1024 * 1024), "--temp-dir", str(temp), "--block"],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in (tmp_path / "ray.log").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "ray.log").read_text()
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_ray_cells_on_a_cluster_resume_after_a_killed_driver(tmp_path: Path, local_scale_run: tuple[Path, Path],
+                                                             ray_cluster: str):
     m, local = local_scale_run
     out = tmp_path / "ray"
-    p = _cli("run", str(m), "--out", str(out), "--ray", "--no-progress")
+    cells = out / "cells.jsonl"
+    total = len(load_matrix(m).cells())
+    driver = subprocess.Popen([sys.executable, "-m", "repro_matrix.cli", "run", str(m), "--out", str(out), "--ray",
+                               ray_cluster, "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and driver.poll() is None:
+        if cells.is_file() and cells.read_text().count("\n") >= 1:  # results appended as they finish
+            break
+        time.sleep(0.05)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    done = [json.loads(line)["cell_id"] for line in cells.read_text().splitlines() if line.endswith("}")]
+    assert 1 <= len(done) < total, "the driver was not killed half way"
+    p = _cli("run", "--resume", str(out), "--ray", ray_cluster, "--no-progress")
+    assert f"skipped {len(done)} finished cells, ran {total - len(done)}" in p.stderr, p.stderr
+    recs = RunDir(out).records()
+    ids = [json.loads(line)["cell_id"] for line in cells.read_text().splitlines()]
+    assert sorted(ids) == sorted(c.cell_id for c in load_matrix(m).cells())  # each cell exactly once
+    assert all(r.get("backend") == "ray" for r in recs)
+    # the cluster's tasks reach the local run's verdicts, the legacy failure among them
     ray_v = {cid: lb for cid, (_, lb, _) in _verdicts(out).items()}
     local_v = {cid: lb for cid, (_, lb, _) in _verdicts(local).items()}
     assert ray_v == local_v, p.stdout
-    assert any(_FAILURES & set(lb) for lb in ray_v.values())  # the legacy failure is among them
-    assert all(r.get("backend") == "ray" for r in RunDir(out).records())
+    assert any(_FAILURES & set(lb) for lb in ray_v.values())
