@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EngineConfig", "add_engine_args", "config_from_args", "parse_size"]
+__all__ = ["EngineConfig", "add_engine_args", "config_from_args", "generation_room", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -31,6 +31,13 @@ _UNITS = {
     "tb": 1000**4,
     "tib": 1 << 40,
 }
+
+
+def generation_room(max_context: int, n_past: int, n_prompt: int) -> int:
+    """How many tokens a reply can have after ``n_prompt`` prompt tokens, ``n_past`` tokens already
+    being in the KV cache: the last token is sampled from the logits and never stored, so
+    ``n_past + n_prompt + generated - 1 <= max_context``. The one rule for the engine and the server."""
+    return int(max_context) - int(n_past) - int(n_prompt) + 1
 
 
 def parse_size(text: str | int) -> int:
@@ -80,7 +87,7 @@ class EngineConfig:
             "device": ("cpu", "cuda", "auto"),
             "kv": ("f16", "int8"),
             "lend_policy": ("current", "legacy"),
-            "miss": ("host", "copy", "auto"),
+            "miss": ("host", "copy", "read", "auto"),
             "cache_policy": ("adaptive", "lru"),
             "simd": ("auto", "scalar", "avx2", "avx512"),
         }
@@ -143,7 +150,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lend-policy", default="current", choices=["current", "legacy"], help="how the prompt path borrows slots")
     g.add_argument("--lend-floor", type=int, help="slots never lent (default 128, or a quarter of a small cache)")
     g.add_argument("--lend-pct", type=float, help="most of the cache that may be lent (0..1)")
-    g.add_argument("--miss", default="auto", choices=["host", "copy", "auto"], help="decode miss: run on host or copy in")
+    g.add_argument("--miss", default="auto", choices=["host", "copy", "read", "auto"],
+                   help="a decode miss: run on the host, copy into a slot, or (cuda) read from pinned host RAM by the "
+                        "device; auto: read where the experts are pinned, else host/copy by measured rates")
     g.add_argument("--cache-policy", default="adaptive", choices=["adaptive", "lru"], help="decode cache policy")
     g.add_argument("--adapt-every", type=int, help="decode tokens between adaptive swaps")
     g.add_argument("--adapt-swaps", type=int, help="most experts swapped in per adaptation")

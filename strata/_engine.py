@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from . import _cdefs as C
-from ._config import EngineConfig
+from ._config import EngineConfig, generation_room
 from ._exceptions import StrataError, error_for_status
 
 __all__ = [
@@ -45,7 +45,7 @@ STATUS_CANCELLED = 9
 _DEVICE = {"cpu": 0, "cuda": 1, "auto": 2}
 _KV = {"f16": 0, "int8": 1}
 _LEND = {"current": 0, "legacy": 1}
-_MISS = {"auto": 0, "host": 1, "copy": 2}
+_MISS = {"auto": 0, "host": 1, "copy": 2, "read": 3}
 _CACHE = {"adaptive": 0, "lru": 1}
 _SIMD = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 
@@ -154,6 +154,7 @@ class Stats:
     prompt_total: int
     device_bytes: int
     device_peak_bytes: int
+    bus_reads: int  # decode misses the device read from the pinned host store (--miss read)
 
 
 @dataclass
@@ -425,7 +426,7 @@ class Engine:
 
         cb = C.TOKEN_FN(_on_token)
         # the context bounds what can be generated: n_past + prompt + generated - 1 <= max_context
-        room = self.plan.max_context - self.n_past - n + 1
+        room = generation_room(self.plan.max_context, self.n_past, n)
         limit = max(0, min(int(max_tokens), room)) if room > 0 else int(max_tokens)
         gp.max_tokens = limit
         cap = max(1, limit)

@@ -6,16 +6,24 @@ files). They see what Hugging Face's chat templates expect: ``messages``, ``add_
 filter that keeps non-ASCII text as it is, plus the request's ``chat_template_kwargs`` (for instance
 ``enable_thinking``) and ``reasoning_effort``. A file without a template gets ``FALLBACK_TEMPLATE``
 (ChatML turns).
+
+The request's text never becomes a control token: ``render_prompt`` swaps every control-token text
+found in the request (message content, names, tool definitions, template arguments) for a character
+that appears nowhere else before the template runs, and gives the tokenizer the table to put the text
+back after it has found the template's own markers (``Tokenizer.encode(..., placeholders=...)``).
 """
 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["FALLBACK_TEMPLATE", "ChatTemplate", "ChatTemplateError", "normalize_messages"]
+__all__ = ["FALLBACK_TEMPLATE", "ChatTemplate", "ChatTemplateError", "Prompt", "normalize_messages"]
 
 FALLBACK_TEMPLATE = (
     "{%- for m in messages -%}"
@@ -98,15 +106,72 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-class ChatTemplate:
-    """One model's chat template."""
+# placeholders come from a Unicode private-use plane: no model writes them and no template uses them
+_PLACEHOLDER_FIRST = 0xF0000
+_PLACEHOLDER_LAST = 0xFFFFD
 
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "") -> None:
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt whose request text is kept apart from the template's markers.
+
+    ``masked`` is the template's output in which each control-token text that came from the request
+    is one placeholder character; ``placeholders`` maps each of those characters back to its text."""
+
+    masked: str
+    placeholders: dict[str, str]
+
+    @property
+    def text(self) -> str:
+        """The prompt as the model reads it, the request's text verbatim."""
+        if not self.placeholders:
+            return self.masked
+        return self.masked.translate({ord(k): v for k, v in self.placeholders.items()})
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON-like value, keys included (iteratively: depth is the caller's limit)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, str):
+                    yield k
+                stack.append(x)
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+
+
+def _mask(value: Any, pattern: re.Pattern[str], table: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return pattern.sub(lambda m: table[m.group(0)], value)
+    if isinstance(value, dict):
+        return {_mask(k, pattern, table): _mask(v, pattern, table) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v, pattern, table) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_mask(v, pattern, table) for v in value)
+    return value
+
+
+class ChatTemplate:
+    """One model's chat template.
+
+    ``control_tokens`` are the texts that the tokenizer turns into control tokens
+    (``Tokenizer.control_texts``); ``render_prompt`` keeps the request from writing them."""
+
+    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "",
+                 control_tokens: Iterable[str] = ()) -> None:
         self.is_fallback = not source
         self.source = source or FALLBACK_TEMPLATE
         self.bos_token = bos_token
         self.eos_token = eos_token
         self._template = _compile(self.source)
+        texts = sorted({t for t in control_tokens if t}, key=lambda t: (-len(t), t))
+        self._control = re.compile("|".join(map(re.escape, texts))) if texts else None
 
     @property
     def supports_thinking(self) -> bool:
@@ -124,6 +189,45 @@ class ChatTemplate:
         extra: dict[str, Any] | None = None,
     ) -> str:
         """The prompt text for ``messages`` (OpenAI format; checked by ``normalize_messages``)."""
+        return self.render_prompt(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                                  enable_thinking=enable_thinking, reasoning_effort=reasoning_effort,
+                                  extra=extra).text
+
+    def render_prompt(
+        self,
+        messages: Any,
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[Any] | None = None,
+        enable_thinking: bool | None = None,
+        reasoning_effort: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Prompt:
+        """``render``, with the request's control-token texts masked (see ``Prompt``)."""
+        table: dict[str, str] = {}
+        request = (messages, tools, extra, reasoning_effort)
+        if self._control is not None:
+            found = sorted({m.group(0) for s in _strings(request) for m in self._control.finditer(s)})
+            if found:
+                used = {ord(c) for s in (*_strings(request), self.source, self.bos_token, self.eos_token)
+                        for c in s if ord(c) >= _PLACEHOLDER_FIRST}
+                free = (c for c in range(_PLACEHOLDER_FIRST, _PLACEHOLDER_LAST + 1) if c not in used)
+                table = {t: chr(next(free)) for t in found}
+                messages, tools, extra, reasoning_effort = _mask(request, self._control, table)
+        text = self._render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                            enable_thinking=enable_thinking, reasoning_effort=reasoning_effort, extra=extra)
+        return Prompt(text, {c: t for t, c in table.items()})
+
+    def _render(
+        self,
+        messages: Any,
+        *,
+        add_generation_prompt: bool,
+        tools: list[Any] | None,
+        enable_thinking: bool | None,
+        reasoning_effort: str | None,
+        extra: dict[str, Any] | None,
+    ) -> str:
         from jinja2.exceptions import TemplateError
 
         ctx: dict[str, Any] = dict(extra or {})

@@ -10,7 +10,11 @@
   as ``▁`` and a space put in front of the text (and after each special token), as SentencePiece does.
 
 Special tokens (control and user-defined tokens) are found in the text before the ordinary tokenizer
-runs, longest first; with ``parse_special=False`` only user-defined ones are. Decoding works on bytes:
+runs, longest first; with ``parse_special=False`` only user-defined ones are. A chat prompt mixes the
+two: the template's own markers must become control tokens while the text of the messages must not
+(a user who types ``<|im_end|>`` gets those characters, not the end of a turn). ``encode`` takes the
+prompt with that text masked (``placeholders``: see ``strata.chat_template.Prompt``), finds control
+tokens in the rest, and tokenizes the masked text as plain text. Decoding works on bytes:
 each token stands for a byte string, and ``StreamDecoder`` turns a stream of ids into text without
 ever splitting a UTF-8 character across two pieces.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import codecs
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from os import PathLike, fspath
 from typing import Any
 
@@ -178,6 +182,9 @@ class Tokenizer:
                    if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and self.tokens[i]]
         self._special_all = self._matcher(special)
         self._special_user = self._matcher([i for i in special if self.token_types[i] == TOKEN_USER_DEFINED])
+        # the texts that only parse_special turns into tokens (the rest are matched either way)
+        self.control_texts: frozenset[str] = frozenset(self._special_all[1]) - frozenset(self._special_user[1])
+        self._max_token_bytes = max((len(b) for b in self._token_bytes), default=1) or 1
 
         eog = {i for i in (self.eos_id, self.eot_id) if i >= 0}
         eog |= {i for i in special if self.tokens[i] in _EOG_TEXTS and self.token_types[i] != TOKEN_UNKNOWN}
@@ -264,16 +271,45 @@ class Tokenizer:
     def _encode_ordinary(self, text: str) -> list[int]:
         if not text:
             return []
-        return list(self._hf.encode(text, add_special_tokens=False).ids)
+        # encode_batch lets go of the GIL while it works (encode does not): a long prompt tokenized in
+        # a thread leaves the server's event loop running
+        return list(self._hf.encode_batch([text], add_special_tokens=False)[0].ids)
 
-    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+    def _pieces(self, text: str, parse_special: bool,
+                placeholders: Mapping[str, str] | None) -> Iterator[tuple[int | None, str]]:
+        if not placeholders:
+            yield from self._partition(text, parse_special)
+            return
+        table = {ord(k): v for k, v in placeholders.items()}
+        for tid, piece in self._partition(text, parse_special):
+            if tid is not None or not any(k in piece for k in placeholders):
+                yield tid, piece
+            else:
+                # masked text is plain text: only the tokens that are matched in any text are found in it
+                yield from self._partition(piece.translate(table), False)
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))``, found without tokenizing (0 when none is known).
+
+        In a byte-level vocabulary every byte of the text belongs to exactly one token, and no token
+        stands for more than the longest token's bytes; a prompt that cannot fit the context is refused
+        at once instead of after seconds of tokenizing."""
+        if self.kind != "gpt2":
+            return 0
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self._max_token_bytes)
+
+    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True,
+               placeholders: Mapping[str, str] | None = None) -> list[int]:
         """Token ids of ``text``. ``add_special`` adds BOS/EOS as the model asks for them;
-        ``parse_special`` turns the text of control tokens (``<|im_start|>``) into those tokens."""
+        ``parse_special`` turns the text of control tokens (``<|im_start|>``) into those tokens.
+
+        ``placeholders`` maps single characters in ``text`` to the text they stand for: that text is
+        put back after the control tokens are found, so it is always tokenized as plain text."""
         out: list[int] = []
         if add_special and self.add_bos and self.bos_id >= 0:
             out.append(self.bos_id)
         prev_special = True
-        for tid, piece in self._partition(text, parse_special):
+        for tid, piece in self._pieces(text, parse_special, placeholders):
             if tid is not None:
                 out.append(tid)
                 prev_special = True

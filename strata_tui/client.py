@@ -19,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from strata.think import ThinkSplitter
+
 __all__ = [
     "ApiError",
     "ChatClient",
@@ -29,10 +31,6 @@ __all__ = [
     "Unreachable",
     "friendly_error",
 ]
-
-_THINK_OPEN = "<think>"
-_THINK_CLOSE = "</think>"
-
 
 class ApiError(Exception):
     """The server answered with an error body."""
@@ -75,53 +73,6 @@ class ServerInfo:
 
     is_strata: bool
     models: list[str] = field(default_factory=list)
-
-
-class ThinkSplitter:
-    """Split streamed text into reasoning (inside ``<think>...</think>``) and answer text.
-
-    Tags may arrive cut across pieces, so a tail that could be the start of a tag is held back until
-    the next piece decides it.
-    """
-
-    def __init__(self) -> None:
-        self.inside = False
-        self._held = ""
-
-    def feed(self, text: str) -> Delta:
-        text = self._held + text
-        self._held = ""
-        out = Delta()
-        while text:
-            tag = _THINK_CLOSE if self.inside else _THINK_OPEN
-            i = text.find(tag)
-            if i >= 0:
-                self._emit(out, text[:i])
-                text = text[i + len(tag) :]
-                self.inside = not self.inside
-                continue
-            # keep back the longest suffix that is a prefix of the tag
-            keep = 0
-            for n in range(min(len(tag) - 1, len(text)), 0, -1):
-                if tag.startswith(text[-n:]):
-                    keep = n
-                    break
-            self._emit(out, text[: len(text) - keep])
-            self._held = text[len(text) - keep :]
-            break
-        return out
-
-    def flush(self) -> Delta:
-        out = Delta()
-        self._emit(out, self._held)
-        self._held = ""
-        return out
-
-    def _emit(self, out: Delta, text: str) -> None:
-        if self.inside:
-            out.reasoning += text
-        else:
-            out.content += text
 
 
 def _error_from_body(status: int, body: bytes) -> ApiError:
@@ -236,9 +187,10 @@ class ChatClient:
                             setattr(fin, key, chunk[key])
                     for choice in chunk.get("choices") or []:
                         delta = choice.get("delta") or {}
-                        piece = splitter.feed(delta.get("content") or "")
-                        piece.reasoning = (delta.get("reasoning_content") or delta.get("reasoning") or "") + (
-                            piece.reasoning
+                        split = splitter.feed(delta.get("content") or "")
+                        piece = Delta(
+                            content=split.content,
+                            reasoning=(delta.get("reasoning_content") or delta.get("reasoning") or "") + split.reasoning,
                         )
                         if choice.get("finish_reason"):
                             fin.finish_reason = choice["finish_reason"]
@@ -253,6 +205,6 @@ class ChatClient:
             ) from e
         tail = splitter.flush()
         if tail.content or tail.reasoning:
-            yield tail
+            yield Delta(content=tail.content, reasoning=tail.reasoning)
         fin.elapsed_s = time.perf_counter() - t0
         yield fin

@@ -186,7 +186,8 @@ def test_models_health_metrics_status(server: Served, client: openai.OpenAI) -> 
     assert [m.id for m in models.data] == ["tiny-q8_0-seed0-v1.gguf"]
     h = httpx.get(f"{server.url}/health")
     assert h.status_code == 200 and h.json() == {"status": "ok"}
-    m = httpx.get(f"{server.url}/metrics")  # open without the key
+    assert httpx.get(f"{server.url}/metrics").status_code == 401  # with --api-key, the key is needed
+    m = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert m.status_code == 200 and m.headers["x-strata-server"] == "1"
     for name in ("strata_requests_total", "strata_prompt_tokens_total", "strata_generated_tokens_total",
                  "strata_prompt_seconds_total", "strata_decode_seconds_total", "strata_expert_hits_total",

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from strata.server.app import _StopMatcher, _ThinkSplitter
+from strata.server.streaming import StopMatcher
+from strata.think import ThinkSplitter
 from strata.server.protocol import MAX_FRAME, ProtocolError, encode_frame, read_frame, write_frame
 
 
@@ -35,7 +36,7 @@ def test_corrupt_frames_are_refused() -> None:
 
 
 def _run(stops: list[str], pieces: list[str]) -> tuple[str, bool]:
-    m = _StopMatcher(stops)
+    m = StopMatcher(stops)
     out = ""
     for p in pieces:
         out += m.feed(p)
@@ -66,7 +67,7 @@ def test_stop_matcher_equals_cutting_the_whole_text(text: str, stop: str, cuts: 
 
 
 def _split(pieces: list[str], inside: bool = False) -> tuple[str, str]:
-    sp = _ThinkSplitter(inside)
+    sp = ThinkSplitter(inside)
     r = c = ""
     for p in pieces:
         a, b = sp.feed(p)

@@ -5,6 +5,11 @@
 The server binds its socket, starts the engine worker and, once the engine is open, prints one line
 ``strata: listening on http://HOST:PORT`` on stdout (``--port 0`` picks a free port; the line says
 which). When the engine cannot start, it prints the engine's message and exits with status 1.
+
+API keys come from ``--api-key`` (once per key) or from ``STRATA_API_KEY`` (keys separated by commas);
+the environment keeps a key out of the process list, where any user of the machine can read a
+command line. SIGINT or SIGTERM stops the server in order: running and waiting requests end with an
+error that says so, the engine worker is told to exit, and the exit status is 0.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from .._config import add_engine_args, config_from_args
+from .requests import DEFAULT_MAX_BODY
+from .supervisor import DEFAULT_ENGINE_TIMEOUT
 
 __all__ = ["add_parser", "run"]
 
@@ -37,13 +44,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     g.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
-    g.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 endpoints (default: $STRATA_API_KEY)")
+    g.add_argument("--api-key", action="append", metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health; give it once per "
+                        "client (each key is a client of its own). Default: $STRATA_API_KEY (comma-separated), "
+                        "which keeps the keys off the command line")
     g.add_argument("--model-name", help="model id shown by /v1/models (default: the file name)")
-    g.add_argument("--max-body-mib", type=float, default=16.0, help="largest request body in MiB (default 16)")
+    g.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY / (1 << 20),
+                   help=f"largest request body in MiB (default {DEFAULT_MAX_BODY >> 20}); a larger one gets 413")
+    g.add_argument("--engine-timeout", type=float, default=DEFAULT_ENGINE_TIMEOUT, metavar="SECONDS",
+                   help=f"seconds without a heartbeat from the engine worker before it counts as unresponsive "
+                        f"(default {DEFAULT_ENGINE_TIMEOUT:g}; 0: never)")
     g.add_argument("--cache-prompt", action="store_true",
-                   help="reuse the KV cache for the part of a prompt that the previous request shared "
-                        "(requests can also ask with \"cache_prompt\": true)")
+                   help="reuse the KV cache for the part of a prompt that the same client's previous request "
+                        "shared (requests can also ask with \"cache_prompt\": true)")
     g.add_argument("--quiet", action="store_true", help="do not echo the engine log on stderr")
     p.set_defaults(func=run)
     return p
@@ -85,14 +98,23 @@ def run(args: argparse.Namespace) -> int:
     if args.max_body_mib <= 0:
         print("strata serve: --max-body-mib must be positive", file=sys.stderr)
         return 2
+    if args.engine_timeout < 0:
+        print("strata serve: --engine-timeout must be 0 (never) or a number of seconds", file=sys.stderr)
+        return 2
+    keys = api_keys(args.api_key)
     from ..chat_template import ChatTemplate, ChatTemplateError
     from ..tokenizer import Tokenizer, TokenizerError
 
     try:
         tokenizer = Tokenizer.from_gguf(model)
-        template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+        template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
+                                control_tokens=tokenizer.control_texts)
     except (TokenizerError, ChatTemplateError, ValueError, OSError) as e:
         print(f"strata serve: cannot read the tokenizer of {model}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # the tokenizers library refused the vocabulary (it raises plain Exception)
+        print(f"strata serve: the vocabulary in {model} is not usable ({type(e).__name__}: {e}); the file is "
+              f"damaged or was written by a converter strata does not know", file=sys.stderr)
         return 1
     try:
         sock = _bind(args.host, args.port)
@@ -100,11 +122,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"strata serve: cannot listen on {args.host}:{args.port}: {e.strerror or e} "
               f"(use another --port, or --port 0 for a free one)", file=sys.stderr)
         return 1
-    return asyncio.run(_serve(args, config, model, tokenizer, template, sock))
+    return asyncio.run(_serve(args, config, model, tokenizer, template, sock, keys))
+
+
+def api_keys(given: list[str] | None) -> tuple[str, ...]:
+    """The keys from ``--api-key``, else from ``STRATA_API_KEY`` (comma-separated)."""
+    raw = given if given else os.environ.get("STRATA_API_KEY", "").split(",")
+    return tuple(dict.fromkeys(k.strip() for k in raw if k.strip()))
 
 
 async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: Any, template: Any,
-                 sock: socket.socket) -> int:
+                 sock: socket.socket, keys: tuple[str, ...]) -> int:
     import uvicorn
 
     from .app import ServerState, create_app
@@ -116,9 +144,9 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    sup = Supervisor(str(model), config, echo_log=not args.quiet)
+    sup = Supervisor(str(model), config, echo_log=not args.quiet, engine_timeout=args.engine_timeout)
     state = ServerState(supervisor=sup, tokenizer=tokenizer, template=template,
-                        model_name=args.model_name or model.name, api_key=args.api_key or None,
+                        model_name=args.model_name or model.name, api_keys=keys,
                         max_body=int(args.max_body_mib * (1 << 20)), cache_prompt=args.cache_prompt)
     app = create_app(state)
     uconf = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
@@ -136,6 +164,7 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
         await asyncio.wait({start_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         if not start_task.done():  # stopped while the engine was loading
             start_task.cancel()
+            sup.shutdown()
             server.should_exit = True
             await serve_task
             await sup.close()
@@ -151,6 +180,8 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
         print(f"strata: listening on {_url(args.host if args.host not in ('0.0.0.0', '::') else host, port)}",
               flush=True)
         await asyncio.wait({serve_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        # requests in flight get their error event before the connections close
+        sup.shutdown()
         server.should_exit = True
         await serve_task
     finally:

@@ -6,9 +6,17 @@ job whose client went away is cancelled: a queued one leaves the queue, a runnin
 worker to stop, which it does after at most one more token.
 
 When the worker exits while a job runs, that job ends with ``engine_exited`` ("the engine stopped
-unexpectedly (exit code N)" and the tail of the engine log) and a fresh worker is started for the
-requests that follow. A worker that cannot open the engine reports why (``start_failed``) and exits;
-that message is what ``start()`` raises and what a request gets as ``engine_start_failed``.
+unexpectedly (exit code N)") and a fresh worker is started for the requests that follow; the tail of
+the engine's log goes to the server's own output, never to a client. A worker that cannot open the
+engine reports why (``start_failed``) and exits; that message is what ``start()`` raises and what a
+request gets as ``engine_start_failed``.
+
+The worker runs in a session of its own: a signal to the server's process group (Ctrl+C, a service
+manager's SIGTERM) reaches the server only, which then stops in order (``shutdown()``: the running
+and waiting requests end with ``server_shutting_down``, the worker is told to exit). The worker sends a
+heartbeat every ``engine_timeout / 4`` seconds; when none has come for ``engine_timeout`` seconds
+(the process is stopped or frozen), the supervisor says ``unresponsive``, ends the running and waiting
+requests with ``engine_unresponsive`` and refuses new ones until the worker is heard from again.
 """
 
 from __future__ import annotations
@@ -27,16 +35,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._config import EngineConfig
-from .protocol import decode_frame, encode_frame, frame_length
+from .errors import public_message
+from .protocol import GenerateCommand, decode_frame, encode_frame, frame_length
 
-__all__ = ["EngineStartError", "Job", "Supervisor"]
+__all__ = ["DEFAULT_ENGINE_TIMEOUT", "EngineStartError", "Job", "Supervisor"]
 
 _LOG_LINES = 200
 _TAIL_LINES = 20
+DEFAULT_ENGINE_TIMEOUT = 30.0
 
 
 class EngineStartError(RuntimeError):
-    """The engine could not be started; the message is the engine's own."""
+    """The engine could not be started. ``str()`` is for the server's operator (the engine's message
+    and the last lines of its log); ``message`` alone is what a client may see."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message + (f"\n{log_tail}" if log_tail else ""))
+        self.message = message
 
 
 def _signal_name(code: int) -> str:
@@ -64,15 +79,20 @@ def _consume(task: asyncio.Task[Any]) -> None:
 
 @dataclass
 class Job:
-    """One request in the FIFO: its parameters for the worker and the events it receives."""
+    """One request in the FIFO: its command for the worker and the events it receives.
+
+    ``events`` ends with a ``done`` or ``error`` event; ``finished`` is set when the worker is done
+    with the job (or never got it). A job answered with an error while the worker still has it
+    (``abandoned``: the engine stopped answering) receives no further events."""
 
     seq: int
-    params: dict[str, Any]
+    command: GenerateCommand
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     submitted: float = field(default_factory=time.monotonic)
     started: float | None = None
     finished: asyncio.Event = field(default_factory=asyncio.Event)
     cancelled: bool = False
+    abandoned: bool = False
     run_index: int | None = None  # 1 for the first job the engine ran, 2 for the next, ...
     _sup: Supervisor | None = None
 
@@ -99,7 +119,9 @@ class _Worker:
         self.exit_code: int | None = None
         self.reader: asyncio.Task[None] | None = None
         self.log_reader: asyncio.Task[None] | None = None
+        self.watchdog: asyncio.Task[None] | None = None
         self.stopping = False
+        self.last_heard = time.monotonic()
 
     def send(self, msg: dict[str, Any]) -> bool:
         if self.proc.stdin is None or self.proc.stdin.is_closing() or self.exit_code is not None:
@@ -122,21 +144,25 @@ class Supervisor:
         echo_log: bool = True,
         env: dict[str, str] | None = None,
         python: str = sys.executable,
+        engine_timeout: float = DEFAULT_ENGINE_TIMEOUT,
     ) -> None:
         self.model_path = str(model_path)
         self.config = config
         self.echo_log = echo_log
         self.env = env
         self.python = python
+        self.engine_timeout = float(engine_timeout)  # 0: no heartbeat, no timeout
         self.log: collections.deque[str] = collections.deque(maxlen=_LOG_LINES)
         self.state = "loading"
-        self.start_error: str | None = None
+        self.start_error: str | None = None  # for the operator: with the log's tail
+        self.public_error: str | None = None  # for clients: the engine's words, no path, no log
         self.info: dict[str, Any] | None = None
         self.plan: dict[str, Any] | None = None
         self.stats: dict[str, Any] | None = None
         self.restarts = 0
         self.last_exit_code: int | None = None
         self.prompt_progress: dict[str, Any] | None = None
+        self.unresponsive_since: float | None = None
         self._worker: _Worker | None = None
         self._spawning: asyncio.Task[_Worker] | None = None
         self._queue: collections.deque[Job] = collections.deque()
@@ -153,7 +179,7 @@ class Supervisor:
         """Start the worker and the run loop; raises EngineStartError with the engine's message."""
         if self._run_task is None:
             self._run_task = asyncio.create_task(self._run(), name="strata-supervisor")
-        await self._ensure_worker()
+        await self.ensure_worker()
 
     @property
     def ready(self) -> bool:
@@ -161,21 +187,33 @@ class Supervisor:
         return w is not None and w.ready.done() and not w.ready.exception() and w.exit_code is None
 
     @property
+    def healthy(self) -> bool:
+        """Ready, answering, and not stopping: what ``/health`` reports as ok."""
+        return self.ready and self.unresponsive_since is None and not self._closing
+
+    @property
     def pid(self) -> int | None:
         w = self._worker
         return w.proc.pid if w is not None and w.exit_code is None else None
 
-    async def close(self) -> None:
+    def shutdown(self) -> None:
+        """Begin an orderly stop: no new requests; the running and waiting ones end with an error
+        that says why; the worker is asked to stop its generation. ``close()`` finishes the stop."""
+        if self._closing:
+            return
         self._closing = True
+        self.state = "stopping"
+        self._fail_all("server_shutting_down", "the server is shutting down; the request was not finished")
+        w = self._worker
+        if w is not None:
+            w.send({"op": "cancel"})
+
+    async def close(self) -> None:
+        self.shutdown()
         if self._run_task is not None:
             self._run_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._run_task
-        for job in list(self._queue):
-            self._finish(job, {"ev": "error", "code": "engine_exited", "message": "the server is shutting down"})
-        self._queue.clear()
-        if self._current is not None:
-            self._finish(self._current, {"ev": "error", "code": "engine_exited", "message": "the server is shutting down"})
         w = self._worker
         if w is not None and w.exit_code is None:
             w.stopping = True
@@ -186,9 +224,17 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.kill()
                 await w.proc.wait()
-        if w is not None and w.reader is not None:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(w.reader, 5)
+        if w is not None:
+            for t in (w.reader, w.log_reader):
+                if t is not None:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await asyncio.wait_for(t, 5)
+            if w.watchdog is not None:
+                w.watchdog.cancel()
+
+    async def ensure_worker(self) -> None:
+        """Wait for a ready worker, starting one if there is none (raises EngineStartError)."""
+        await self._ensure_worker()
 
     async def _ensure_worker(self) -> _Worker:
         if self.ready:
@@ -200,19 +246,20 @@ class Supervisor:
 
     async def _spawn(self) -> _Worker:
         self.state = "loading" if self.restarts == 0 and self.last_exit_code is None else "restarting"
-        self.start_error = None
+        self.start_error = self.public_error = None
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        beat = min(1.0, self.engine_timeout / 4) if self.engine_timeout > 0 else 0.0
         cmd = [self.python, "-m", "strata.server.worker", "--model", self.model_path,
-               "--config", json.dumps(self.config.to_dict())]
+               "--config", json.dumps(self.config.to_dict()), "--heartbeat", repr(beat)]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                preexec_fn=_set_pdeathsig,
+                preexec_fn=_set_pdeathsig, start_new_session=True,
             )
         except OSError as e:
             self.state = "failed"
-            self.start_error = f"cannot start the engine worker ({self.python}): {e}"
+            self.start_error = self.public_error = f"cannot start the engine worker ({self.python}): {e.strerror or e}"
             raise EngineStartError(self.start_error) from e
         w = _Worker(proc)
         self._worker = w
@@ -224,9 +271,14 @@ class Supervisor:
         except EngineStartError as e:
             self.state = "failed"
             self.start_error = str(e)
+            self.public_error = public_message(e.message, self.model_path)
+            if not self.echo_log:
+                print(f"engine: {self.start_error}", file=sys.stderr, flush=True)
             raise
         self.info, self.plan, self.stats = msg.get("info"), msg.get("plan"), msg.get("stats")
         self.state = "idle" if self._current is None else self.state
+        if beat > 0:
+            w.watchdog = asyncio.create_task(self._watch(w, beat), name="strata-worker-watchdog")
         return w
 
     # ---- worker I/O --------------------------------------------------------------------------------
@@ -253,6 +305,7 @@ class Supervisor:
             while True:
                 header = await w.proc.stdout.readexactly(4)
                 data = await w.proc.stdout.readexactly(frame_length(header))
+                w.last_heard = time.monotonic()
                 self._on_event(w, decode_frame(data))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -266,8 +319,37 @@ class Supervisor:
                 await asyncio.wait_for(asyncio.shield(w.log_reader), 2)
         self._on_exit(w, code)
 
+    async def _watch(self, w: _Worker, every: float) -> None:
+        """Notice a worker that has stopped answering (see the module docstring)."""
+        last_tick = time.monotonic()
+        while w.exit_code is None:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            late, last_tick = now - last_tick > 2 * every, now
+            if late:
+                continue  # this loop was held up itself: frames may be waiting to be read
+            silent = now - w.last_heard
+            if silent > self.engine_timeout and self.unresponsive_since is None and w is self._worker:
+                self.unresponsive_since = w.last_heard
+                self.state = "unresponsive"
+                self._log(f"engine worker (pid {w.proc.pid}) has not answered for {silent:.0f} s")
+                self._fail_all("engine_unresponsive", self.unresponsive_message())
+                w.send({"op": "cancel"})
+
+    def unresponsive_message(self) -> str:
+        since = self.unresponsive_since or time.monotonic()
+        return (f"the engine has not answered for {time.monotonic() - since:.0f} s (its process is stopped or "
+                f"frozen); the request was not served. The server keeps waiting for it: when it answers again, "
+                f"requests are served; when it exits, a fresh engine is started")
+
     def _on_event(self, w: _Worker, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
+        if self.unresponsive_since is not None and w is self._worker:
+            self.unresponsive_since = None
+            self._log("engine worker is answering again")
+            self.state = "idle" if self._current is None else "generating"
+        if ev == "heartbeat":
+            return
         if ev == "ready":
             if not w.ready.done():
                 w.ready.set_result(msg)
@@ -290,32 +372,36 @@ class Supervisor:
         elif ev == "token":
             self.state = "generating"
             self.prompt_progress = None
-        elif ev == "stats":
+        elif ev not in ("done", "error"):
             return
-        job.events.put_nowait(msg)
+        if not job.abandoned:
+            job.events.put_nowait(msg)
         if ev in ("done", "error"):
             self._finish(job, None)
 
     def _on_exit(self, w: _Worker, code: int) -> None:
         w.exit_code = code
+        if w.watchdog is not None:
+            w.watchdog.cancel()
         was_ready = w.ready.done() and w.ready.exception() is None
         if not w.ready.done():
-            tail = self.log_tail()
-            w.ready.set_exception(EngineStartError(
-                f"the engine stopped while starting (exit code {code})" + (f"\n{tail}" if tail else "")))
+            w.ready.set_exception(EngineStartError(f"the engine stopped while starting (exit code {code}); the server's log says why",
+                                                   self.log_tail()))
         if w is not self._worker:
             return
         self.last_exit_code = code
+        self.unresponsive_since = None
         if w.stopping or self._closing:
             return
         self._log(f"engine worker exited with code {code}")
+        if not self.echo_log and was_ready:
+            print(f"engine: the worker exited with code {code}; the last lines of its log:\n{self.log_tail()}",
+                  file=sys.stderr, flush=True)
         job = self._current
         if job is not None and was_ready:
             how = f" It was killed by {_signal_name(code)}." if code < 0 else ""
-            tail = self.log_tail()
-            message = f"the engine stopped unexpectedly (exit code {code}).{how}"
-            if tail:
-                message += f" Last lines of the engine log:\n{tail}"
+            message = (f"the engine stopped unexpectedly (exit code {code}).{how} The server's log says more; "
+                       f"the next request gets a fresh engine")
             self._finish(job, {"ev": "error", "code": "engine_exited", "message": message, "exit_code": code})
         if was_ready:
             # it had been running: start a fresh one for the requests that follow
@@ -326,11 +412,16 @@ class Supervisor:
 
     # ---- the queue ---------------------------------------------------------------------------------
 
-    def submit(self, params: dict[str, Any]) -> Job:
+    def submit(self, command: GenerateCommand) -> Job:
         """Queue a generation; read its events from ``job.events`` until ``done`` or ``error``."""
-        job = Job(seq=next(self._seq), params=params, _sup=self)
-        self._queue.append(job)
-        self._wakeup.set()
+        job = Job(seq=next(self._seq), command=command, _sup=self)
+        if self._closing:
+            self._finish(job, {"ev": "error", "code": "server_shutting_down", "message": "the server is shutting down"})
+        elif self.unresponsive_since is not None:
+            self._finish(job, {"ev": "error", "code": "engine_unresponsive", "message": self.unresponsive_message()})
+        else:
+            self._queue.append(job)
+            self._wakeup.set()
         return job
 
     @property
@@ -340,6 +431,10 @@ class Supervisor:
     @property
     def running(self) -> Job | None:
         return self._current
+
+    def waiting(self) -> list[Job]:
+        """The jobs in the queue, first to run first."""
+        return list(self._queue)
 
     def position_of(self, job: Job) -> int:
         if job is self._current:
@@ -360,9 +455,20 @@ class Supervisor:
                                "message": "the request was cancelled before the engine started it"})
 
     def _finish(self, job: Job, event: dict[str, Any] | None) -> None:
-        if event is not None:
+        if event is not None and not job.abandoned:
             job.events.put_nowait(event)
         job.finished.set()
+
+    def _fail_all(self, code: str, message: str) -> None:
+        """End the waiting jobs, and answer the running one (which the worker may still have)."""
+        event = {"ev": "error", "code": code, "message": message}
+        for job in list(self._queue):
+            self._finish(job, dict(event))
+        self._queue.clear()
+        job = self._current
+        if job is not None and not job.abandoned and not job.finished.is_set():
+            job.events.put_nowait(dict(event))
+            job.abandoned = True
 
     async def _run(self) -> None:
         while True:
@@ -375,19 +481,19 @@ class Supervisor:
                 try:
                     w = await self._ensure_worker()
                 except EngineStartError as e:
-                    self._finish(job, {"ev": "error", "code": "engine_start_failed", "message": str(e)})
+                    self._finish(job, {"ev": "error", "code": "engine_start_failed",
+                                       "message": public_message(e.message, self.model_path)})
                     continue
                 except Exception as e:
                     self._finish(job, {"ev": "error", "code": "engine_start_failed",
-                                       "message": f"{type(e).__name__}: {e}"})
+                                       "message": f"the engine worker did not start ({type(e).__name__})"})
                     continue
                 job.started = time.monotonic()
                 job.run_index = next(self._runs)
                 job.events.put_nowait({"ev": "started"})
                 self.state = "reading"
-                self.prompt_progress = {"done": 0, "total": len(job.params.get("prompt", ())),
-                                        "tokens_per_second": 0.0}
-                if not w.send({"op": "generate", **job.params}):
+                self.prompt_progress = {"done": 0, "total": len(job.command.prompt), "tokens_per_second": 0.0}
+                if not w.send(job.command.to_message()):
                     # the worker is going away; its exit path ends the job (or it is already gone)
                     if w.exit_code is not None:
                         self._finish(job, {"ev": "error", "code": "engine_exited",

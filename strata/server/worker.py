@@ -3,9 +3,16 @@
 This is the only module of the server that loads libstrata. A crash in native code ends this process,
 never the server; the supervisor sees the exit code and starts a new worker.
 
-Run as ``python -m strata.server.worker --model FILE --config JSON``. Commands arrive on stdin and
-events leave on the original stdout, both as frames (``strata.server.protocol``). Everything else the
-process prints, the native library included, goes to stderr: the engine log.
+Run as ``python -m strata.server.worker --model FILE --config JSON [--heartbeat S]``. Commands arrive
+on stdin and events leave on the original stdout, both as frames (``strata.server.protocol``).
+Everything else the process prints, the native library included, goes to stderr: the engine log.
+While the engine is open a thread sends a ``heartbeat`` every S seconds, so that the server can tell
+a stopped or frozen process from a long prompt.
+
+Both pipes are used unbuffered (raw file descriptors): the command reader is a daemon thread that sits
+in ``read()`` until the server closes the pipe, and a buffered ``sys.stdin`` would leave the lock of its
+buffer held by that thread when the interpreter shuts down, which aborts the process ("Fatal Python
+error: _enter_buffered_busy").
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import threading
 import time
 from typing import IO, Any
 
-from .protocol import read_frame, write_frame
+from .protocol import GenerateCommand, ProtocolError, read_frame, write_frame
 
 __all__ = ["main"]
 
@@ -42,6 +49,7 @@ class _Channel:
         self.n_generated = 0
         self.cancel_seen_at: int | None = None
         self.context: list[int] = []  # the tokens in the engine's KV cache, in order
+        self.context_scope = ""  # the client scope of the request that wrote them
 
     def send(self, msg: dict[str, Any]) -> None:
         with self._lock:
@@ -50,6 +58,10 @@ class _Channel:
             except (BrokenPipeError, OSError):
                 self.closed.set()
                 self.cancel.set()
+
+    def heartbeat_loop(self, every_s: float) -> None:
+        while not self.closed.wait(every_s):
+            self.send({"ev": "heartbeat"})
 
     def read_loop(self) -> None:
         try:
@@ -63,6 +75,8 @@ class _Channel:
                     self.cancel.set()
                 else:
                     self.commands.put(msg)
+                    if msg.get("op") == "shutdown":
+                        break
         except Exception as e:  # a corrupt stream ends the worker like a closed one
             print(f"worker: command stream failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         self.closed.set()
@@ -82,14 +96,14 @@ _DELTA_FIELDS = ("lookups", "hits", "misses", "swaps", "halvings", "refills", "b
                  "host_expert_runs", "prompt_tokens", "decode_tokens")
 
 
-def _generate(eng: Any, ch: _Channel, cmd: dict[str, Any]) -> None:
+def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand) -> None:
     import numpy as np
 
     ch.cancel.clear()
     ch.cancel_seen_at = None
     ch.n_generated = 0
-    n_logprobs = int(cmd.get("logprobs") or 0)
-    want_logprobs = bool(cmd.get("want_logprobs"))
+    n_logprobs = cmd.top_logprobs
+    want_logprobs = cmd.logprobs
     last_stats = [time.monotonic()]
 
     def on_token(tok: int, logits: Any) -> bool:
@@ -116,11 +130,11 @@ def _generate(eng: Any, ch: _Channel, cmd: dict[str, Any]) -> None:
         ch.send({"ev": "progress", "done": int(done), "total": int(total), "stats": _asdict(eng.stats())})
         return ch.cancel.is_set()
 
-    prompt = [int(t) for t in cmd["prompt"]]
-    # with cache_prompt, the longest prefix the KV cache already holds is kept (at least one prompt
-    # token is always read again: its logits pick the first reply token)
+    prompt = [int(t) for t in cmd.prompt]
+    # with cache_prompt, the longest prefix the KV cache already holds is kept, if the same client scope
+    # wrote it (at least one prompt token is always read again: its logits pick the first reply token)
     reuse = 0
-    if cmd.get("cache_prompt"):
+    if cmd.cache_prompt and cmd.cache_scope == ch.context_scope:
         held, limit = ch.context, min(len(ch.context), len(prompt) - 1)
         while reuse < limit and held[reuse] == prompt[reuse]:
             reuse += 1
@@ -131,19 +145,20 @@ def _generate(eng: Any, ch: _Channel, cmd: dict[str, Any]) -> None:
         else:
             eng.kv_reset()
         ch.context = []
+        ch.context_scope = cmd.cache_scope
         r = eng.generate(
             prompt[reuse:],
-            max_tokens=int(cmd["max_tokens"]),
-            temperature=float(cmd.get("temperature", 0.0)),
-            top_k=int(cmd.get("top_k", 0)),
-            top_p=float(cmd.get("top_p", 1.0)),
-            min_p=float(cmd.get("min_p", 0.0)),
-            seed=int(cmd.get("seed", 0)),
-            stop_tokens=[int(t) for t in cmd.get("stop_tokens", ())],
-            stop_at_eos=bool(cmd.get("stop_at_eos", True)),
+            max_tokens=cmd.max_tokens,
+            temperature=cmd.temperature,
+            top_k=cmd.top_k,
+            top_p=cmd.top_p,
+            min_p=cmd.min_p,
+            seed=cmd.seed,
+            stop_tokens=cmd.stop_tokens,
+            stop_at_eos=cmd.stop_at_eos,
             on_token=on_token,
             on_prompt=on_prompt,
-            top_logits=int(cmd.get("top_logits", 2)),
+            top_logits=cmd.top_logits,
         )
     except Exception as e:
         after = _asdict(eng.stats())
@@ -170,7 +185,7 @@ def _generate(eng: Any, ch: _Channel, cmd: dict[str, Any]) -> None:
     })
 
 
-def serve(model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes]) -> int:
+def serve(model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes], heartbeat_s: float = 1.0) -> int:
     ch = _Channel(out, inp)
     try:
         from strata import Engine, EngineConfig
@@ -185,17 +200,26 @@ def serve(model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes]) ->
              "stats": _asdict(eng.stats())})
     reader = threading.Thread(target=ch.read_loop, name="strata-worker-commands", daemon=True)
     reader.start()
+    if heartbeat_s > 0:
+        threading.Thread(target=ch.heartbeat_loop, args=(heartbeat_s,), name="strata-worker-heartbeat",
+                         daemon=True).start()
     try:
         while True:
             cmd = ch.commands.get()
             if cmd is None or cmd.get("op") == "shutdown":
                 break
             if cmd.get("op") == "generate":
-                _generate(eng, ch, cmd)
+                try:
+                    command = GenerateCommand.from_message(cmd)
+                except ProtocolError as e:
+                    ch.send({"ev": "error", "error": "ProtocolError", "status": 0, "message": str(e)})
+                    continue
+                _generate(eng, ch, command)
             else:
                 ch.send({"ev": "error", "error": "ProtocolError", "status": 0,
                          "message": f"unknown command {cmd.get('op')!r}"})
     finally:
+        ch.closed.set()  # stops the heartbeat
         eng.close()
     return 0
 
@@ -204,14 +228,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m strata.server.worker")
     p.add_argument("--model", required=True)
     p.add_argument("--config", default="{}", help="EngineConfig as JSON")
+    p.add_argument("--heartbeat", type=float, default=1.0, help="seconds between heartbeats (0: none)")
     args = p.parse_args(argv)
-    # Ctrl+C in a terminal reaches the whole process group; the server decides when the worker stops
+    # the server starts the worker in a session of its own, so that a signal to the server's process
+    # group does not reach it; should one come from a terminal anyway, the server decides when it stops
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # stray prints (native or Python) go to the engine log, not into the frame stream
     sys.stdout = sys.stderr
-    inp = sys.stdin.buffer
-    return serve(args.model, json.loads(args.config), out, inp)
+    inp = os.fdopen(os.dup(0), "rb", buffering=0)  # raw: see the module docstring
+    return serve(args.model, json.loads(args.config), out, inp, args.heartbeat)
 
 
 if __name__ == "__main__":
