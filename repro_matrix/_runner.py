@@ -9,8 +9,9 @@ A run directory holds::
     run.json       how it was run: shard, jobs, backend, cells planned, UTC times
 
 ``--resume DIR`` reads ``cells.jsonl`` and runs only the cells that have no record yet (a line cut
-short by a kill is ignored and rewritten; a complete last record without its newline is kept). ``--shard K/N`` runs every N-th cell starting at the K-th, so
-N runners cover the matrix exactly once. ``--jobs N`` runs N cells at a time on this machine, at most
+short by a kill is ignored and rewritten; a complete last record without its newline is kept; a shard's
+resume finishes that shard). ``--shard K/N`` runs every N-th cell starting at the K-th, so N runners
+cover the matrix exactly once, and the reference cell in every shard (each compares with its own). ``--jobs N`` runs N cells at a time on this machine, at most
 one per core (one per GPU on a CUDA matrix; each cell's server sees only its own GPU). ``--ray`` sends
 each cell to a Ray cluster as a task (``num_gpus=1`` on a CUDA matrix).
 """
@@ -259,7 +260,7 @@ class _Progress:
             self._bar.stop()
 
 
-def _ray_run(matrix: Matrix, cells: Sequence[Cell], address: str, gpu: bool, on_done: Callable[[dict[str, Any]], None]) -> None:
+def _ray_run(matrix: Matrix, cells: Sequence[Cell], address: str, on_done: Callable[[dict[str, Any]], None]) -> None:
     try:
         import ray
     except ImportError:
@@ -342,7 +343,7 @@ def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | N
     todo.sort(key=lambda c: not c.reference)
     try:
         if opts.ray is not None:
-            _ray_run(matrix, todo, opts.ray, gpu, on_done)
+            _ray_run(matrix, todo, opts.ray, on_done)
         elif jobs == 1:
             for c in todo:
                 on_done(_local_cell(matrix, c, None, opts.cell_env))

@@ -1,14 +1,17 @@
-"""The ``repro_matrix`` command: run a matrix, bisect a boundary, write the report, print the environment.
+"""The ``repro_matrix`` command: run a matrix, merge shards, bisect a boundary or commits, report, plot.
 
     repro_matrix run MATRIX [--out DIR] [--jobs N] [--shard K/N] [--ray [ADDRESS]] [--resume DIR]
+                            [--junit FILE] [--summary FILE]
+    repro_matrix merge OUT DIR DIR... [--junit FILE] [--summary FILE]
     repro_matrix bisect DIR [--knob expert_cache] [--where KNOB=VALUE]
-    repro_matrix merge OUT DIR DIR...
+    repro_matrix bisect --commits GOOD..BAD CELL [--build CMD] [--calibrate N] [--miss P]
     repro_matrix report DIR [--output FILE]
+    repro_matrix plot DIR [--output FILE]
     repro_matrix env
 
 MATRIX is ``builtin`` (what ``make matrix`` runs), a TOML file, or ``-`` for a matrix declared by
-flags alone (``--set knob=value``, ``--axis knob=v1,v2,A..B``, ``--model``).
-"""
+flags alone (``--set knob=value``, ``--axis knob=v1,v2,A..B``, ``--model``). Exit statuses: 0 pass,
+1 a cell failed, 2 usage, 3 incomplete, 130 interrupted (``repro_matrix._ci``)."""
 
 from __future__ import annotations
 
