@@ -61,7 +61,8 @@
  *
  *   STRATA_CUDA_PDL "0": on --device cuda, launch decode kernels plainly instead of with programmatic
  *                  dependent launch (each may start, and load its weights, while the one before it
- *                  finishes). Same replies. Read when the device cache is filled.
+ *                  finishes; only sm_90 code on an sm_90 or newer card has it, see cuda/arch.cuh). Same
+ *                  replies. Read when the device cache is filled.
  *
  *   STRATA_CUDA_FUSE "0": on --device cuda, decode without the second round of fused launches (the
  *                  ffn norm inside an F32 router product, which also quantizes the normed token for
