@@ -20,6 +20,13 @@ __global__ void k_code_arch(int *out) {
 /* Fill ctx's capabilities (common.cuh) from the device and the loaded code; a message in err on failure. */
 static strata_status probe_code(cuda_ctx *ctx, const cudaDeviceProp *prop, char *err, size_t err_len) {
     ctx->cc = prop->major * 10 + prop->minor;
+    if (ctx->cc < 75) {
+        snprintf(err, err_len,
+                 "%s (compute %d.%d) is older than strata's CUDA backend supports (Turing, compute 7.5, and newer); "
+                 "use --device cpu",
+                 prop->name, prop->major, prop->minor);
+        return STRATA_ERR_DEVICE;
+    }
     cudaError_t e = cudaDeviceGetAttribute(&ctx->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ctx->device);
     int *d = NULL, arch = 0;
     if (e == cudaSuccess) e = cudaMalloc((void **)&d, sizeof(int));
@@ -291,6 +298,22 @@ strata_status cuda_stream_wait(cuda_ctx *ctx, void *ev, int32_t stream) {
 
 strata_status cuda_event_wait(cuda_ctx *ctx, void *ev) {
     CU_TRY(ctx, cudaEventSynchronize((cudaEvent_t)ev), "waiting for an event");
+    return STRATA_OK;
+}
+
+strata_status cuda_event_done(cuda_ctx *ctx, void *ev, int32_t *done) {
+    const cudaError_t e = cudaEventQuery((cudaEvent_t)ev);
+    *done = e == cudaSuccess;
+    if (e == cudaSuccess || e == cudaErrorNotReady) {
+        if (e == cudaErrorNotReady) (void)cudaGetLastError(); /* not an error: clear it */
+        return STRATA_OK;
+    }
+    CU_TRY(ctx, e, "asking whether an event has passed");
+    return STRATA_OK;
+}
+
+strata_status cuda_stream_sync(cuda_ctx *ctx, int32_t stream) {
+    CU_TRY(ctx, cudaStreamSynchronize(ctx->stream[stream & 1]), "waiting for a stream");
     return STRATA_OK;
 }
 
