@@ -269,9 +269,9 @@ def ray_cluster(tmp_path: Path):
             time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)  # the head, its GCS, raylet and workers: one process group
         try:
-            proc.wait(15)
+            proc.wait(5)  # `ray start --block` takes its time; the cluster is gone with its group either way
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
