@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 from pathlib import Path
 
@@ -55,8 +56,11 @@ def run(args: argparse.Namespace) -> int:
         if args.model is not None and not args.model.exists():
             print(f"strata chat: model file not found: {args.model} (leave --model out to use the default model)")
             return 2
-        proc = ServerProcess(args.model, cfg.to_cli_args(), api_key=args.api_key)
-        app = StrataChat(server_process=proc, api_key=args.api_key, db_path=args.db,
+        # the chat's own server takes a key that only the chat knows (unless one was given), so that
+        # another user of the machine cannot use it or learn anything from it
+        api_key = args.api_key or secrets.token_urlsafe(32)
+        proc = ServerProcess(args.model, cfg.to_cli_args(), api_key=api_key)
+        app = StrataChat(server_process=proc, api_key=api_key, db_path=args.db,
                          model_name=args.model_name, newline_keys=newline)
     if proc is not None:
         # the server runs in its own session (so that it can be stopped with everything it started);

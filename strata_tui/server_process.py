@@ -56,10 +56,16 @@ class ServerProcess:
 
     def command(self, model: Path) -> list[str]:
         cmd = [sys.executable, "-m", "strata.cli", "serve", "--model", str(model), "--host", self.host, "--port", str(self.port)]
-        cmd += self.engine_args
+        return cmd + self.engine_args
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: the API key travels here (``STRATA_API_KEY``), never on the command
+        line, which every user of the machine can read."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("STRATA_API_KEY", None)
         if self.api_key:
-            cmd += ["--api-key", self.api_key]
-        return cmd
+            env["STRATA_API_KEY"] = self.api_key
+        return env
 
     def start(self, on_line: Callable[[str], None] | None = None, timeout: float | None = None) -> str:
         """Make the default model when none was given, start the server, wait until it listens.
@@ -83,7 +89,7 @@ class ServerProcess:
             self.made_default = True
         if not Path(model).exists():
             raise ServerStartError(f"model file not found: {model} (pass --model FILE, or leave it out for the default)")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = self.environment()
         self._proc = subprocess.Popen(
             self.command(Path(model)),
             stdout=subprocess.PIPE,

@@ -88,6 +88,7 @@ def _check_text(s: str, where: str) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
+        where = where.encode("utf-8", "backslashreplace").decode("utf-8")  # a key can hold one too
         param = where.split(".")[0].split("[")[0] or None
         raise ApiError(400, f"{where or 'the request body'}: holds a lone surrogate (U+{ord(s[e.start]):04X}) "
                             f"at character {e.start}, which is not text: send valid UTF-8 (or a complete "

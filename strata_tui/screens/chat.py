@@ -9,6 +9,7 @@ cleared, the user's text is back in the input, and the error is shown where it h
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
 from pathlib import Path
@@ -964,7 +965,10 @@ def _slug(title: str) -> str:
 
 def _write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    # an export holds the conversation: readable by its owner only (0600), like the database
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _meta(fin: Finished | None) -> dict[str, Any]:
