@@ -126,9 +126,9 @@ def junit_xml(gate: Gate, scrubber: Scrubber | None = None) -> str:
     suites = ET.Element("testsuites", name="repro_matrix")
     suite = ET.SubElement(suites, "testsuite", name=suite_name)
     props = ET.SubElement(suite, "properties")
-    for k, v in (("matrix", m.name), ("model", m.model), ("starts", str(m.starts)), ("shard", gate.shard or ""),
-                 ("exit_status", str(gate.exit_code))):
-        ET.SubElement(props, "property", name=k, value=clean(v))
+    for key, value in (("matrix", m.name), ("model", m.model), ("starts", str(m.starts)),
+                       ("shard", gate.shard or ""), ("exit_status", str(gate.exit_code))):
+        ET.SubElement(props, "property", name=key, value=clean(value))
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     total_time = 0.0
     by_id = {r["cell_id"]: r for r in gate.records}

@@ -43,6 +43,7 @@ __all__ = [
     "CommitsResult",
     "bisect_commits",
     "rate_lower_bound",
+    "source_rate",
     "starts_needed",
 ]
 
@@ -229,6 +230,20 @@ def _one_start_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**rec, "starts": [st]} for st in rec.get("starts", [])]
 
 
+def source_rate(record: dict[str, Any], reference: dict[str, Any] | None, matrix: Matrix,
+                labels: Sequence[str] | None = None) -> tuple[list[str], int, int]:
+    """From a cell's record: the verdicts to bisect (``labels``, or the failing ones it shows), and how many
+    of its starts showed one of them, of how many."""
+    v = judge(record, reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
+    want = list(labels) if labels else [lb for lb in v.labels if lb in matrix.fail_on]
+    k = n = 0
+    for sub in _one_start_records(record):
+        n += 1
+        sv = judge(sub, reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
+        k += bool(set(sv.labels) & set(want))
+    return want, k, n
+
+
 def explain_starts(k: int, n: int, miss: float, cap: int) -> tuple[int, str]:
     """Starts per commit from k failing starts of n, and the sentence that says why."""
     rate = k / n
@@ -327,13 +342,8 @@ def bisect_commits(repo: Path, good: str, bad: str, matrix: Matrix, cell: Cell, 
     # what is bisected and how often it shows: the cell's own record first, then starts on BAD
     k = n = 0
     if source is not None:
-        vs = judge(source, source_reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
-        if not label_box:
-            label_box += [lb for lb in vs.labels if lb in matrix.fail_on]
-        for sub in _one_start_records(source):
-            n += 1
-            sv = judge(sub, source_reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
-            k += bool(set(sv.labels) & set(label_box))
+        found, k, n = source_rate(source, source_reference, matrix, label_box or None)
+        label_box[:] = label_box or found
     log(f"running the cell {calibrate} times on BAD ({bad_sha[:12]}) to see how often it fails")
     cal = CommitOutcome(commit=bad_sha, subject=subjects[bad_sha], verdict="good")
     try:

@@ -107,7 +107,8 @@ def plot_verdicts(matrix: Matrix, records: Sequence[dict[str, Any]], path: str |
                 squares[key] = _worst([squares[key], outcomes[p["index"]]]) if key in squares else outcomes[p["index"]]
             if not rec.get("prompts"):  # no start got far enough to make the prompts
                 v = judge(rec, ref, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
-                for c in matrix.chunks or ["all prompts"]:
+                rows: list[Any] = list(matrix.chunks) or ["all prompts"]
+                for c in rows:
                     squares[(facet, xv, c)] = v.label
         else:
             v = judge(rec, ref, near_tie=matrix.near_tie, fail_on=matrix.fail_on)

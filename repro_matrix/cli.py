@@ -272,9 +272,10 @@ def _commit_cell(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | N
             rec = hits[0]
         else:
             vs = verdicts(records, matrix)
-            rec = next((r for r in records if vs[r["cell_id"]].failing and not r["cell"].get("reference")), None)
-            if rec is None:
+            failing = [r for r in records if vs[r["cell_id"]].failing and not r["cell"].get("reference")]
+            if not failing:
                 raise MatrixError(f"no cell of {spec} fails; name the one to bisect with --cell ID")
+            rec = failing[0]
         return matrix, Cell.from_dict(rec["cell"]), rec, ref
     matrix = load_matrix(spec, args.sets, [])
     cells = [c for c in matrix.cells() if not c.reference]

@@ -291,3 +291,31 @@ def test_two_runners_through_the_script_pass_then_fail_on_a_plant_and_on_a_missi
     assert [f.get("type") for f in failures] == ["reply differs"]
     p = _script("merge", "2", matrix=tmp_path / "bad.toml", out=bad, summary=summary)
     assert p.returncode == 1, (p.stdout, p.stderr)  # a failure outranks the missing shard 1
+
+
+def _cuda() -> bool:
+    from repro_matrix._runner import gpu_count
+    from strata import _engine
+
+    try:
+        return bool(_engine.cuda_available()) and gpu_count() > 0
+    except OSError:  # no libstrata built here
+        return False
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="no CUDA device")
+def test_the_ci_matrix_on_the_gpu_through_the_script(tmp_path: Path):
+    """ci/ci.toml as the workflow runs it (CUDA cells, two shards as two processes, then the merge): it must
+    pass, and its JUnit list every cell. Run by hand on a GPU host: pytest -m gpu tests/test_matrix_ci.py."""
+    summary = tmp_path / "summary.md"
+    out = tmp_path / "ci"
+    p = _script("local", "2", matrix=_ROOT / "ci" / "ci.toml", out=out, summary=summary)
+    assert p.returncode == 0, (p.stdout, p.stderr, [f.read_text()[-3000:] for f in out.glob("*.log")])
+    root = _check_junit_shape((out / "merged.junit.xml").read_text())
+    from repro_matrix import load_matrix
+
+    assert int(root.get("tests")) == len(load_matrix(_ROOT / "ci" / "ci.toml").cells())
+    assert int(root.get("failures")) == int(root.get("errors")) == 0
+    recs = RunDir(out / "merged").records()
+    assert all(Cell.from_dict(r["cell"]).knob("device") == "cuda" for r in recs)

@@ -148,3 +148,16 @@ def test_a_range_whose_bad_end_passes_gives_no_answer(tmp_path: Path):
     bad = subprocess.run([sys.executable, "-m", "repro_matrix", "bisect", str(cell), "--commits", "nope",
                           "--repo", str(repo)], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "write GOOD..BAD" in bad.stderr
+
+
+def test_the_rate_comes_from_the_cells_own_starts():
+    from repro_matrix import Matrix
+    from repro_matrix._commits import source_rate
+
+    m = Matrix.from_dict({"axes": {"expert_cache": [1024]}, "reference": False})
+    c = m.cells()[0]
+    ok = {"requests": [{"prompt": 0, "status": "ok", "tokens": [1, 2]}]}
+    lend = {"requests": [{"prompt": 0, "status": "error", "error_code": "lend_failed", "error_message": "x"}]}
+    rec = {"cell_id": c.cell_id, "cell": c.to_dict(), "starts": [ok, lend, ok, ok, lend, ok, ok, ok, ok]}
+    assert source_rate(rec, None, m) == (["lend failed"], 2, 9)  # the 2 of 9 that needs 19 starts per commit
+    assert source_rate(rec, None, m, ["engine exited"]) == (["engine exited"], 0, 9)
