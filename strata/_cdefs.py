@@ -218,6 +218,7 @@ class StrataStats(Structure):
         ("prompt_total", c_int32),
         ("device_bytes", c_int64),
         ("device_peak_bytes", c_int64),
+        ("bus_reads", c_uint64),
     ]
 
 

@@ -87,7 +87,7 @@ class EngineConfig:
             "device": ("cpu", "cuda", "auto"),
             "kv": ("f16", "int8"),
             "lend_policy": ("current", "legacy"),
-            "miss": ("host", "copy", "auto"),
+            "miss": ("host", "copy", "read", "auto"),
             "cache_policy": ("adaptive", "lru"),
             "simd": ("auto", "scalar", "avx2", "avx512"),
         }
@@ -150,7 +150,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lend-policy", default="current", choices=["current", "legacy"], help="how the prompt path borrows slots")
     g.add_argument("--lend-floor", type=int, help="slots never lent (default 128, or a quarter of a small cache)")
     g.add_argument("--lend-pct", type=float, help="most of the cache that may be lent (0..1)")
-    g.add_argument("--miss", default="auto", choices=["host", "copy", "auto"], help="decode miss: run on host or copy in")
+    g.add_argument("--miss", default="auto", choices=["host", "copy", "read", "auto"],
+                   help="a decode miss: run on the host, copy into a slot, or (cuda) read from pinned host RAM by the "
+                        "device; auto: read where the experts are pinned, else host/copy by measured rates")
     g.add_argument("--cache-policy", default="adaptive", choices=["adaptive", "lru"], help="decode cache policy")
     g.add_argument("--adapt-every", type=int, help="decode tokens between adaptive swaps")
     g.add_argument("--adapt-swaps", type=int, help="most experts swapped in per adaptation")

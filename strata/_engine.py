@@ -45,7 +45,7 @@ STATUS_CANCELLED = 9
 _DEVICE = {"cpu": 0, "cuda": 1, "auto": 2}
 _KV = {"f16": 0, "int8": 1}
 _LEND = {"current": 0, "legacy": 1}
-_MISS = {"auto": 0, "host": 1, "copy": 2}
+_MISS = {"auto": 0, "host": 1, "copy": 2, "read": 3}
 _CACHE = {"adaptive": 0, "lru": 1}
 _SIMD = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
 
@@ -154,6 +154,7 @@ class Stats:
     prompt_total: int
     device_bytes: int
     device_peak_bytes: int
+    bus_reads: int  # decode misses the device read from the pinned host store (--miss read)
 
 
 @dataclass

@@ -186,6 +186,26 @@ def test_decode_counts_hits_and_misses(tiny: Path) -> None:
                     assert st.host_expert_runs == 0 and st.swaps >= st.misses and st.bytes_copied > 0
 
 
+def test_miss_read_on_the_cpu_is_host(tiny: Path) -> None:
+    """--miss read (the device reads a miss from pinned host RAM) is what the CPU backend does for any
+    miss: the plan says host, the misses run from host RAM, and the reply is --miss host's."""
+    runs = {}
+    for miss in ("host", "read"):
+        with Engine(tiny, EngineConfig(threads=1, expert_cache="60", miss=miss)) as eng:
+            assert eng.plan.miss_policy == 1  # STRATA_MISS_HOST
+            eng.prefill(prompt(64, seed=5))
+            eng.reset_stats()
+            tok, toks = 7, []
+            for _ in range(16):
+                eng.decode(tok)
+                tok = int(np.argmax(eng.logits()))
+                toks.append(tok)
+            st = eng.stats()
+            assert st.misses > 0 and st.host_expert_runs == st.misses and st.bus_reads == 0
+            runs[miss] = toks
+    assert runs["read"] == runs["host"]
+
+
 @pytest.mark.asan
 def test_profile_save_and_load(tiny: Path, tmp_path: Path) -> None:
     path = tmp_path / "profile.txt"

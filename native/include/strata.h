@@ -116,9 +116,12 @@ typedef enum strata_lend_policy {
 } strata_lend_policy;
 
 typedef enum strata_miss_policy {
-    STRATA_MISS_AUTO = 0,  /* pick host or copy from measured bandwidths */
+    STRATA_MISS_AUTO = 0,  /* CUDA: read when the expert store is pinned, else host or copy from measured
+                              rates; the CPU backend: host */
     STRATA_MISS_HOST = 1,  /* a decode miss runs on the host from host RAM */
     STRATA_MISS_COPY = 2,  /* a decode miss is copied into a victim slot and runs there */
+    STRATA_MISS_READ = 3,  /* CUDA: the device reads a decode miss from the pinned expert store over the bus,
+                              so a decode step never waits for the host (on the CPU backend: host) */
 } strata_miss_policy;
 
 typedef enum strata_cache_policy {
@@ -261,6 +264,7 @@ typedef struct strata_stats {
     int64_t device_bytes;      /* device memory the engine holds now: its CUDA allocations, or on the CPU
                                   the bytes handed out of the emulated budget */
     int64_t device_peak_bytes; /* the most device_bytes has been since open */
+    uint64_t bus_reads;        /* decode misses the device read from the pinned host store (--miss read) */
 } strata_stats;
 
 typedef struct strata_sampling {

@@ -35,7 +35,8 @@ strata_status cache_init(expert_cache *c, uint8_t *slab, int32_t n_slots, int64_
     c->slot_bytes = slot_bytes;
     c->slab = slab;
     c->policy = cfg->policy;
-    c->miss = cfg->miss == STRATA_MISS_COPY ? STRATA_MISS_COPY : STRATA_MISS_HOST;
+    /* read admits as host does: the miss ran from where it was, and only the policy brings it in */
+    c->miss = cfg->miss == STRATA_MISS_COPY || cfg->miss == STRATA_MISS_READ ? cfg->miss : STRATA_MISS_HOST;
     c->adapt_every = cfg->adapt_every > 0 ? cfg->adapt_every : 16;
     c->adapt_swaps = cfg->adapt_swaps >= 0 ? cfg->adapt_swaps : 4;
     c->adapt_decay = cfg->adapt_decay >= 0 && cfg->adapt_decay <= 1 ? cfg->adapt_decay : 0.9f;
@@ -258,7 +259,8 @@ int32_t cache_decode_lookup_as(expert_cache *c, int32_t layer, int32_t expert, i
             if (miss == STRATA_MISS_COPY) return v;
         }
     }
-    c->host_runs++;
+    if (miss == STRATA_MISS_READ) c->reads++;
+    else c->host_runs++;
     return -1;
 }
 

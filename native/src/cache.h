@@ -44,7 +44,7 @@ typedef struct expert_cache {
     int32_t n_usable;         /* slots serving lookups; the rest are on loan */
     int32_t *displaced;       /* [n_slots] expert that slot n_usable + i held before the loan, or -1 */
     int32_t policy;           /* strata_cache_policy */
-    int32_t miss;             /* strata_miss_policy (HOST or COPY) */
+    int32_t miss;             /* strata_miss_policy (HOST, COPY or READ: READ admits as HOST does) */
     int32_t adapt_every;
     int32_t adapt_swaps;
     float adapt_decay;
@@ -52,7 +52,7 @@ typedef struct expert_cache {
     cache_copy_fn copy;
     void *copy_ctx;
     /* counters */
-    uint64_t lookups, hits, misses, swaps, bytes_copied, host_runs;
+    uint64_t lookups, hits, misses, swaps, bytes_copied, host_runs, reads;
 } expert_cache;
 
 typedef struct cache_config {
@@ -79,8 +79,9 @@ strata_status cache_profile_save(const expert_cache *c, const char *path, errbuf
 void cache_step_begin(expert_cache *c);
 /* Decode lookup of (layer, expert): the slot to run from, or -1 to run from host memory. */
 int32_t cache_decode_lookup(expert_cache *c, int32_t layer, int32_t expert);
-/* The same lookup with this lookup's miss policy given (STRATA_MISS_HOST or STRATA_MISS_COPY): a
- * backend that splits one step's misses between the host and copies (--miss auto on CUDA). */
+/* The same lookup with this lookup's miss policy given (STRATA_MISS_HOST, _COPY or _READ): a backend
+ * that splits one step's misses between the host and copies (--miss auto on CUDA), or counts a step the
+ * device routed and whose misses it read from the host store (READ: counted in reads, not host_runs). */
 int32_t cache_decode_lookup_as(expert_cache *c, int32_t layer, int32_t expert, int32_t miss);
 /* The slot of (layer, expert) when it is resident in a usable slot, else -1 (no counting). */
 int32_t cache_peek(const expert_cache *c, int32_t layer, int32_t expert);

@@ -78,12 +78,16 @@ strata_status cuda_memset(cuda_ctx *ctx, void *dst, int value, size_t bytes);
 /* An event recorded on `from` that `to` waits for (copies overlapping compute). */
 strata_status cuda_stream_order(cuda_ctx *ctx, int32_t from, int32_t to);
 strata_status cuda_sync(cuda_ctx *ctx);
+/* The host waits for one stream's work (CUDA_STREAM_COMPUTE or CUDA_STREAM_COPY). */
+strata_status cuda_stream_sync(cuda_ctx *ctx, int32_t stream);
 
 /* Events (opaque): recorded on a stream; the host waits for one with cuda_event_wait (an event never
  * recorded counts as done). */
 strata_status cuda_event_create(cuda_ctx *ctx, void **ev);
 strata_status cuda_event_record(cuda_ctx *ctx, void *ev, int32_t stream);
 strata_status cuda_event_wait(cuda_ctx *ctx, void *ev);
+/* *done = 1 when the event's last record has passed (the host does not wait). */
+strata_status cuda_event_done(cuda_ctx *ctx, void *ev, int32_t *done);
 /* Work enqueued on `stream` after this call waits until the event's last record has passed (the host
  * does not wait). */
 strata_status cuda_stream_wait(cuda_ctx *ctx, void *ev, int32_t stream);

@@ -193,12 +193,13 @@ void mem_sync_stats(strata_engine *e) {
     s->swaps = c->swaps;
     s->bytes_copied = c->bytes_copied;
     s->host_expert_runs = c->host_runs;
+    s->bus_reads = c->reads;
     s->slots_lent_now = cache_lent(c);
 }
 
 void mem_reset_stats(strata_engine *e) {
     expert_cache *c = &e->cache;
-    c->lookups = c->hits = c->misses = c->swaps = c->bytes_copied = c->host_runs = 0;
+    c->lookups = c->hits = c->misses = c->swaps = c->bytes_copied = c->host_runs = c->reads = 0;
 }
 
 /* ---- the loan ----------------------------------------------------------------------------------- */

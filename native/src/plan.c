@@ -171,16 +171,23 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->simd = in->simd;
     pp->lend_policy = prm->lend_policy;
     pp->cache_policy = prm->cache_policy;
-    /* On the CPU backend a host miss is the same work as a copy minus the copy, so auto is host. On CUDA,
-     * auto stays auto: each decode step splits its misses between the host and copies (cuda/host_forward.c). */
-    pp->miss_policy = prm->miss_policy == STRATA_MISS_AUTO && in->device != STRATA_DEVICE_CUDA ? STRATA_MISS_HOST
-                                                                                             : prm->miss_policy;
+    /* On the CPU backend a host miss is the same work as a copy minus the copy, so auto is host, and so is
+     * read (the CPU reads a miss from host RAM where it is). On CUDA the backend resolves auto once it
+     * knows its expert store (cuda/host_memory.c: read from a pinned store, else a split of each step's
+     * misses between the host and copies) and writes what it chose here. */
+    pp->miss_policy = in->device != STRATA_DEVICE_CUDA &&
+                              (prm->miss_policy == STRATA_MISS_AUTO || prm->miss_policy == STRATA_MISS_READ)
+                          ? STRATA_MISS_HOST
+                          : prm->miss_policy;
     pp->kv_type = prm->kv_type;
     pp->n_experts_total = in->n_layer * in->n_expert;
     pp->slot_bytes = slot_round(in->expert_bytes);
     pp->small_chunk = 0;
 
     /* ---- parameters ---- */
+    if (prm->miss_policy < STRATA_MISS_AUTO || prm->miss_policy > STRATA_MISS_READ)
+        return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--miss: unknown policy %d (use auto, host, copy or read)",
+                       prm->miss_policy);
     if (prm->kv_type != STRATA_KV_F16 && prm->kv_type != STRATA_KV_INT8)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--kv: unknown KV type %d (use f16 or int8)", prm->kv_type);
     if (prm->lend_policy != STRATA_LEND_CURRENT && prm->lend_policy != STRATA_LEND_LEGACY)
@@ -419,7 +426,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
 
 void plan_line(const plan *p, char *buf, size_t len) {
     const strata_plan *pp = &p->pub;
-    static const char *miss[] = {"auto", "host", "copy"};
+    static const char *miss[] = {"auto", "host", "copy", "read"};
     snprintf(buf, len,
              "plan: budget %.1f MiB = resident %.1f + kv %.1f (%d tokens %s) + scratch %.1f + reserve %.1f + cache "
              "%d slots x %lld bytes; auto chunk %d (ring %d slots, loan %d slots); small chunk %d (ring %d); floor %d; "
@@ -429,7 +436,7 @@ void plan_line(const plan *p, char *buf, size_t len) {
              (long long)pp->slot_bytes, pp->auto_chunk, pp->auto_ring_slots, pp->auto_loan_slots, pp->small_chunk,
              p->deep_ring, pp->lend_floor, pp->max_lend_slots,
              pp->lend_policy == STRATA_LEND_LEGACY ? "legacy" : "current",
-             pp->miss_policy >= 0 && pp->miss_policy <= 2 ? miss[pp->miss_policy] : "?",
+             pp->miss_policy >= 0 && pp->miss_policy <= 3 ? miss[pp->miss_policy] : "?",
              pp->cache_policy == STRATA_CACHE_LRU ? "lru" : "adaptive", MIB(pp->host_expert_bytes),
              p->experts_pinned ? "pinned" : "mapped", MIB(pp->host_borrow_bytes), MIB(pp->host_avail_bytes));
 }

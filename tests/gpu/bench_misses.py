@@ -108,6 +108,7 @@ def main() -> int:
                 (b, "host", {}, [], 128),
                 (b, "copy", {"STRATA_CUDA_STORE": "arena"}, [512, 4096], 128),
                 (b, "auto", {"STRATA_CUDA_STORE": "arena"}, [], 128),
+                (b, "read", {}, [], 128),
                 (b, "copy", {"STRATA_CUDA_OVERLAP": "0"}, [512], 64),
                 (b, "copy", {"STRATA_CUDA_STORE": "register"}, [512], 64),
             ]

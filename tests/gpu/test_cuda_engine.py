@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from strata import Engine, EngineConfig
+from strata._exceptions import StrataError
 
 pytestmark = pytest.mark.gpu
 
@@ -85,8 +86,9 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
     # cache sizes from all experts down to the smallest whose loan the plan accepts on this model
     for cache in ["auto", str(n_experts - 8), str(n_experts * 13 // 16), str(n_experts * 3 // 4)]:
         for prefill in ["auto", "16", "100"]:
-            for miss in ["copy", "host", "auto"]:
-                cfg = EngineConfig(device="cuda", expert_cache=cache, prefill=prefill, miss=miss)
+            for miss, policy in [("copy", "adaptive"), ("host", "adaptive"), ("auto", "adaptive"),
+                                 ("read", "adaptive"), ("read", "lru")]:
+                cfg = EngineConfig(device="cuda", expert_cache=cache, prefill=prefill, miss=miss, cache_policy=policy)
                 tok, first, top, stats = _run(path, cfg, prompt, 24)
                 got = (tok, first.tobytes(), [[v for _, v in step] for step in top])
                 if ref is None:
@@ -94,10 +96,14 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
                 assert got[0] == ref[0], f"tokens differ with {cfg.to_cli_args()}"
                 assert got[1] == ref[1], f"prompt logits differ with {cfg.to_cli_args()}"
                 assert got[2] == ref[2], f"decode logits differ with {cfg.to_cli_args()}"
-                seen.append((cache, miss, stats.misses, stats.host_expert_runs))
-    # the small caches really missed, and --miss host really ran experts on the host
-    assert any(m > 0 for c, _, m, _ in seen if c != "auto")
-    assert any(h > 0 for _, miss, _, h in seen if miss == "host")
+                seen.append((cache, miss, stats.misses, stats.host_expert_runs, stats.bus_reads))
+    # the small caches really missed, --miss host really ran experts on the host, and --miss read (and
+    # auto, with the pinned store) really read misses from host RAM on the device, with no host run
+    assert any(m > 0 for c, _, m, _, _ in seen if c != "auto")
+    assert any(h > 0 for _, miss, _, h, _ in seen if miss == "host")
+    for c, miss, m, h, r in seen:
+        if miss in ("read", "auto") and c != "auto" and m > 0:
+            assert r > 0 and h == 0, (c, miss, m, h, r)
     # --miss auto with a forced split (half the misses on the host, half copied), the other expert stores,
     # and the switches that put the copies back on the compute stream and straight from pageable memory:
     # the same bits
@@ -118,8 +124,22 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
         assert [[v for _, v in step] for step in top] == ref[2], f"decode logits differ with {env}"
         if "STRATA_CUDA_MISS_SPLIT" in env:
             assert stats.host_expert_runs > 0 and stats.misses > stats.host_expert_runs, (env, stats)
+        assert stats.bus_reads == 0, (env, stats)  # no pinned store, or a split asked for: auto splits
         for k in env:
             monkeypatch.delenv(k)
+
+
+def test_miss_read_needs_the_pinned_store(monkeypatch):
+    """--miss read without a pinned expert store fails at open, saying why and what to use instead."""
+    path = _model("tiny", "q8_0")
+    with Engine(path, EngineConfig(device="cpu")) as eng:
+        n_experts = eng.info.n_layer * eng.info.n_expert
+    monkeypatch.setenv("STRATA_CUDA_STORE", "ring")
+    with pytest.raises(StrataError, match=r"--miss read: .*STRATA_CUDA_STORE=ring.*use --miss auto"):
+        Engine(path, EngineConfig(device="cuda", expert_cache=str(n_experts * 3 // 4), miss="read"))
+    # every expert resident: nothing misses, so read needs no store
+    with Engine(path, EngineConfig(device="cuda", miss="read")) as eng:
+        assert eng.plan.miss_policy == 3
 
 
 def _expert_bytes(path) -> int:

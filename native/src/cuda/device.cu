@@ -69,12 +69,18 @@ static strata_status probe_code(cuda_ctx *ctx, const cudaDeviceProp *prop, char 
 extern "C" {
 
 int32_t cuda_device_present(void) {
-    int n = 0;
+    int n = 0, major = 0, minor = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {
         cudaGetLastError(); /* clear the sticky "no device" error */
         return 0;
     }
-    return n > 0;
+    /* a card older than Turing counts as none (--device auto takes the CPU; cuda_ctx_create says why) */
+    if (n <= 0 || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return major * 10 + minor >= 75;
 }
 
 strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len) {

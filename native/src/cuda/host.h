@@ -24,12 +24,17 @@
  * host from host RAM with the device's bits (--miss host; --miss auto splits the misses from the measured
  * rates). Then one product per matrix (gate, up, down) for all segments of the wave.
  *
- * Decode with every expert resident skips that round trip: the router kernel writes the segment tables
- * itself from a device copy of the expert -> slot addresses (ptr_dev, made from the cache's residency
- * table), so a hit needs no host round trip; the step is captured once as a CUDA Graph (the position comes
- * from device memory, pos_dev) and replayed with one launch per token. Each layer's choices land in their
- * own row of the scratch and come back with the logits, so the cache counts them (lookups, the adaptive
- * policy's routing counts, profiles) exactly as the host engine does.
+ * Decode with every expert resident, or under --miss read (the default when the expert store is pinned),
+ * skips that round trip: the router kernel writes the segment tables itself from a device table of each
+ * expert's addresses (ptr_dev, made from the cache's residency table): its slot when it is cached and the
+ * copy into the slot has landed, else its place in the pinned store, which the kernels read over the bus
+ * (the same bytes, so the same bits). A decode step then never waits for the host, nor for the copies of
+ * a refill, a swap or an LRU admission: those run on the copy stream under the next steps, and the table
+ * names a slot from the first step after its copy has landed (gpu_routing_settle). The step is captured
+ * once as a CUDA Graph (the position comes from device memory, pos_dev) and replayed with one launch per
+ * token; the table changes under it without a new capture. Each layer's choices land in their own row of
+ * the scratch and come back with the logits, so the cache counts them (lookups, misses, the policy's
+ * admissions, the adaptive routing counts, profiles) exactly as the host engine does.
  *
  * A decode step is nine launches per layer: RMSNorm + 8-bit row; q/k/v; q/k norm + RoPE + KV store;
  * attention (+ Wo's 8-bit row); Wo; ffn norm + F32 router + the experts' 8-bit row (+ top-k and the
@@ -76,6 +81,7 @@ typedef struct exp_ptrs {
 enum { FUSE_ROUTER = 1, FUSE_ROPE_STORE = 2, FUSE_ATT_Q8 = 4, FUSE_DOWN_Q8 = 8, FUSE_ROUTER_TOPK = 16 };
 
 #define STAGE_RING 4          /* pinned staging buffers for expert copies */
+#define SEQ_EVENTS 8          /* batches of copies into slots in flight at once (their events) */
 #define STAGE_PIECE (1 << 16) /* the parallel host copy's items are multiples of this many bytes */
 
 struct cuda_state {
@@ -89,8 +95,17 @@ struct cuda_state {
     int64_t *store_off;      /* [L]: where layer l's experts start in the pinned store */
     const uint8_t **addr;    /* [E]: where each expert of the layer being run is (a slot or a ring slot) */
     exp_ptrs *ptr_host;      /* [L * E]: device addresses of each cached expert's gate/up/down (ptr_dev's source) */
-    exp_ptrs *ptr_dev;       /* device [L * E]: the same (when the slab can hold every expert, else NULL) */
-    int32_t routing;         /* decode routes on the device now: every expert resident in a usable slot */
+    exp_ptrs *ptr_dev;       /* device [L * E]: the same (when decode can route on the device, else NULL) */
+    int32_t routing;         /* decode routes on the device now: no loan, and every expert resident in a usable
+                              * slot or --miss read (ptr_dev names the store for the others) */
+    int32_t ptr_stale;       /* ptr_dev names the store for a cached expert whose slot is still being copied */
+    /* copies into slots in batches: a table build closes the open batch with an event on the copy stream */
+    int64_t *slot_seq;       /* [S]: the batch the last copy into each slot went in (0: none) */
+    int64_t seq_open;        /* the batch copies go in now (from 1) */
+    int64_t seq_done;        /* every batch up to this one has landed */
+    int32_t seq_dirty;       /* a copy went into batch seq_open */
+    void *seq_ev[SEQ_EVENTS]; /* after batch b's copies, at b % SEQ_EVENTS */
+    char store_why[320];     /* why there is no pinned store (the plan line and --miss read's error) */
     int32_t *pos_dev;        /* device [1]: the position of a graph-replayed decode step */
     const int32_t *pos_arg;  /* pos_dev while a step is captured, else NULL (kernels take pos0) */
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
@@ -192,6 +207,10 @@ strata_status gpu_expert_to(strata_engine *e, uint8_t *dst, int32_t l, int32_t e
 strata_status gpu_copies_ok(strata_engine *e);
 /* host_memory.c: work enqueued on the compute stream from now on comes after every copy so far. */
 strata_status gpu_order_copies(strata_engine *e);
+/* host_memory.c: decode's routing and ptr_dev follow the cache (see routing in the header above). */
+strata_status gpu_routing_refresh(strata_engine *e);
+/* host_memory.c: before a routed step: ptr_dev names the slots whose copies have landed since. */
+strata_status gpu_routing_settle(strata_engine *e);
 /* host_forward.c: experts ex[0..n) of layer W on the host with the device's bits (decode misses). */
 void gpu_host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
                       float *const *out, float *scratch);

@@ -438,7 +438,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
-    const int on_device = T == 1 && g->routing && decoding(e); /* every expert resident: no round trip */
+    const int on_device = T == 1 && g->routing && decoding(e); /* every expert resident, or --miss read: no round trip */
     const int64_t half = (int64_t)g->seg_cap * CUDA_SEG_TOKENS;
     if (on_device) {
         int32_t *sel_l = g->sel + (int64_t)l * K; /* row l: the step's choices come back with the logits */
@@ -624,16 +624,21 @@ static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, 
     return STRATA_OK;
 }
 
-/* A decode step routed on the device is done: its choices go through the cache like any step's (every
- * one a hit), so the counters, the recency and the adaptive policy's routing counts are the host
- * engine's. */
-static void count_device_step(strata_engine *e) {
+/* A decode step routed on the device is done: its choices go through the cache like any step's, so the
+ * counters, the recency, the adaptive policy's routing counts and the LRU's admissions are the host
+ * engine's. A miss was read from the store (--miss read); an admission's copy runs on the copy stream
+ * under the next steps, and the table names its slot once it has landed. */
+static strata_status count_device_step(strata_engine *e) {
     cuda_state *g = e->gpu;
+    expert_cache *c = &e->cache;
     const int32_t K = e->hp.n_expert_used;
+    const uint64_t swaps = c->swaps;
     for (int32_t l = 0; l < e->hp.n_layer; l++) {
-        cache_step_begin(&e->cache);
-        for (int32_t k = 0; k < K; k++) cache_decode_lookup(&e->cache, l, g->host_sel[l * K + k]);
+        cache_step_begin(c);
+        for (int32_t k = 0; k < K; k++) cache_decode_lookup_as(c, l, g->host_sel[l * K + k], STRATA_MISS_READ);
     }
+    STRATA_TRY(gpu_copies_ok(e));
+    return c->swaps != swaps ? gpu_routing_refresh(e) : STRATA_OK;
 }
 
 /* Capture the decode step (T = 1, every expert resident, logits wanted) as a graph. The capture runs
@@ -682,34 +687,41 @@ strata_status gpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, in
     const int32_t D = hp->n_embd;
     STRATA_ASSERT(&e->err, T <= g->cap); /* laid out by the prefill's loan or the decode scratch */
     STRATA_ASSERT(&e->err, pos0 + T <= e->n_ctx);
-    /* the staging below may still be read by the copies of a call that ended without logits or failed
-     * (an idle stream makes this free) */
-    DEV(e, cuda_sync(g->ctx));
-    STRATA_TRY(gpu_order_copies(e)); /* the refill's and the swaps' copies come before this forward's work */
+    int routed = T == 1 && want_logits && g->routing && decoding(e);
+    if (routed && g->store) {
+        /* the copy stream's copies into slots go on under this step: the table names none of the slots
+         * they write (gpu_routing_refresh), and a copy from the pinned store reads no staging */
+        DEV(e, cuda_stream_sync(g->ctx, CUDA_STREAM_COMPUTE));
+        STRATA_TRY(gpu_routing_settle(e));
+        routed = g->routing;
+    } else {
+        /* the staging below may still be read by the copies of a call that ended without logits or
+         * failed (an idle stream makes this free) */
+        DEV(e, cuda_sync(g->ctx));
+        STRATA_TRY(gpu_order_copies(e)); /* the refill's and the swaps' copies come before this forward's work */
+    }
     /* embeddings on the host (one row per token), then up */
     float *xe = (float *)g->stage;
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
-    const int routed = T == 1 && want_logits && g->routing && decoding(e);
     if (routed && g->graph_state >= 0) {
         memcpy(xe + D, &pos0, sizeof pos0); /* the staging holds [D] floats and then the position */
         if (g->graph_state == 0) graph_capture(e);
         if (g->graph_state == 1) {
             DEV(e, cuda_graph_launch(g->ctx, g->graph));
-            DEV(e, cuda_sync(g->ctx));
-            count_device_step(e);
+            DEV(e, cuda_stream_sync(g->ctx, CUDA_STREAM_COMPUTE));
             memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
             e->has_logits = 1;
-            return STRATA_OK;
+            return count_device_step(e);
         }
     }
     STRATA_TRY(enqueue_forward(e, T, pos0, want_logits));
     if (want_logits) {
-        DEV(e, cuda_sync(g->ctx));
-        if (routed) count_device_step(e);
+        DEV(e, routed && g->store ? cuda_stream_sync(g->ctx, CUDA_STREAM_COMPUTE) : cuda_sync(g->ctx));
         memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
         e->has_logits = 1;
+        if (routed) return count_device_step(e);
     }
     return STRATA_OK;
 }

@@ -227,6 +227,10 @@ static int64_t cuda_copy_expert(void *ctx, int32_t l, int32_t ex, uint8_t *dst) 
         return 0;
     }
     if (g->overlap) g->copies_pending = 1;
+    if (dst >= g->slab && g->slot_bytes > 0) { /* a slot (a ring slot of the prompt's is never one) */
+        g->slot_seq[(dst - g->slab) / g->slot_bytes] = g->seq_open;
+        g->seq_dirty = 1;
+    }
     return expert_bytes(g, l);
 }
 
@@ -248,23 +252,71 @@ strata_status gpu_order_copies(strata_engine *e) {
     return STRATA_OK;
 }
 
-/* Every expert is resident in a usable slot: decode routes on the device, from ptr_dev (made from the
- * cache's residency table; uploaded on the compute stream, so the next step reads the new table). */
-static strata_status routing_refresh(strata_engine *e) {
+/* Close the batch of copies into slots made since the last call (an event after them on the copy
+ * stream), then move seq_done past every batch that has landed; wait_all: wait for all of them. */
+static strata_status copies_landed(strata_engine *e, int wait_all) {
+    cuda_state *g = e->gpu;
+    if (g->seq_dirty) {
+        while (g->seq_open - g->seq_done > SEQ_EVENTS) { /* the oldest batch's event is needed again */
+            DEV(e, cuda_event_wait(g->ctx, g->seq_ev[(g->seq_done + 1) % SEQ_EVENTS]));
+            g->seq_done++;
+        }
+        DEV(e, cuda_event_record(g->ctx, g->seq_ev[g->seq_open % SEQ_EVENTS], copy_stream(g)));
+        g->seq_open++;
+        g->seq_dirty = 0;
+    }
+    while (g->seq_done + 1 < g->seq_open) {
+        void *ev = g->seq_ev[(g->seq_done + 1) % SEQ_EVENTS];
+        int32_t done = 1;
+        if (wait_all) DEV(e, cuda_event_wait(g->ctx, ev));
+        else DEV(e, cuda_event_done(g->ctx, ev, &done));
+        if (!done) break;
+        g->seq_done++;
+    }
+    return STRATA_OK;
+}
+
+/* Decode routes on the device when no prompt holds a loan and every expert is resident in a usable slot,
+ * or under --miss read. ptr_dev gives each expert its slot once the copy into that slot has landed, else
+ * its place in the pinned store (a miss, or a refill, swap or admission still in flight): so a step need
+ * not wait for those copies, and the slot a copy is writing is named by no one. Without a store the
+ * copies are waited for. The table goes up on the compute stream, before the next step's work; from
+ * pageable memory, so the call returns once ptr_host has been read and the host may change it again. */
+strata_status gpu_routing_refresh(strata_engine *e) {
     cuda_state *g = e->gpu;
     const expert_cache *c = &e->cache;
-    const int32_t LE = e->hp.n_layer * e->hp.n_expert;
+    const int32_t E = e->hp.n_expert, LE = e->hp.n_layer * E;
     g->routing = 0;
-    if (!g->ptr_dev || !env_cuda_device_routing() || cache_lent(c) > 0 || cache_resident(c) < LE) return STRATA_OK;
+    g->ptr_stale = 0;
+    if (!g->ptr_dev || !env_cuda_device_routing() || cache_lent(c) > 0) return STRATA_OK;
+    const int reads = g->miss_policy == STRATA_MISS_READ && g->store;
+    if (!reads && cache_resident(c) < LE) return STRATA_OK;
+    STRATA_TRY(copies_landed(e, g->store == NULL));
     for (int32_t id = 0; id < LE; id++) {
-        const int32_t s = c->slot_of[id];
-        STRATA_ASSERT(&e->err, s >= 0);
-        g->ptr_host[id] = slot_ptrs(g, id / e->hp.n_expert, cache_slot_ptr(c, s));
+        const int32_t l = id / E, ex = id % E, s = cache_peek(c, l, ex);
+        if (s >= 0 && g->slot_seq[s] <= g->seq_done) {
+            g->ptr_host[id] = slot_ptrs(g, l, cache_slot_ptr(c, s));
+        } else {
+            STRATA_ASSERT(&e->err, g->store != NULL);
+            g->ptr_host[id] = slot_ptrs(g, l, g->store + g->store_off[l] + (int64_t)ex * expert_bytes(g, l));
+            g->ptr_stale |= s >= 0;
+        }
     }
     DEV(e, cuda_h2d(g->ctx, g->ptr_dev, g->ptr_host, (size_t)LE * sizeof(exp_ptrs), CUDA_STREAM_COMPUTE));
-    DEV(e, cuda_sync(g->ctx)); /* ptr_host is the upload's source */
     g->routing = 1;
     return STRATA_OK;
+}
+
+/* Before a routed step: copies made since the table was built are put in it (a path that copies without
+ * telling the backend still gets a table that names no slot being written), and the slots whose copies
+ * have landed since are named instead of the store. */
+strata_status gpu_routing_settle(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    if (g->seq_dirty) return gpu_routing_refresh(e);
+    if (!g->ptr_stale) return STRATA_OK;
+    const int64_t before = g->seq_done;
+    STRATA_TRY(copies_landed(e, 0));
+    return g->seq_done != before ? gpu_routing_refresh(e) : STRATA_OK;
 }
 
 /* The prompt is done with its loan: the refill's copies (copy stream) come after the prompt's work. */
@@ -278,7 +330,7 @@ static strata_status cuda_loan_end(strata_engine *e) {
  * (order_copies), and decode's routing follows the residency. */
 static strata_status cuda_cache_changed(strata_engine *e) {
     STRATA_TRY(gpu_copies_ok(e));
-    return routing_refresh(e);
+    return gpu_routing_refresh(e);
 }
 
 
@@ -314,7 +366,8 @@ static void store_open(strata_engine *e) {
     if (store == 0) {
         snprintf(why, sizeof why, "STRATA_CUDA_STORE=ring");
     } else if (e->plan.n_slots >= all + e->plan.max_lend_slots) {
-        snprintf(why, sizeof why, "every expert is resident");
+        snprintf(g->store_why, sizeof g->store_why, "every expert is resident, with the loan");
+        return; /* nothing is copied after the fill: nothing to say */
     } else if (!e->mp.experts_pinned || (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes)) {
         snprintf(why, sizeof why, "%.1f GiB is more than the host RAM the plan may use (%.1f GiB)", gib,
                  (double)e->plan.host_avail_bytes / (1 << 30));
@@ -342,6 +395,7 @@ static void store_open(strata_engine *e) {
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
     }
     e->mp.experts_pinned = 0; /* the plan line says what was done */
+    snprintf(g->store_why, sizeof g->store_why, "%s", why);
     trace_emit(&e->trace, "cuda: expert store: %s; experts are copied %s", why,
                env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
 }
@@ -464,10 +518,6 @@ strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
                       "decode attention's split states"));
     DEV(e, cuda_alloc(g->ctx, (size_t)(hp->n_head + 1) * 4, (void **)&g->att_cnt, "decode counters"));
     DEV(e, cuda_memset(g->ctx, g->att_cnt, 0, (size_t)(hp->n_head + 1) * 4));
-    if (pp->n_slots >= L * E) { /* every expert can be resident: decode may route on the device */
-        DEV(e, cuda_alloc(g->ctx, (size_t)(L * E) * sizeof(exp_ptrs), (void **)&g->ptr_dev, "the expert address table"));
-        DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
-    }
     DEV(e, cuda_host_alloc(g->ctx, (size_t)hp->n_vocab * 4, (void **)&g->host_logits));
     DEV(e, cuda_host_alloc(g->ctx, (size_t)(L * hp->n_expert_used) * 4, (void **)&g->host_sel));
 
@@ -499,6 +549,30 @@ strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     DEV(e, cuda_event_create(g->ctx, &g->ev_half[0]));
     DEV(e, cuda_event_create(g->ctx, &g->ev_half[1]));
     store_open(e);
+    /* decode may route on the device: every expert can be resident, or the device can read misses from
+     * the pinned store */
+    if (pp->n_slots >= L * E || (g->store && env_cuda_device_routing())) {
+        DEV(e, cuda_alloc(g->ctx, (size_t)(L * E) * sizeof(exp_ptrs), (void **)&g->ptr_dev, "the expert address table"));
+        DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
+    }
+    g->slot_seq = calloc((size_t)(pp->n_slots > 0 ? pp->n_slots : 1), sizeof *g->slot_seq);
+    if (!g->slot_seq) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the expert tables");
+    g->seq_open = 1;
+    for (int i = 0; i < SEQ_EVENTS; i++) DEV(e, cuda_event_create(g->ctx, &g->seq_ev[i]));
+    /* --miss auto reads misses from a pinned store (no host round trip in a decode step), else splits them
+     * between the host and copies from the measured rates (or STRATA_CUDA_MISS_SPLIT's share) */
+    const int can_read = g->ptr_dev && g->store && env_cuda_device_routing();
+    if (e->params.miss_policy == STRATA_MISS_READ) {
+        if (!can_read && pp->n_slots < L * E)
+            return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--miss read: the device reads a decode miss from the experts' copy in pinned host memory, "
+                           "and there is none (%s); use --miss auto, host or copy",
+                           !env_cuda_device_routing() ? "STRATA_CUDA_DEVICE_ROUTING=0" : g->store_why);
+        g->miss_policy = STRATA_MISS_READ;
+    } else if (e->params.miss_policy == STRATA_MISS_AUTO && can_read && g->miss_split < 0) {
+        g->miss_policy = STRATA_MISS_READ;
+    }
+    e->plan.miss_policy = g->miss_policy; /* what the plan line and strata_plan report */
     if (!g->direct && env_cuda_staging())
         for (int i = 0; i < STAGE_RING; i++) {
             DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
@@ -515,6 +589,8 @@ strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
     STRATA_TRY(gpu_copies_ok(e));
     DEV(e, cuda_sync(g->ctx));
     g->copies_pending = 0;
+    memset(g->slot_seq, 0, (size_t)e->cache.n_slots * sizeof *g->slot_seq); /* the fill has landed */
+    g->seq_dirty = 0;
     const double fill_ms = engine_now_ms() - t_fill;
     const int32_t filled = cache_resident(&e->cache);
     /* the rate of an expert copy that --miss auto weighs against the host */
@@ -528,13 +604,15 @@ strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
                    g->copy_ms, g->host_ms, pool_size(e->pool),
                    g->miss_split >= 0 ? "; STRATA_CUDA_MISS_SPLIT sets the host's share" : "");
     }
-    STRATA_TRY(routing_refresh(e));
+    STRATA_TRY(gpu_routing_refresh(e));
     g->graph_state = g->ptr_dev && env_cuda_graph() ? 0 : -1;
     DEV(e, cuda_sync(g->ctx));
     trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB%s", cuda_ctx_device_name(g->ctx),
                filled, (long long)(L * E), e->cache.n_slots, g->slot_bytes / 1048576.0,
                2.0 * (double)g->kv_row * e->n_ctx * L / 1048576.0,
-               g->routing ? "; decode routes on the device" : "");
+               !g->routing                         ? ""
+               : g->miss_policy == STRATA_MISS_READ && filled < L * E ? "; decode routes on the device and reads misses from the pinned store"
+                                                                   : "; decode routes on the device");
     return STRATA_OK;
 }
 
@@ -566,6 +644,7 @@ void cuda_forward_close(strata_engine *e) {
         cuda_event_free(g->ev_tables);
         cuda_event_free(g->ev_half[0]);
         cuda_event_free(g->ev_half[1]);
+        for (int i = 0; i < SEQ_EVENTS; i++) cuda_event_free(g->seq_ev[i]);
         /* before the file is unmapped (engine_close closes the file after this) */
         if (g->reg_ptr) cuda_host_unregister(g->ctx, g->reg_ptr);
         g->reg_ptr = NULL;
@@ -578,6 +657,7 @@ void cuda_forward_close(strata_engine *e) {
     free(g->store_off);
     free(g->addr);
     free(g->ptr_host);
+    free(g->slot_seq);
     free(g->exp_state);
     free(g->bucket);
     free(g);
