@@ -32,7 +32,7 @@ typedef struct cuda_ctx cuda_ctx;
 /* streams of a context */
 enum { CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COPY = 1 };
 
-/* 1 when built with CUDA and at least one device is usable. */
+/* 1 when built with CUDA and device 0 (the one the engine uses) is usable: Turing (compute 7.5) or newer. */
 int32_t cuda_device_present(void);
 strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len);
 void cuda_ctx_destroy(cuda_ctx *ctx);
