@@ -194,7 +194,7 @@ def summary_markdown(gate: Gate, scrubber: Scrubber | None = None) -> str:
     n = len(gate.records)
     where = f" (shard {gate.shard})" if gate.shard else ""
     lines = [f"### repro_matrix `{m.name}`{where}: {gate.status_word()} (exit status {gate.exit_code})", ""]
-    parts = [f"{n} cells run", f"{n - len(unexpected) - len(expected)} pass", f"{len(unexpected)} failing"]
+    parts = [f"{n} cell{'s' if n != 1 else ''} run", f"{n - len(unexpected) - len(expected)} pass", f"{len(unexpected)} failing"]
     if expected:
         parts.append(f"{len(expected)} failing as the matrix expects")
     if gate.missing:

@@ -158,7 +158,8 @@ def _what_happens(records: dict[str, dict[str, Any]], df: pd.DataFrame, vs: dict
         shown.add(v.label)
         rec = records[row["cell_id"]]
         cell = Cell.from_dict(rec["cell"])
-        out.append(f"**{v.label}** — first seen at {_group_name(cell, knobs)}: {v.detail}.\n")
+        end = "" if v.detail.endswith(("…", ".")) else "."
+        out.append(f"**{v.label}** — first seen at {_group_name(cell, knobs)}: {v.detail}{end}\n")
         plan = rec.get("plan") or {}
         if plan:
             out.append(f"The plan: {plan.get('n_slots')} expert-cache slots of {plan.get('slot_bytes')} bytes, "

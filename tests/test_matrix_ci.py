@@ -319,3 +319,14 @@ def test_the_ci_matrix_on_the_gpu_through_the_script(tmp_path: Path):
     assert int(root.get("failures")) == int(root.get("errors")) == 0
     recs = RunDir(out / "merged").records()
     assert all(Cell.from_dict(r["cell"]).knob("device") == "cuda" for r in recs)
+
+
+def test_a_shards_resume_knows_its_shard(tmp_path: Path):
+    from repro_matrix._runner import _shard_of
+
+    m = _matrix()
+    rd = RunDir(tmp_path / "s")
+    rd.start(m, {}, {"shard": "2/3"}, resume=False)
+    rd.start(m, {}, {"shard": "2/3", "resume": True}, resume=True)  # what `run --resume` records
+    assert _shard_of(rd) == "2/3"
+    assert _shard_of(RunDir(tmp_path / "none")) is None
