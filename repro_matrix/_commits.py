@@ -3,6 +3,9 @@
 ``repro_matrix bisect --commits GOOD..BAD CELL`` is ``git bisect run`` that knows strata's verdicts and
 its nondeterminism:
 
+- a cell bisected for ``reply differs`` is compared with the matrix's reference cell run on the same
+  commit (the question is whether that commit's engine keeps the cell's replies equal to its own
+  all-resident ones);
 - each candidate commit is checked out in a git worktree of its own and built there once (the build is
   kept, keyed by the commit and the build command, so a second bisect over the same commits builds
   nothing);
