@@ -28,7 +28,9 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 PORTABLE = {"STRATA_CUDA_PORTABLE": "1"}
-PTX = {"CUDA_FORCE_PTX_JIT": "1"}
+# the driver keeps what it compiled in its cache (1 GiB here: every kernel of the library), so that only
+# the first process under the switch waits for the compilation
+PTX = {"CUDA_FORCE_PTX_JIT": "1", "CUDA_CACHE_MAXSIZE": str(1 << 30)}
 
 
 @pytest.fixture(scope="module", autouse=True)
