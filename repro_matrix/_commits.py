@@ -306,8 +306,8 @@ def bisect_commits(repo: Path, good: str, bad: str, matrix: Matrix, cell: Cell, 
         """One trial on ``sha``: the verdicts it shows, and whether the commit could run the cell at all."""
         tree = builds.tree(sha)
         env = builds.env(tree)
-        want = set(labels or [])
-        if ref_cell is not None and (not labels or "reply differs" in want) and sha not in refs:
+        want = set(wanted())  # empty while BAD is first run: everything is looked for then
+        if ref_cell is not None and (not want or "reply differs" in want) and sha not in refs:
             r = run_cell(Matrix.from_dict({**matrix.to_dict(), "starts": 1}), ref_cell, env=env, layouts=False,
                          cwd=tree)
             keep(r, sha)
