@@ -286,3 +286,11 @@ def test_malformed_and_huge_bodies_then_still_serving(server: Served, client: op
     ok = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4, temperature=0)
     assert ok.usage is not None and ok.usage.completion_tokens == 4
     assert server.proc.poll() is None
+
+
+def test_the_context_bounds_the_reply_by_the_engines_rule(client: openai.OpenAI) -> None:
+    # prompt + reply - 1 <= context: the last token is sampled, never stored
+    r = client.completions.create(model="m", prompt=[5] * (CTX - 6), temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage is not None and r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
+    full = client.completions.create(model="m", prompt=[5] * CTX, temperature=0, extra_body={"ignore_eos": True})
+    assert full.usage is not None and full.usage.completion_tokens == 1
