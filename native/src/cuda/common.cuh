@@ -32,7 +32,7 @@ struct cuda_ctx {
      * (code_arch >= 80, not portable); pdl_ok programmatic dependent launch (cc and code_arch >= 90, not
      * portable); smem_optin the most dynamic shared memory a block may ask for, in bytes */
     int cc, code_arch, portable, sm80, pdl_ok, smem_optin;
-    char code_path[256]; /* the above in words, for the trace */
+    char code_path[640]; /* the above in words, for the trace */
 };
 
 /* Record a failure in the context's message and return STRATA_ERR_DEVICE. */

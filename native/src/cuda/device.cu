@@ -58,7 +58,7 @@ static strata_status probe_code(cuda_ctx *ctx, const cudaDeviceProp *prop, char 
     snprintf(ctx->code_path, sizeof ctx->code_path,
              "%s (compute %d.%d) runs code built for sm_%d%s: %s, %s, programmatic launches %s, %d KiB of shared "
              "memory per block",
-             prop->name, prop->major, prop->minor, ctx->code_arch,
+             prop->name, prop->major, prop->minor, ctx->code_arch, 
              ctx->portable ? ", portable path (STRATA_CUDA_PORTABLE=1)" : "",
              ctx->sm80 ? "cp.async" : "plain copies to shared memory",
              ctx->sm80 ? "m16n8k32 integer products" : "m8n8k16 integer products", ctx->pdl_ok ? "on" : "off",
