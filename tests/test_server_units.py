@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from strata.server.protocol import MAX_FRAME, ProtocolError, encode_frame, read_frame, write_frame
 from strata.server.streaming import StopMatcher
 from strata.think import ThinkSplitter
-from strata.server.protocol import MAX_FRAME, ProtocolError, encode_frame, read_frame, write_frame
 
 
 def test_frames_round_trip_and_end_cleanly() -> None:

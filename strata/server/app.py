@@ -66,7 +66,7 @@ class _Api:
     async def models(self, request: Request) -> Response:
         self.state.authenticate(request)
         sup = self.sup
-        meta = {"n_vocab": self.state.tokenizer.n_vocab}
+        meta: dict[str, Any] = {"n_vocab": self.state.tokenizer.n_vocab}
         if sup.info:
             meta.update({k: sup.info.get(k) for k in ("arch", "n_ctx_train", "n_params", "file_bytes")})
         if sup.plan:

@@ -462,8 +462,8 @@ class Supervisor:
     def _fail_all(self, code: str, message: str) -> None:
         """End the waiting jobs, and answer the running one (which the worker may still have)."""
         event = {"ev": "error", "code": code, "message": message}
-        for job in list(self._queue):
-            self._finish(job, dict(event))
+        for waiting in list(self._queue):
+            self._finish(waiting, dict(event))
         self._queue.clear()
         job = self._current
         if job is not None and not job.abandoned and not job.finished.is_set():

@@ -85,7 +85,9 @@ class _Channel:
 
 
 def _asdict(obj: Any) -> dict[str, Any]:
-    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else dict(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    return dict(obj)
 
 
 def _error_event(e: BaseException) -> dict[str, Any]:
