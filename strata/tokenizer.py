@@ -99,6 +99,14 @@ def _spm_merges(tokens: Sequence[str], scores: Sequence[float]) -> list[tuple[st
     return [(a, b) for *_, a, b in found]
 
 
+def _bpe(source: str, models: Any, **kwargs: Any) -> Any:
+    try:
+        return models.BPE(**kwargs)
+    except Exception as e:  # the tokenizers library raises plain Exception for a vocabulary it refuses
+        raise TokenizerError(f"{source}: the vocabulary is damaged ({e}); the file is corrupt or was written by a "
+                             f"converter that strata does not know") from None
+
+
 class Tokenizer:
     """A tokenizer for one model's vocabulary. Build it with ``from_gguf`` or ``from_metadata``."""
 
@@ -149,7 +157,7 @@ class Tokenizer:
                 a, sep, b = m.partition(" ")
                 if sep:
                     merges.append((a, b))
-            bpe = models.BPE(vocab=index, merges=merges, ignore_merges=self.pre in IGNORE_MERGES)
+            bpe = _bpe(source, models, vocab=index, merges=merges, ignore_merges=self.pre in IGNORE_MERGES)
             hf = HFTokenizer(bpe)
             splits = [pre_tokenizers.Split(Regex(p), behavior="isolated") for p in patterns]
             hf.pre_tokenizer = pre_tokenizers.Sequence(
@@ -163,8 +171,8 @@ class Tokenizer:
             if scores is None:
                 raise TokenizerError(f"{source}: a llama (SentencePiece) vocabulary needs tokenizer.ggml.scores")
             unk = self.tokens[self.unk_id] if self.unk_id >= 0 else None
-            bpe = models.BPE(vocab=index, merges=_spm_merges(self.tokens, scores), unk_token=unk,
-                             byte_fallback=True, fuse_unk=True)
+            bpe = _bpe(source, models, vocab=index, merges=_spm_merges(self.tokens, scores), unk_token=unk,
+                       byte_fallback=True, fuse_unk=True)
             hf = HFTokenizer(bpe)
             self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
             self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))

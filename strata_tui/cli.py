@@ -11,9 +11,11 @@ import argparse
 import os
 import secrets
 import signal
+import sys
 from pathlib import Path
 
 from strata._config import add_engine_args, config_from_args
+from strata.server.cli import model_path_problem
 
 __all__ = ["add_parser", "run"]
 
@@ -53,8 +55,9 @@ def run(args: argparse.Namespace) -> int:
                          model_name=args.model_name, newline_keys=newline)
     else:
         cfg = config_from_args(args)
-        if args.model is not None and not args.model.exists():
-            print(f"strata chat: model file not found: {args.model} (leave --model out to use the default model)")
+        problem = model_path_problem(args.model.expanduser()) if args.model is not None else None
+        if problem:
+            print(f"strata chat: {problem}", file=sys.stderr)
             return 2
         # the chat's own server takes a key that only the chat knows (unless one was given), so that
         # another user of the machine cannot use it or learn anything from it

@@ -236,3 +236,27 @@ def test_start_up_failures_exit_with_the_engines_message(tmp_path: Path) -> None
     assert "the engine could not start" in p.stderr and "budget" in p.stderr.lower()
     p = run_serve("--model", str(tmp_path / "missing.gguf"))
     assert p.returncode == 2 and "model file not found" in p.stderr
+
+
+def test_a_folder_or_a_pipe_as_the_model_is_named_for_what_it_is(tmp_path: Path) -> None:
+    (tmp_path / "a.gguf").write_bytes(b"")
+    p = run_serve("--model", str(tmp_path))
+    assert p.returncode == 2 and "is a folder (it holds a.gguf)" in p.stderr and "Traceback" not in p.stderr
+    fifo = tmp_path / "model.fifo"
+    os.mkfifo(fifo)
+    p = run_serve("--model", str(fifo), timeout=60)  # nothing opens it: no reader waits for a writer
+    assert p.returncode == 2 and "not a regular file" in p.stderr
+
+
+def test_a_damaged_vocabulary_is_a_message_not_a_traceback(tmp_path: Path) -> None:
+    from strata._gguf_meta import read_gguf_metadata
+
+    good = ensure_model("tiny")
+    first = read_gguf_metadata(good)["tokenizer.ggml.merges"][0].encode()
+    data = good.read_bytes()
+    # the first merge names two pieces that are not tokens (same length, so the file stays well formed)
+    bad = tmp_path / "damaged-vocab.gguf"
+    bad.write_bytes(data.replace(first, b"\x01" * (len(first) - 2) + b" \x01", 1))
+    p = run_serve("--model", str(bad))
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "the vocabulary is damaged" in p.stderr and "out of vocabulary" in p.stderr

@@ -29,7 +29,7 @@ from .._config import add_engine_args, config_from_args
 from .requests import DEFAULT_MAX_BODY
 from .supervisor import DEFAULT_ENGINE_TIMEOUT
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "model_path_problem", "run"]
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -62,6 +62,20 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def model_path_problem(model: Path) -> str | None:
+    """What is wrong with ``model`` as a model file, in words (None when it is a regular file)."""
+    hint = "give --model FILE.gguf, or leave --model out for the synthetic tiny model"
+    if model.is_dir():
+        found = sorted(p.name for p in model.glob("*.gguf"))[:5]
+        inside = f" (it holds {', '.join(found)})" if found else " (it holds no .gguf file)"
+        return f"--model {model} is a folder{inside}: {hint}"
+    if not model.exists():
+        return f"model file not found: {model} ({hint})"
+    if not model.is_file():
+        return f"--model {model} is not a regular file (a pipe or a device cannot be mapped): {hint}"
+    return None
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -91,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
         print("strata: no --model given; using the synthetic tiny model", file=sys.stderr, flush=True)
         model = Path(ensure_model("tiny"))
     model = Path(model).expanduser()
-    if not model.is_file():
-        print(f"strata serve: model file not found: {model} (give --model FILE.gguf, or leave --model out "
-              f"for the synthetic tiny model)", file=sys.stderr)
+    problem = model_path_problem(model)
+    if problem:
+        print(f"strata serve: {problem}", file=sys.stderr)
         return 2
     if args.max_body_mib <= 0:
         print("strata serve: --max-body-mib must be positive", file=sys.stderr)
@@ -112,10 +126,7 @@ def run(args: argparse.Namespace) -> int:
     except (TokenizerError, ChatTemplateError, ValueError, OSError) as e:
         print(f"strata serve: cannot read the tokenizer of {model}: {e}", file=sys.stderr)
         return 1
-    except Exception as e:  # the tokenizers library refused the vocabulary (it raises plain Exception)
-        print(f"strata serve: the vocabulary in {model} is not usable ({type(e).__name__}: {e}); the file is "
-              f"damaged or was written by a converter strata does not know", file=sys.stderr)
-        return 1
+
     try:
         sock = _bind(args.host, args.port)
     except OSError as e:
