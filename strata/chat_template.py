@@ -178,20 +178,10 @@ class ChatTemplate:
         """Whether the template switches reasoning on and off (``enable_thinking``)."""
         return "enable_thinking" in self.source
 
-    def render(
-        self,
-        messages: Any,
-        *,
-        add_generation_prompt: bool = True,
-        tools: list[Any] | None = None,
-        enable_thinking: bool | None = None,
-        reasoning_effort: str | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> str:
-        """The prompt text for ``messages`` (OpenAI format; checked by ``normalize_messages``)."""
-        return self.render_prompt(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                                  enable_thinking=enable_thinking, reasoning_effort=reasoning_effort,
-                                  extra=extra).text
+    def render(self, messages: Any, **options: Any) -> str:
+        """The prompt text for ``messages`` (OpenAI format; checked by ``normalize_messages``); the
+        options are ``render_prompt``'s."""
+        return self.render_prompt(messages, **options).text
 
     def render_prompt(
         self,

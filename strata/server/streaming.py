@@ -15,8 +15,8 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
@@ -258,34 +258,64 @@ def _split_delta(reasoning: str, content: str) -> dict[str, Any]:
     return d
 
 
-async def stream_chat(g: Generation) -> AsyncIterator[bytes]:
-    cid = "chatcmpl-" + uuid.uuid4().hex[:24]
-    created = int(time.time())
-    model = g.state.model_name
+@dataclass
+class _Chunks:
+    """The fields every chunk of one stream shares."""
+
+    object: str
+    model: str
+    id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def sse(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return _sse({"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                     "choices": choices, **extra})
+
+
+async def _ended(g: Generation, c: _Chunks, body: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
+    """``body``, then the usage chunk (when asked for) and ``[DONE]``; a failure ends the stream with
+    its error event and ``[DONE]`` instead."""
+    async with contextlib.aclosing(body):
+        try:
+            async for chunk in body:
+                yield chunk
+        except ApiError as e:
+            yield _sse(e.body())
+            yield _sse("[DONE]")
+            return
+    if g.gen.include_usage:
+        yield c.sse([], usage=g.usage(), timings=g.timings(), strata=g.extension())
+    yield _sse("[DONE]")
+
+
+def stream_chat(g: Generation) -> AsyncIterator[bytes]:
+    c = _Chunks("chat.completion.chunk", g.state.model_name, "chatcmpl-" + uuid.uuid4().hex[:24])
+    return _ended(g, c, _chat_chunks(g, c))
+
+
+def stream_completion(g: Generation) -> AsyncIterator[bytes]:
+    c = _Chunks("text_completion", g.state.model_name, "cmpl-" + uuid.uuid4().hex[:24])
+    return _ended(g, c, _completion_chunks(g, c))
+
+
+async def _chat_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]:
     tok = g.state.tokenizer
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
-        return _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                     "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-                     **extra})
+        return c.sse([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}], **extra)
 
     yield chunk({"role": "assistant", "content": ""})
     splitter = ThinkSplitter(g.think_open) if g.gen.split_reasoning else None
-    try:
-        async for p in g.pieces():
-            if isinstance(p, Piece):
-                if not p.text and p.logprob is None:
-                    continue
-                d = _split_delta(*splitter.feed(p.text)) if splitter is not None else {"content": p.text}
-                if splitter is not None and d == {"content": ""} and p.logprob is None:
-                    continue  # all of it held back (a possible tag)
-                yield chunk(d, None, chat_logprobs(tok, [p]) if g.gen.logprobs else None)
-            elif (note := _note(p)) is not None:
-                yield note
-    except ApiError as e:
-        yield _sse(e.body())
-        yield _sse("[DONE]")
-        return
+    async for p in g.pieces():
+        if isinstance(p, Piece):
+            if not p.text and p.logprob is None:
+                continue
+            d = _split_delta(*splitter.feed(p.text)) if splitter is not None else {"content": p.text}
+            if splitter is not None and d == {"content": ""} and p.logprob is None:
+                continue  # all of it held back (a possible tag)
+            yield chunk(d, None, chat_logprobs(tok, [p]) if g.gen.logprobs else None)
+        elif (note := _note(p)) is not None:
+            yield note
     if splitter is not None:
         rest = splitter.flush()
         if any(rest):
@@ -294,39 +324,19 @@ async def stream_chat(g: Generation) -> AsyncIterator[bytes]:
     if g.gen.include_usage:
         extra["usage"] = None
     yield chunk({}, g.finish_reason, **extra)
-    if g.gen.include_usage:
-        yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [], "usage": g.usage(), "timings": g.timings(), "strata": g.extension()})
-    yield _sse("[DONE]")
 
 
-async def stream_completion(g: Generation) -> AsyncIterator[bytes]:
-    cid = "cmpl-" + uuid.uuid4().hex[:24]
-    created = int(time.time())
-    model = g.state.model_name
-
+async def _completion_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]:
     def chunk(text: str, finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
-        return _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                     "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
-                     **extra})
+        return c.sse([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}], **extra)
 
-    try:
-        async for p in g.pieces():
-            if isinstance(p, Piece):
-                if p.text or p.logprob is not None:
-                    lp = completion_logprobs(g.state.tokenizer, [p]) if g.gen.logprobs else None
-                    yield chunk(p.text, None, lp)
-            elif (note := _note(p)) is not None:
-                yield note
-    except ApiError as e:
-        yield _sse(e.body())
-        yield _sse("[DONE]")
-        return
+    async for p in g.pieces():
+        if isinstance(p, Piece):
+            if p.text or p.logprob is not None:
+                yield chunk(p.text, None, completion_logprobs(g.state.tokenizer, [p]) if g.gen.logprobs else None)
+        elif (note := _note(p)) is not None:
+            yield note
     yield chunk("", g.finish_reason, timings=g.timings(), strata=g.extension())
-    if g.gen.include_usage:
-        yield _sse({"id": cid, "object": "text_completion", "created": created, "model": model,
-                    "choices": [], "usage": g.usage(), "timings": g.timings(), "strata": g.extension()})
-    yield _sse("[DONE]")
 
 
 async def reply(g: Generation, *, chat: bool) -> tuple[int, dict[str, Any]]:
