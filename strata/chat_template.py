@@ -109,6 +109,7 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
 # placeholders come from a Unicode private-use plane: no model writes them and no template uses them
 _PLACEHOLDER_FIRST = 0xF0000
 _PLACEHOLDER_LAST = 0xFFFFD
+_PLANE = re.compile(f"[{chr(_PLACEHOLDER_FIRST)}-{chr(_PLACEHOLDER_LAST)}]")
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class ChatTemplate:
             found = sorted({m.group(0) for s in _strings(request) for m in self._control.finditer(s)})
             if found:
                 used = {ord(c) for s in (*_strings(request), self.source, self.bos_token, self.eos_token)
-                        for c in s if ord(c) >= _PLACEHOLDER_FIRST}
+                        for c in _PLANE.findall(s)}
                 free = (c for c in range(_PLACEHOLDER_FIRST, _PLACEHOLDER_LAST + 1) if c not in used)
                 table = {t: chr(next(free)) for t in found}
                 messages, tools, extra, reasoning_effort = _mask(request, self._control, table)
