@@ -89,7 +89,7 @@ def test_sigterm_to_the_process_group_mid_stream() -> None:
 
 
 def test_a_stopped_worker_is_noticed_and_a_resumed_one_serves_again() -> None:
-    s = Served(ensure_model("tiny"), "--threads", "1", "--engine-timeout", "1", "--quiet")
+    s = Served(ensure_model("tiny"), "--threads", "1", "--engine-timeout", "2", "--quiet")
     pid = httpx.get(f"{s.url}/v1/status", timeout=30).json()["engine"]["pid"]
     try:
         with httpx.stream("POST", f"{s.url}/v1/chat/completions", json=LONG, timeout=60) as r:

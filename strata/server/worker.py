@@ -45,7 +45,7 @@ class _Channel:
         self._lock = threading.Lock()
         self.commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.cancel = threading.Event()
-        self.closed = threading.Event()  # stdin closed: the server is gone
+        self.closed = threading.Event()  # no more commands: the pipe closed (the server is gone) or shutdown came
         self.n_generated = 0
         self.cancel_seen_at: int | None = None
         self.context: list[int] = []  # the tokens in the engine's KV cache, in order
