@@ -16,8 +16,6 @@ import pytest
 
 from strata_bench.cli import main
 
-pytest.importorskip("strata._engine")
-
 FAKE = Path(__file__).parent / "bench_support" / "fake_llama_bench.py"
 
 
@@ -26,13 +24,6 @@ def _sigint_default() -> None:
     of a non-interactive shell has SIGINT ignored, the child would inherit that, and Python installs no
     KeyboardInterrupt handler where SIGINT is ignored at start."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    from strata.model import ensure_model
-
-    return Path(ensure_model(preset="tiny", seed=0))
 
 
 def bench(cmd: str) -> int:

@@ -42,21 +42,14 @@ def fake_bin(tmp_path, monkeypatch) -> Path:
     return d
 
 
-@pytest.fixture(scope="module")
-def model_file() -> Path:
-    from strata.model import ensure_model
-
-    return Path(ensure_model(preset="tiny", seed=0))
-
-
 def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_rows_from_llama_bench_jsonl(fake_bin, model_file, tmp_path, capsys) -> None:
+def test_rows_from_llama_bench_jsonl(fake_bin, tiny, tmp_path, capsys) -> None:
     out = tmp_path / "r.jsonl"
     rc = bench(
-        f"run --target llama.cpp --model {model_file} -p 64,128 -n 16 -d 0,256 -r 5 --threads 2 "
+        f"run --target llama.cpp --model {tiny} -p 64,128 -n 16 -d 0,256 -r 5 --threads 2 "
         f"--output {out} --format md"
     )
     assert rc == 0
@@ -80,7 +73,7 @@ def test_rows_from_llama_bench_jsonl(fake_bin, model_file, tmp_path, capsys) -> 
         assert r["knobs"] == {"threads": 2, "device": "cpu", "kv": "f16", "n_ubatch": 512, "n_batch": 2048}
         assert r["work"] == {"n_prompt": r["n_prompt"], "n_gen": r["n_gen"], "n_depth": r["n_depth"],
                              "prompt_set": "llama-bench", "max_context": r["n_prompt"] + r["n_gen"] + r["n_depth"]}  # fmt: skip
-        assert r["model"] == model_file.name and r["quant"]
+        assert r["model"] == tiny.name and r["quant"]
     # the stand-in's speeds: 900 t/s for prompts and 40 for generation, divided by 1 + depth/4096
     by = {r["test"]: r["mean"] for r in rows}
     assert by["pp64"] == pytest.approx(900, rel=0.02)
@@ -89,31 +82,31 @@ def test_rows_from_llama_bench_jsonl(fake_bin, model_file, tmp_path, capsys) -> 
     assert "| llama.cpp" in md and "pp128 @ d256" in md
 
 
-def test_one_llama_bench_run_per_shared_knob_set(fake_bin, model_file, tmp_path) -> None:
+def test_one_llama_bench_run_per_shared_knob_set(fake_bin, tiny, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
     # --expert-cache means nothing to llama.cpp: two strata configs, one llama-bench run; --threads 1,2: two runs
     rc = bench(
-        f"run --target llama.cpp --model {model_file} -p 32 -n 0 -r 5 --expert-cache 4,8 --threads 1,2 "
+        f"run --target llama.cpp --model {tiny} -p 32 -n 0 -r 5 --expert-cache 4,8 --threads 1,2 "
         f"--output {out} --format csv"
     )
     assert rc == 0
     assert sorted(r["knobs"]["threads"] for r in _rows(out)) == [1, 2]
 
 
-def test_missing_llama_bench_is_a_clear_error(model_file, tmp_path, monkeypatch, capsys) -> None:
+def test_missing_llama_bench_is_a_clear_error(tiny, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert bench(f"run --target llama.cpp --model {model_file} --output {tmp_path / 'r.jsonl'}") == 1
+    assert bench(f"run --target llama.cpp --model {tiny} --output {tmp_path / 'r.jsonl'}") == 1
     err = capsys.readouterr().err
     assert "none is on PATH" in err and "--llama-bench PATH" in err
-    cmd = f"run --target llama.cpp --llama-bench {tmp_path / 'nope'} --model {model_file} --output {tmp_path / 'r.jsonl'}"
+    cmd = f"run --target llama.cpp --llama-bench {tmp_path / 'nope'} --model {tiny} --output {tmp_path / 'r.jsonl'}"
     assert bench(cmd) == 1
     assert "not an executable" in capsys.readouterr().err
 
 
-def test_failing_llama_bench_keeps_finished_rows(fake_bin, model_file, tmp_path, monkeypatch, capsys) -> None:
+def test_failing_llama_bench_keeps_finished_rows(fake_bin, tiny, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("FAKE_LLAMA_BENCH_FAIL", "2")
     out = tmp_path / "r.jsonl"
-    assert bench(f"run --target llama.cpp --model {model_file} -p 16,32,64 -n 8 -r 5 --output {out}") == 1
+    assert bench(f"run --target llama.cpp --model {tiny} -p 16,32,64 -n 8 -r 5 --output {out}") == 1
     err = capsys.readouterr().err
     assert "exited with status 1" in err and "failed to create context" in err
     # the finished rows are kept, the tests llama-bench did not finish are failed rows with its words
@@ -127,11 +120,11 @@ def test_failing_llama_bench_keeps_finished_rows(fake_bin, model_file, tmp_path,
     assert all("failed to create context" in r["error"]["message"] for r in rows[2:])
 
 
-def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
+def test_sigint_keeps_finished_rows(fake_bin, tiny, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
     # rows 1.5 s apart: a test process starved for a few seconds on a loaded machine still interrupts mid-run
     env = {**os.environ, "FAKE_LLAMA_BENCH_DELAY": "1.5"}
-    cmd = f"run --target llama.cpp --model {model_file} -p 16,32,64,128,256 -n 8,16,32 -r 5 --output {out}"
+    cmd = f"run --target llama.cpp --model {tiny} -p 16,32,64,128,256 -n 8,16,32 -r 5 --output {out}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "strata_bench.cli", *cmd.split()],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -158,10 +151,10 @@ def test_sigint_keeps_finished_rows(fake_bin, model_file, tmp_path) -> None:
 
 
 @pytest.mark.skipif(shutil.which("llama-bench") is None, reason="no llama-bench on PATH")
-def test_real_llama_bench(model_file, tmp_path) -> None:
+def test_real_llama_bench(tiny, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
     assert (
-        bench(f"run --target llama.cpp --model {model_file} -p 32 -n 8 -r 5 --threads 2 --output {out}") == 0
+        bench(f"run --target llama.cpp --model {tiny} -p 32 -n 8 -r 5 --threads 2 --output {out}") == 0
     )
     rows = _rows(out)
     assert [r["test"] for r in rows] == ["pp32", "tg8"]
@@ -170,7 +163,7 @@ def test_real_llama_bench(model_file, tmp_path) -> None:
         assert r["peer"]["n_threads"] == 2 and r["peer"]["build_commit"]
 
 
-def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, model_file, tmp_path, monkeypatch, capsys) -> None:
+def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, tiny, tmp_path, monkeypatch, capsys) -> None:
     """--device cuda: llama.cpp runs -ngl 99 and, for each --vram-budget, the --n-cpu-moe given for it,
     right after the strata configuration it stands against; a llama.cpp setting that fails to load is a
     failed row and the next one still runs. Without a GPU here strata's CUDA configurations fail to open,
@@ -178,7 +171,7 @@ def test_gpu_grid_pairs_budgets_with_n_cpu_moe(fake_bin, model_file, tmp_path, m
     monkeypatch.setenv("FAKE_LLAMA_BENCH_FAIL_NCMOE", "7")
     out = tmp_path / "r.jsonl"
     cmd = (
-        f"run --device cuda --target strata --target llama.cpp --model {model_file} -p 32 -n 8 -r 5 "
+        f"run --device cuda --target strata --target llama.cpp --model {tiny} -p 32 -n 8 -r 5 "
         f"--threads 1 --vram-budget auto,64MiB,32MiB --llama-n-cpu-moe 0,7,3 --output {out} --format md"
     )
     rc = main([*cmd.split(), "--llama-args", "-ub 256 -b 256"])
@@ -244,12 +237,12 @@ def test_gpu_ratio_rows_pair_equal_budgets() -> None:
     assert cells[3][4] == "11.75 GiB"  # the peak of the process's own device memory
 
 
-def test_n_cpu_moe_for_a_budget(model_file) -> None:
+def test_n_cpu_moe_for_a_budget(tiny) -> None:
     """The smallest --n-cpu-moe whose estimated device memory fits the budget (see n_cpu_moe_for_budget)."""
     from strata_bench._llamacpp import _LLAMA_COMPUTE_RESERVE, n_cpu_moe_for_budget
     from strata_bench._model import weight_bytes
 
-    w = weight_bytes(model_file)
+    w = weight_bytes(tiny)
     assert w is not None
     n_layer, ctx = len(w["expert_bytes"]), 160
     per_layer = [b * w["n_expert"] for b in w["expert_bytes"]]
@@ -263,12 +256,12 @@ def test_n_cpu_moe_for_a_budget(model_file) -> None:
     assert n_cpu_moe_for_budget(w, 1 << 20, ctx) == n_layer  # not even the dense part fits: all on the host
 
 
-def test_n_cpu_moe_needs_a_gpu_run_and_one_value_per_budget(fake_bin, model_file, tmp_path, capsys) -> None:
+def test_n_cpu_moe_needs_a_gpu_run_and_one_value_per_budget(fake_bin, tiny, tmp_path, capsys) -> None:
     out = tmp_path / "r.jsonl"
-    assert bench(f"run --target llama.cpp --model {model_file} --llama-n-cpu-moe 4 --output {out}") == 1
+    assert bench(f"run --target llama.cpp --model {tiny} --llama-n-cpu-moe 4 --output {out}") == 1
     assert "add --device cuda" in capsys.readouterr().err
     cmd = (
-        f"run --device cuda --target llama.cpp --model {model_file} --vram-budget 64MiB,32MiB "
+        f"run --device cuda --target llama.cpp --model {tiny} --vram-budget 64MiB,32MiB "
         f"--llama-n-cpu-moe 1,2,3 --output {out}"
     )
     assert bench(cmd) == 1
@@ -276,10 +269,10 @@ def test_n_cpu_moe_needs_a_gpu_run_and_one_value_per_budget(fake_bin, model_file
     assert not out.exists()
 
 
-def test_n_cpu_moe_values_without_budgets_all_run(fake_bin, model_file, tmp_path) -> None:
+def test_n_cpu_moe_values_without_budgets_all_run(fake_bin, tiny, tmp_path) -> None:
     """No --vram-budget list: every --llama-n-cpu-moe value runs; only 0 stands against strata's rows."""
     out = tmp_path / "r.jsonl"
-    cmd = f"run --device cuda --target llama.cpp --model {model_file} -p 32 -n 0 -r 5 --llama-n-cpu-moe 0,2,4 --output {out}"
+    cmd = f"run --device cuda --target llama.cpp --model {tiny} -p 32 -n 0 -r 5 --llama-n-cpu-moe 0,2,4 --output {out}"
     assert bench(cmd) == 0
     rows = _rows(out)
     assert [r["knobs"]["n_cpu_moe"] for r in rows] == [0, 2, 4]
@@ -288,12 +281,12 @@ def test_n_cpu_moe_values_without_budgets_all_run(fake_bin, model_file, tmp_path
 
 
 def test_long_prompts_also_run_at_a_large_micro_batch_and_the_faster_pairs(
-    fake_bin, model_file, tmp_path, capsys
+    fake_bin, tiny, tmp_path, capsys
 ) -> None:
     """llama.cpp at its best: every test at -ub 512, the prompts longer than that again at -ub 4096 -b 4096
     (capped by the longest prompt); the ratio row is against the faster row of each test and names it."""
     out = tmp_path / "r.jsonl"
-    cmd = f"run --target strata --target llama.cpp --model {model_file} -p 256,2048 -n 8 -r 5 --threads 1 --output {out} --format md"
+    cmd = f"run --target strata --target llama.cpp --model {tiny} -p 256,2048 -n 8 -r 5 --threads 1 --output {out} --format md"
     assert bench(cmd) == 0
     rows = _rows(out)
     llama = [
@@ -329,13 +322,13 @@ def test_long_prompts_also_run_at_a_large_micro_batch_and_the_faster_pairs(
 
 
 def test_a_large_micro_batch_that_does_not_fit_is_halved(
-    fake_bin, model_file, tmp_path, monkeypatch, capsys
+    fake_bin, tiny, tmp_path, monkeypatch, capsys
 ) -> None:
     """On the GPU at a budget: each micro-batch gets its own --n-cpu-moe (given here); one that runs out of
     device memory is halved until one runs, and its rows say what was tried."""
     monkeypatch.setenv("FAKE_LLAMA_BENCH_MAX_UBATCH", "1024")
     out = tmp_path / "r.jsonl"
-    cmd = (f"run --device cuda --target llama.cpp --model {model_file} -p 512,4096 -n 8 -r 5 --threads 1 "
+    cmd = (f"run --device cuda --target llama.cpp --model {tiny} -p 512,4096 -n 8 -r 5 --threads 1 "
            f"--vram-budget 64MiB --llama-n-cpu-moe 2 --output {out} --format md")  # fmt: skip
     assert bench(cmd) == 0
     cap = capsys.readouterr()
@@ -367,13 +360,13 @@ def test_a_large_micro_batch_that_does_not_fit_is_halved(
     )
 
 
-def test_micro_batch_estimate_and_its_n_cpu_moe(model_file) -> None:
+def test_micro_batch_estimate_and_its_n_cpu_moe(tiny) -> None:
     """A larger micro-batch needs larger compute buffers, so at one budget it keeps more experts on the host;
     a micro-batch whose buffers alone do not fit has no --n-cpu-moe at all."""
     from strata_bench._llamacpp import _LLAMA_COMPUTE_RESERVE, compute_bytes, fit_n_cpu_moe
     from strata_bench._model import weight_bytes
 
-    w = weight_bytes(model_file)
+    w = weight_bytes(tiny)
     assert w is not None and w["n_embd"] and w["n_ff_exp"]
     assert compute_bytes(w, 512) == compute_bytes(w, 256) == _LLAMA_COMPUTE_RESERVE
     per_token = 4 * (8 * w["n_embd"] + 3 * w["n_expert_used"] * w["n_ff_exp"])
@@ -433,13 +426,13 @@ def test_peer_over_its_budget_is_marked_and_not_chosen() -> None:
     assert cells[-1][-1] == f"{7765 / 7936:.2f}x (-ub 4096 -ncmoe 22)"
 
 
-def test_each_micro_batch_gets_the_n_cpu_moe_that_fits_the_budget(fake_bin, model_file, tmp_path) -> None:
+def test_each_micro_batch_gets_the_n_cpu_moe_that_fits_the_budget(fake_bin, tiny, tmp_path) -> None:
     """--llama-n-cpu-moe auto at a budget: the -ub 512 run and the large micro-batch run each keep on the host
     the fewest layers' experts whose estimated device memory fits the budget at that micro-batch."""
     from strata_bench._llamacpp import compute_bytes, fit_n_cpu_moe
     from strata_bench._model import weight_bytes
 
-    w = weight_bytes(model_file)
+    w = weight_bytes(tiny)
     assert w is not None
     ctx = 2048  # the longest test's context
     per_layer = [b * w["n_expert"] for b in w["expert_bytes"]]
@@ -447,7 +440,7 @@ def test_each_micro_batch_gets_the_n_cpu_moe_that_fits_the_budget(fake_bin, mode
         w["dense_bytes"] + w["kv_values_per_token"] * 2 * ctx + compute_bytes(w, 2048) + sum(per_layer[2:])
     )
     out = tmp_path / "r.jsonl"
-    cmd = (f"run --device cuda --target llama.cpp --model {model_file} -p 512,2048 -n 8 -r 5 --threads 1 "
+    cmd = (f"run --device cuda --target llama.cpp --model {tiny} -p 512,2048 -n 8 -r 5 --threads 1 "
            f"--vram-budget {budget} --output {out}")  # fmt: skip
     assert bench(cmd) == 0
     got = {(r["test"], r["knobs"]["n_ubatch"]): r["knobs"]["n_cpu_moe"] for r in _rows(out)}

@@ -9,7 +9,6 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +21,7 @@ HAVE_GPU = gpu_info() is not None
 
 @pytest.mark.skipif(HAVE_GPU, reason="a GPU is present")
 def test_without_a_gpu_nvml_gives_nothing() -> None:
-    pytest.importorskip("pynvml")  # the real library, failing to find a driver
+    import pynvml  # noqa: F401  (the real library, a dependency, failing to find a driver)
     from strata import _nvml as shared
 
     assert shared.nvml() is None and shared.device_count() == 0 and shared.all_gpus() == []
@@ -99,14 +98,6 @@ def test_a_reader_that_fails_keeps_what_was_sampled() -> None:
         assert s.take() == _expect(script.given, script.given[0].memory_used)
     assert len(script.given) == 3
     assert s.summary() == _expect(script.given, script.given[0].memory_used)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    pytest.importorskip("strata._engine")
-    from strata.model import ensure_model
-
-    return Path(ensure_model(preset="tiny", seed=0))
 
 
 def test_rows_carry_gpu_memory_and_utilization(tiny, tmp_path, monkeypatch, capsys) -> None:

@@ -13,7 +13,7 @@ import pytest
 from strata import LibraryNotFoundError
 from strata._engine import Engine
 from strata._lib import candidate_paths, load_from
-from strata.model import ensure_model
+from strata.tokenizer import Tokenizer
 
 PROMPT = [1, 50, 60, 70, 80]
 
@@ -26,11 +26,6 @@ def strata(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
         timeout=300,
         env={**os.environ, **(env or {})},
     )
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    return ensure_model("tiny")
 
 
 def test_json_output_matches_the_engine(tiny: Path) -> None:
@@ -63,9 +58,8 @@ def test_text_output_streams_ids_and_reports_speed(tiny: Path) -> None:
     assert "tokens/s" in r.stderr and "prompt:" in r.stderr and "decode:" in r.stderr
 
 
-def test_text_prompt_goes_through_the_models_tokenizer(tiny: Path) -> None:
-    tokenizer = pytest.importorskip("strata.tokenizer", reason="the tokenizer module is not in this tree yet")
-    tok = tokenizer.Tokenizer.from_gguf(tiny)
+def test_text_prompt_goes_through_the_models_tokenizer(tiny: Path, tiny_tok: Tokenizer) -> None:
+    tok = tiny_tok
     ids = tok.encode("The quick brown fox")
     r = strata("generate", "--model", str(tiny), "--prompt", "The quick brown fox", "--max-tokens", "5", "--json")
     assert r.returncode == 0, r.stderr

@@ -16,16 +16,10 @@ from strata import (
     StrataError,
 )
 from strata._engine import Engine
-from strata.model import ensure_model
 
 pytestmark = pytest.mark.asan
 
 PROMPT = [1, 20, 30, 40, 50, 60]
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    return ensure_model("tiny")
 
 
 def test_errors_leave_the_engine_usable(tiny: Path) -> None:
