@@ -29,29 +29,24 @@ TRICKY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Tokenizer:
-    return Tokenizer.from_gguf(ensure_model("tiny"))
-
-
-def test_tiny_vocabulary_matches_the_tokenizer_it_was_made_from(tiny: Tokenizer) -> None:
-    assert tiny.kind == "gpt2" and tiny.pre == "qwen2"
-    ref = build_vocab(tiny.n_vocab)
-    assert ref.tokens == tiny.tokens
+def test_tiny_vocabulary_matches_the_tokenizer_it_was_made_from(tiny_tok: Tokenizer) -> None:
+    assert tiny_tok.kind == "gpt2" and tiny_tok.pre == "qwen2"
+    ref = build_vocab(tiny_tok.n_vocab)
+    assert ref.tokens == tiny_tok.tokens
     for text in TRICKY:
-        assert tiny.encode(text) == ref.tokenizer.encode(text).ids, text
+        assert tiny_tok.encode(text) == ref.tokenizer.encode(text).ids, text
 
 
-def test_tiny_special_tokens(tiny: Tokenizer) -> None:
-    im_end = tiny.token_id("<|im_end|>")
-    assert tiny.eos_id == im_end and im_end in tiny.eog_ids
-    assert tiny.token_id("<|endoftext|>") in tiny.eog_ids
-    assert tiny.token_id("<think>") not in tiny.eog_ids
+def test_tiny_special_tokens(tiny_tok: Tokenizer) -> None:
+    im_end = tiny_tok.token_id("<|im_end|>")
+    assert tiny_tok.eos_id == im_end and im_end in tiny_tok.eog_ids
+    assert tiny_tok.token_id("<|endoftext|>") in tiny_tok.eog_ids
+    assert tiny_tok.token_id("<think>") not in tiny_tok.eog_ids
     # user-defined tokens are text: they are decoded, control tokens are not
-    ids = tiny.encode("<think>x</think><|im_end|>")
-    assert ids[0] == tiny.token_id("<think>") and ids[-1] == im_end
-    assert tiny.decode(ids) == "<think>x</think>"
-    assert tiny.chat_template and "<|im_start|>" in tiny.chat_template
+    ids = tiny_tok.encode("<think>x</think><|im_end|>")
+    assert ids[0] == tiny_tok.token_id("<think>") and ids[-1] == im_end
+    assert tiny_tok.decode(ids) == "<think>x</think>"
+    assert tiny_tok.chat_template and "<|im_start|>" in tiny_tok.chat_template
 
 
 @settings(max_examples=150, deadline=None)
@@ -75,9 +70,9 @@ def _tiny_cached() -> Tokenizer:
     return _CACHE[0]
 
 
-def test_token_ids_outside_the_vocabulary_are_refused(tiny: Tokenizer) -> None:
+def test_token_ids_outside_the_vocabulary_are_refused(tiny_tok: Tokenizer) -> None:
     with pytest.raises(TokenizerError, match="outside the vocabulary"):
-        tiny.decode([tiny.n_vocab])
+        tiny_tok.decode([tiny_tok.n_vocab])
 
 
 def test_metadata_reader_errors(tmp_path: Path) -> None:
