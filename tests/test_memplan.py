@@ -31,13 +31,6 @@ HALVED = re.compile(r"^chunk (\d+) halved to (\d+): ")
 LEGACY_CACHE = 4500
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    from strata.model import ensure_model
-
-    return Path(ensure_model("tiny"))
-
-
 def prompt(n: int, seed: int = 0) -> list[int]:
     rng = np.random.default_rng(seed)
     return rng.integers(3, 2000, n).tolist()

@@ -33,13 +33,6 @@ LENT = re.compile(r"^lent (\d+) slots for (\d+) tokens$")
 HALVED = re.compile(r"^chunk (\d+) halved to (\d+): it needs (\d+) slots, the cache lends at most (\d+)$")
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    from strata.model import ensure_model
-
-    return Path(ensure_model("tiny"))
-
-
 def _prompt(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 2000, n).tolist()
 
