@@ -152,7 +152,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lend-pct", type=float, help="most of the cache that may be lent (0..1)")
     g.add_argument("--miss", default="auto", choices=["host", "copy", "read", "auto"],
                    help="a decode miss: run on the host, copy into a slot, or (cuda) read from pinned host RAM by the "
-                        "device; auto: read where the experts are pinned, else host/copy by measured rates")
+                        "device; auto: host or copy, split by measured rates")
     g.add_argument("--cache-policy", default="adaptive", choices=["adaptive", "lru"], help="decode cache policy")
     g.add_argument("--adapt-every", type=int, help="decode tokens between adaptive swaps")
     g.add_argument("--adapt-swaps", type=int, help="most experts swapped in per adaptation")

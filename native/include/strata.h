@@ -116,8 +116,8 @@ typedef enum strata_lend_policy {
 } strata_lend_policy;
 
 typedef enum strata_miss_policy {
-    STRATA_MISS_AUTO = 0,  /* CUDA: read when the expert store is pinned, else host or copy from measured
-                              rates; the CPU backend: host */
+    STRATA_MISS_AUTO = 0,  /* CUDA: each step's misses split between host and copy from measured rates;
+                              the CPU backend: host */
     STRATA_MISS_HOST = 1,  /* a decode miss runs on the host from host RAM */
     STRATA_MISS_COPY = 2,  /* a decode miss is copied into a victim slot and runs there */
     STRATA_MISS_READ = 3,  /* CUDA: the device reads a decode miss from the pinned expert store over the bus,

@@ -172,9 +172,9 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->lend_policy = prm->lend_policy;
     pp->cache_policy = prm->cache_policy;
     /* On the CPU backend a host miss is the same work as a copy minus the copy, so auto is host, and so is
-     * read (the CPU reads a miss from host RAM where it is). On CUDA the backend resolves auto once it
-     * knows its expert store (cuda/host_memory.c: read from a pinned store, else a split of each step's
-     * misses between the host and copies) and writes what it chose here. */
+     * read (the CPU reads a miss from host RAM where it is). On CUDA auto splits each step's misses
+     * between the host and copies (cuda/host_forward.c); read needs the pinned store, which the backend
+     * checks at open (cuda/host_memory.c). */
     pp->miss_policy = in->device != STRATA_DEVICE_CUDA &&
                               (prm->miss_policy == STRATA_MISS_AUTO || prm->miss_policy == STRATA_MISS_READ)
                           ? STRATA_MISS_HOST

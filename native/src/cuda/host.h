@@ -24,7 +24,7 @@
  * host from host RAM with the device's bits (--miss host; --miss auto splits the misses from the measured
  * rates). Then one product per matrix (gate, up, down) for all segments of the wave.
  *
- * Decode with every expert resident, or under --miss read (the default when the expert store is pinned),
+ * Decode with every expert resident, or under --miss read (with the expert store pinned),
  * skips that round trip: the router kernel writes the segment tables itself from a device table of each
  * expert's addresses (ptr_dev, made from the cache's residency table): its slot when it is cached and the
  * copy into the slot has landed, else its place in the pinned store, which the kernels read over the bus
