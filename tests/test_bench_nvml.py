@@ -22,6 +22,7 @@ HAVE_GPU = gpu_info() is not None
 @pytest.mark.skipif(HAVE_GPU, reason="a GPU is present")
 def test_without_a_gpu_nvml_gives_nothing() -> None:
     import pynvml  # noqa: F401  (the real library, a dependency, failing to find a driver)
+
     from strata import _nvml as shared
 
     assert shared.nvml() is None and shared.device_count() == 0 and shared.all_gpus() == []

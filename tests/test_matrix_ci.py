@@ -194,7 +194,6 @@ def test_shards_whose_references_disagree_fail_the_merge(tmp_path: Path):
 
 
 def test_a_server_that_refuses_to_start_is_recorded_in_its_own_words(tmp_path: Path):
-    pytest.importorskip("strata.server.cli")
     m = tmp_path / "m.toml"
     m.write_text('model = "tiny"\nmax_tokens = 2\n[engine]\ndevice = "cpu"\nvram_budget = "1MiB"\n'
                  '[prompts]\nlengths = [16]\n[reference]\n')
@@ -266,7 +265,6 @@ def test_the_workflow_runs_the_script_per_shard_and_merges_always():
 
 
 def test_two_runners_through_the_script_pass_then_fail_on_a_plant_and_on_a_missing_shard(tmp_path: Path):
-    pytest.importorskip("strata.server.cli")
     summary = tmp_path / "step-summary.md"
     out = tmp_path / "ci"
     p = _script("local", "2", matrix=_ci_matrix(tmp_path / "ok.toml", planted=False), out=out, summary=summary)

@@ -92,7 +92,6 @@ def _scratch_history(tmp: Path) -> tuple[Path, list[str]]:
 
 
 def test_bisect_names_the_planted_bad_commit_and_reuses_its_builds(tmp_path: Path):
-    pytest.importorskip("strata.server.cli")
     lib = _ROOT / "strata" / "lib" / "libstrata.so"
     assert lib.is_file(), "make native first"
     repo, shas = _scratch_history(tmp_path)
@@ -133,7 +132,6 @@ def test_bisect_names_the_planted_bad_commit_and_reuses_its_builds(tmp_path: Pat
 
 
 def test_a_range_whose_bad_end_passes_gives_no_answer(tmp_path: Path):
-    pytest.importorskip("strata.server.cli")
     repo, shas = _scratch_history(tmp_path)
     cell = tmp_path / "cell.toml"
     cell.write_text('model = "tiny"\nmax_tokens = 2\nreference = false\n[engine]\ndevice = "cpu"\n'

@@ -8,7 +8,6 @@ and cells sent to a local Ray cluster must reach the same verdicts and resume af
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -24,9 +23,6 @@ import pytest
 
 from repro_matrix import Cell, judge, load_matrix
 from repro_matrix._runner import RunDir
-
-_MISSING = [m for m in ("strata._engine", "strata.server.cli") if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"needs {', '.join(_MISSING)} (engine and server)")
 
 _FAILURES = {"lend failed", "engine exited"}
 # CI speed: short replies (the built-in matrix asks for 64 tokens), only the 2048-token prompt (it fails

@@ -49,6 +49,7 @@ import numpy as np
 import pytest
 from reference import Reference
 
+import strata._engine as engine_mod
 from strata import EngineConfig
 from strata.model import ensure_model, make_model
 from strata.model._routing import PROMPT_TEXT
@@ -67,7 +68,6 @@ KV_FLIPS = 2  # costly cached values (see the docstring) rounded the other way i
 NEAR_TIE = 0.05  # router logits
 MAX_NEAR_TIES = 4
 
-engine_mod = pytest.importorskip("strata._engine", reason="the engine binding is not built")
 
 
 def _prompt(path: Path, n: int) -> list[int]:

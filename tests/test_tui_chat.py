@@ -26,11 +26,6 @@ from strata_tui.widgets import ConnectionBanner, ConversationList, MessageView
 
 pytestmark = pytest.mark.timeout(300)
 
-# the chat is a client of `strata serve` on the default model: both must be there
-pytest.importorskip("strata.server.cli", reason="strata serve is not in this tree yet")
-if not hasattr(pytest.importorskip("strata.model"), "ensure_model"):
-    pytest.skip("the model maker is not in this tree yet", allow_module_level=True)
-
 SIZE = (120, 36)
 
 
