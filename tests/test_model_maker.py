@@ -243,27 +243,20 @@ def test_bad_arguments_say_what_to_do(tmp_path: Path) -> None:
         make_model("tiny", "f32", 0, tmp_path / "x.gguf", n_head_kv=3)
 
 
-def test_k_quants_need_the_quants_module(tmp_path: Path) -> None:
-    try:
-        import strata.model.quants  # noqa: F401
-    except ModuleNotFoundError:
-        with pytest.raises(NotImplementedError, match="needs strata.model.quants"):
-            make_model("small", "q4_k_m", 0, tmp_path / "x.gguf", n_layer=1, n_vocab=1024)
-        assert not (tmp_path / "x.gguf").exists()
-    else:
-        path = make_model("small", "q4_k_m", 0, tmp_path / "x.gguf", n_layer=2, n_vocab=1024)
-        types = {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
-        assert types["blk.0.ffn_gate_exps.weight"] == "Q4_K"
-        # With 2 layers, llama.cpp's use_more_bits picks the last layer (i >= 7n/8) but not the first.
-        assert types["blk.0.ffn_down_exps.weight"] == "Q4_K"
-        assert types["blk.1.ffn_down_exps.weight"] == "Q6_K"
-        assert types["output.weight"] == "Q6_K"
-        assert types["blk.0.ffn_gate_inp.weight"] == "F32"
-        # tiny's rows of 128 and 64 values cannot hold 256-wide K blocks: llama.cpp's fallbacks
-        tiny = make_model("tiny", "q4_k_m", 0, tmp_path / "t.gguf", n_layer=2)
-        types = {t.name: t.tensor_type.name for t in GGUFReader(str(tiny)).tensors}
-        assert types["blk.0.ffn_gate_exps.weight"] == "Q5_0"  # Q4_K -> Q5_0
-        assert types["output.weight"] == "Q8_0"  # Q6_K -> Q8_0
+def test_k_quants_follow_llama_cpps_mix(tmp_path: Path) -> None:
+    path = make_model("small", "q4_k_m", 0, tmp_path / "x.gguf", n_layer=2, n_vocab=1024)
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(path)).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "Q4_K"
+    # With 2 layers, llama.cpp's use_more_bits picks the last layer (i >= 7n/8) but not the first.
+    assert types["blk.0.ffn_down_exps.weight"] == "Q4_K"
+    assert types["blk.1.ffn_down_exps.weight"] == "Q6_K"
+    assert types["output.weight"] == "Q6_K"
+    assert types["blk.0.ffn_gate_inp.weight"] == "F32"
+    # tiny's rows of 128 and 64 values cannot hold 256-wide K blocks: llama.cpp's fallbacks
+    tiny = make_model("tiny", "q4_k_m", 0, tmp_path / "t.gguf", n_layer=2)
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(tiny)).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "Q5_0"  # Q4_K -> Q5_0
+    assert types["output.weight"] == "Q8_0"  # Q6_K -> Q8_0
 
 
 def test_model_info_reports_types_and_expert_bytes(tiny_q8: Path) -> None:
