@@ -247,16 +247,23 @@ def test_typing_while_a_reply_streams(small_server: ServerProcess, tmp_path: Pat
             await type_and_send(pilot, app, "Tell me a long story.")
             await wait_for(pilot, lambda: app.chat.reply is not None and app.chat.reply.view.content, "the first words",
                            settle=False)
-            # keys come as a terminal sends them, one every 60 ms, while the reply streams
-            lengths = []
-            for ch in typed:
-                app.post_message(events.Key(ch, ch))
-                await asyncio.sleep(0.06)
-                lengths.append(len(app.chat.reply.view.content))
-            await wait_for(pilot, lambda: app.chat.input.text == typed, "every key in the box", settle=False)
-            # the reply went on growing on the screen while the keys came (drawn between them), not only after
+            # keys come one at a time while the reply streams: each lands in the box in its order, and what
+            # the reply showed stays as more words are added
             assert app.chat.reply is not None
-            assert lengths[-1] > lengths[5]
+            shown = [app.chat.reply.view.content]
+            for i, ch in enumerate(typed):
+                app.post_message(events.Key(ch, ch))
+                await wait_for(pilot, lambda n=i + 1: app.chat.input.text == typed[:n], f"key {i + 1} in the box",
+                               settle=False)
+                assert app.chat.reply is not None, "the reply ended while the keys came"
+                shown.append(app.chat.reply.view.content)
+            for before, after in zip(shown, shown[1:], strict=False):
+                assert after.startswith(before)
+            # the stream goes on after the typing: words after the last key, the typed text untouched
+            last = shown[-1]
+            await wait_for(pilot, lambda: app.chat.reply is not None and len(app.chat.reply.view.content) > len(last),
+                           "more words after the last key", settle=False)
+            assert app.chat.reply.view.content.startswith(last) and app.chat.input.text == typed
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
             assert app.chat.input.text == typed  # the cancel leaves the text being written alone
