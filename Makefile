@@ -8,7 +8,7 @@ CMAKE_ARGS ?=
 PYTEST_ARGS ?=
 MATRIX_OUT ?= matrix-out
 
-.PHONY: all run test test-simd test-asan native gpu-test bench matrix lint clean
+.PHONY: all run test test-simd test-asan test-llama-cpp native gpu-test bench matrix lint clean
 
 all: native
 
@@ -35,7 +35,12 @@ run: native
 	$(BIN)/strata chat
 
 test: native $(REF_STAMP)
-	$(BIN)/python -m pytest -m "not gpu and not bench" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not gpu and not bench and not llama_cpp" $(PYTEST_ARGS)
+
+# llama.cpp reading strata's models: needs llama.cpp's Python binding and STRATA_LLAMA_CPP_LIB (the folder
+# with libllama.so); it fails, not skips, without them.
+test-llama-cpp: native
+	$(BIN)/python -m pytest -m llama_cpp -p no:cacheprovider tests/test_llama_cpp.py $(PYTEST_ARGS)
 
 # The numerics tests again on the kernels of CPUs without AVX-512 and without AVX2 (STRATA_SIMD caps the
 # level --simd auto picks), so that a bound tuned on one machine cannot pass here and fail on the next.

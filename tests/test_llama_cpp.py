@@ -1,13 +1,16 @@
 """llama.cpp reads the models strata makes: the same token ids, and logits that agree with the reference.
 
-Runs where llama.cpp's Python binding is importable and its library is found: set
-``STRATA_LLAMA_CPP_LIB`` to the folder holding ``libllama.so`` (a llama.cpp build, e.g. from the
-``llama-cpp-python`` source package) and put the ``llama_cpp`` package on ``PYTHONPATH``.
+Marked ``llama_cpp``: `make test` leaves it out (llama.cpp is not a dependency) and `make test-llama-cpp`
+runs it. It needs llama.cpp's Python binding importable and ``STRATA_LLAMA_CPP_LIB`` set to the folder
+holding ``libllama.so`` (a llama.cpp build, e.g. from the ``llama-cpp-python`` source package); asked
+for without them, it fails saying which is missing.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -17,17 +20,23 @@ from strata.model import ensure_model
 from strata.model._routing import PROMPT_TEXT
 from strata.model.cli import _gguf_tokenizer
 
-_LIB = os.environ.get("STRATA_LLAMA_CPP_LIB")
-if not _LIB:
-    pytest.skip(
-        "set STRATA_LLAMA_CPP_LIB to a folder with libllama.so to run llama.cpp", allow_module_level=True
-    )
-os.environ.setdefault("LLAMA_CPP_LIB_PATH", _LIB)
-llama_cpp = pytest.importorskip("llama_cpp", reason="the llama_cpp Python binding is not importable")
+pytestmark = pytest.mark.llama_cpp
+
+
+def _binding() -> ModuleType:
+    lib = os.environ.get("STRATA_LLAMA_CPP_LIB")
+    if not lib:
+        pytest.fail("set STRATA_LLAMA_CPP_LIB to a folder with libllama.so to run the llama.cpp tests", pytrace=False)
+    os.environ.setdefault("LLAMA_CPP_LIB_PATH", lib)
+    try:
+        return importlib.import_module("llama_cpp")
+    except ImportError as e:
+        pytest.fail(f"llama.cpp's Python binding (llama_cpp) is not importable: {e}", pytrace=False)
 
 
 @pytest.fixture(scope="module", params=["f32", "q8_0"])
 def llm(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    llama_cpp = _binding()
     path = ensure_model("tiny", request.param, 0)
     m = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=512, n_threads=2, verbose=False)
     yield request.param, path, m
