@@ -254,6 +254,9 @@ class Engine:
         handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(1024)
         self.model_path = fspath(model_path)
+        problem = model_path_problem(self.model_path, "give the path of a GGUF file")
+        if problem is not None:  # before the C side sees it: a pipe would block, a NUL cut the path
+            raise ModelFileError(problem, 3 if "NUL" not in problem else 1)
         status = C.strata_engine_open(
             self.model_path.encode(), ctypes.byref(params), ctypes.byref(handle), err, 1024
         )
@@ -386,13 +389,25 @@ class Engine:
         on_token: Callable[[int, np.ndarray], Any] | None = None,
         on_prompt: Callable[[int, int], Any] | None = None,
         top_logits: int = 0,
+        logits_processor: Callable[[np.ndarray], Any] | None = None,
     ) -> GenerateResult:
         """Prefill prompt_ids (appended to the context), then sample up to max_tokens.
 
         ``on_token(token_id, logits_view)`` sees each token with a view of the logits it was sampled
         from (valid only during the call); a truthy return stops. ``on_prompt(n_done, n_total)``
         reports prompt progress; a truthy return cancels (finish_reason "cancelled").
+
+        ``logits_processor(logits)``, when given, is called before each token is sampled with a writable
+        copy of the step's logits and may change it in place (constrained decoding sets forbidden tokens
+        to -inf: ``strata.grammar``); the engine's own sampler then picks from the copy, which is also
+        what ``on_token`` sees. The steps are then driven from here (prefill, sample, decode) with the
+        same rules as the engine's own loop, so an identity processor gives the same reply.
         """
+        if logits_processor is not None:
+            return self._generate_processed(
+                prompt_ids, logits_processor, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                top_p=top_p, min_p=min_p, seed=seed, stop_tokens=stop_tokens, stop_at_eos=stop_at_eos,
+                on_token=on_token, on_prompt=on_prompt, top_logits=top_logits)
         buf, n = self._token_array(prompt_ids)
         gp = C.strata_default_generate_params()
         gp.sampling.temperature = float(temperature)
@@ -461,6 +476,80 @@ class Engine:
             decode_ms=after.decode_ms - before.decode_ms,
             top=top,
         )
+
+    def _generate_processed(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        processor: Callable[[np.ndarray], Any],
+        *,
+        max_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        seed: int,
+        stop_tokens: Sequence[int],
+        stop_at_eos: bool,
+        on_token: Callable[[int, np.ndarray], Any] | None,
+        on_prompt: Callable[[int, int], Any] | None,
+        top_logits: int,
+    ) -> GenerateResult:
+        """``generate`` with a logits processor: strata_generate's loop, one C call per step."""
+        buf, n = self._token_array(prompt_ids)
+        sp = C.StrataSampling(float(temperature), int(top_k), float(top_p), float(min_p), int(seed) & (2**64 - 1))
+        smp = ctypes.c_void_p()
+        if C.strata_sampler_init(ctypes.byref(sp), ctypes.byref(smp)) != 0:
+            raise error_for_status(1, "generate: sampling settings out of range (temperature >= 0, 0 < top_p <= 1, "
+                                      "0 <= min_p <= 1, top_k >= 0)")
+        room = generation_room(self.plan.max_context, self.n_past, n)
+        limit = max(0, min(int(max_tokens), room)) if room > 0 else int(max_tokens)
+        stops = {int(t) for t in stop_tokens}
+        if stop_at_eos and self.info.eos_id >= 0:
+            stops.add(int(self.info.eos_id))
+        n_ctx = self.plan.max_context
+        before = self.stats()
+        tokens: list[int] = []
+        top: list[list[tuple[int, float]]] = []
+        finish: Literal["stop", "length", "cancelled"] = "length"
+        try:
+            if n > 0:
+                errors: list[BaseException] = []
+                status = C.strata_prefill(self.handle, buf, n, self._progress_cb(on_prompt, errors), None)
+                if errors:
+                    raise errors[0]
+                if status == STATUS_CANCELLED:
+                    finish = "cancelled"
+                else:
+                    self._check(status)
+            else:
+                self.logits()  # raises when no token was processed yet
+            while finish != "cancelled" and len(tokens) < limit:
+                x = self.logits()
+                processor(x)
+                tok = int(C.strata_sampler_sample(smp.value or 0, x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), x.size))
+                if tok < 0 or tok in stops:
+                    finish = "stop"
+                    break
+                tokens.append(tok)
+                if top_logits > 0:
+                    top.append(_top(x, top_logits))
+                if on_token is not None and on_token(tok, x):
+                    finish = "stop"
+                    break
+                if len(tokens) >= limit or self.n_past >= n_ctx:
+                    break
+                self.decode(tok)
+            if finish == "length" and len(tokens) < limit:
+                finish = "stop"  # as the engine's loop says it: the context filled before max_tokens
+        finally:
+            C.strata_sampler_free(smp.value or 0)
+        after = self.stats()
+        read = n
+        if finish == "cancelled" and after.prompt_tokens - before.prompt_tokens < n:
+            read = min(n, after.prompt_done)
+        return GenerateResult(tokens=tokens, finish_reason=finish, prompt_tokens=read,
+                              prompt_ms=after.prompt_ms - before.prompt_ms,
+                              decode_ms=after.decode_ms - before.decode_ms, top=top)
 
     # ---- observability -----------------------------------------------------------------------------
 

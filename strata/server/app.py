@@ -131,7 +131,7 @@ class _Api:
         except ApiError as e:
             state.metrics.request(endpoint, e.status)
             return error_response(e)
-        g = Generation(state, client, built.ids, max_tokens, gen, built.think_open)
+        g = Generation(state, client, built.ids, max_tokens, gen, built.think_open, built.tools, built.grammar)
         if gen.stream:
             state.metrics.request(endpoint, 200)
             return Watched(g, stream_chat(g) if chat else stream_completion(g))  # type: ignore[return-value]

@@ -17,10 +17,12 @@ from typing import Any
 
 from .._config import generation_room
 from ..chat_template import ChatTemplate, ChatTemplateError
+from ..grammar import grammars_for
 from ..think import THINK_OPEN
 from ..tokenizer import Tokenizer
 from .errors import ApiError, bad
 from .requests import is_token_ids
+from .tools import ToolSpec, format_for, grammar_for, prepare_messages, tool_spec
 
 __all__ = ["BuiltPrompt", "chat_prompt", "completion_prompt", "fit_max_tokens"]
 
@@ -30,6 +32,8 @@ class BuiltPrompt:
     ids: list[int]  # the prompt's token ids
     param: str  # the request field it came from ("messages" or "prompt"), for errors
     think_open: bool = False  # the prompt ends inside an open <think> block
+    tools: ToolSpec | None = None  # the request's tools (the reply is parsed for calls when active)
+    grammar: str = ""  # the grammar the reply follows (tool_choice required or named, response_format)
 
 
 def _too_long(n: int, ctx: int, param: str, *, at_least: bool = False) -> ApiError:
@@ -55,13 +59,18 @@ def chat_prompt(tok: Tokenizer, template: ChatTemplate, body: dict[str, Any], *,
     thinking = kwargs.pop("enable_thinking", None)
     if thinking is not None and not isinstance(thinking, bool):
         raise bad("chat_template_kwargs.enable_thinking", "must be true or false")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad("tools", "must be a list")
+    spec = tool_spec(body, format_for(template))
+    grammar = grammar_for(body, spec)
+    if grammar:
+        problem = grammars_for(tok).check(grammar)
+        if problem:
+            param = "tools" if spec is not None and spec.choice in ("required", "function") else "response_format"
+            raise bad(param, f"the grammar library rejects this schema: {problem}")
     if "messages" not in body:
         raise bad("messages", "missing: send a list of {role, content} messages")
+    messages, tools = prepare_messages(body["messages"], spec, template)
     try:
-        prompt = template.render_prompt(body["messages"], tools=tools, enable_thinking=thinking,
+        prompt = template.render_prompt(messages, tools=tools, enable_thinking=thinking,
                                         reasoning_effort=effort, extra=kwargs)
     except ChatTemplateError as e:
         msg = str(e)
@@ -75,7 +84,7 @@ def chat_prompt(tok: Tokenizer, template: ChatTemplate, body: dict[str, Any], *,
         ids.insert(0, tok.bos_id)
     if not ids:
         raise bad("messages", "the rendered prompt is empty")
-    return BuiltPrompt(ids, "messages", text.rstrip().endswith(THINK_OPEN))
+    return BuiltPrompt(ids, "messages", text.rstrip().endswith(THINK_OPEN), spec, grammar)
 
 
 def completion_prompt(tok: Tokenizer, body: dict[str, Any], *, ctx: int, max_tokens: int | None) -> BuiltPrompt:

@@ -16,7 +16,7 @@ Events (worker -> server), field ``ev``:
     progress      {"done", "total", "stats"}            prompt progress
     token         {"id", "logprob"?, "top_logprobs"?, "stats"?}   one generated token
     done          {"tokens", "finish_reason", "prompt_tokens", "prompt_ms", "decode_ms", "margins",
-                   "stats", "delta", "cancel_seen_at", "cached_tokens"}
+                   "stats", "delta", "cancel_seen_at", "cached_tokens", "closed_early"}
     error         {"error", "status", "message", "stats"}  the engine reported a failure
 """
 
@@ -57,6 +57,7 @@ class GenerateCommand:
     top_logits: int = 2  # highest logits the engine keeps per token (2: the top-2 margins in the result)
     cache_prompt: bool = False  # keep the part of the KV cache that the prompt shares with what it holds
     cache_scope: str = ""  # the client the request came from: a prefix is reused only within one scope
+    grammar: str = ""  # an llguidance grammar the reply must follow (strata.grammar); "" for none
 
     def to_message(self) -> dict[str, Any]:
         return {"op": "generate", **dataclasses.asdict(self)}

@@ -28,6 +28,7 @@ from .protocol import GenerateCommand
 from .requests import GenParams
 from .state import ServerState
 from .supervisor import Job
+from .tools import ToolCall, ToolSpec, ToolStream, parse_calls
 
 __all__ = ["Generation", "StopMatcher", "Watched", "reply", "stream_chat", "stream_completion"]
 
@@ -79,8 +80,10 @@ class Generation:
     """One request's run through the FIFO: text pieces as they come, then the result."""
 
     def __init__(self, state: ServerState, client: str, prompt: list[int], max_tokens: int, gen: GenParams,
-                 think_open: bool = False) -> None:
+                 think_open: bool = False, tools: ToolSpec | None = None, grammar: str = "") -> None:
         self.state = state
+        self.tools = tools if tools is not None and tools.active else None
+        self.n_calls = 0  # tool calls found in the reply (set by the writer)
         self.client = client
         self.prompt = prompt
         self.gen = gen
@@ -100,6 +103,7 @@ class Generation:
             top_logprobs=gen.top_logprobs,
             cache_prompt=gen.cache_prompt,
             cache_scope=f"{client}/{gen.prompt_cache_key}",
+            grammar=grammar,
         )
         self.job: Job = state.supervisor.submit(command)
         self.decoder = tok.stream_decoder()
@@ -176,8 +180,12 @@ class Generation:
     @property
     def finish_reason(self) -> str:
         r = self.result or {}
+        if self.n_calls:
+            return "tool_calls"
         if self.stopper.hit:
             return "stop"
+        if r.get("closed_early"):
+            return "length"  # the grammar closed the reply early to fit max_tokens
         reason = str(r.get("finish_reason") or "stop")
         return "stop" if reason == "cancelled" and not self.client_gone else reason
 
@@ -306,6 +314,19 @@ async def _chat_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]
 
     yield chunk({"role": "assistant", "content": ""})
     splitter = ThinkSplitter(g.think_open) if g.gen.split_reasoning else None
+    calls = ToolStream(g.tools) if g.tools is not None else None
+
+    def deltas(d: dict[str, Any], events: list[tuple[str, str | ToolCall]]) -> list[dict[str, Any]]:
+        # the content of ``d`` goes through the tool-call parser: content deltas and call deltas
+        out: list[dict[str, Any]] = [{k: v for k, v in d.items() if k != "content"}] if "reasoning_content" in d else []
+        for _kind, x in events:
+            if isinstance(x, ToolCall):
+                out.extend(_call_deltas(g.n_calls, x))
+                g.n_calls += 1
+            elif x and not (g.n_calls and not x.strip()):  # the separator between calls is no content
+                out.append({"content": x})
+        return out
+
     async for p in g.pieces():
         if isinstance(p, Piece):
             if not p.text and p.logprob is None:
@@ -313,17 +334,41 @@ async def _chat_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]
             d = _split_delta(*splitter.feed(p.text)) if splitter is not None else {"content": p.text}
             if splitter is not None and d == {"content": ""} and p.logprob is None:
                 continue  # all of it held back (a possible tag)
-            yield chunk(d, None, chat_logprobs(tok, [p]) if g.gen.logprobs else None)
+            lp = chat_logprobs(tok, [p]) if g.gen.logprobs else None
+            if calls is None:
+                yield chunk(d, None, lp)
+                continue
+            ds = deltas(d, calls.feed(d.get("content") or ""))
+            if not ds and lp is not None:
+                ds = [{}]
+            for k, x in enumerate(ds):
+                yield chunk(x, None, lp if k == 0 else None)
         elif (note := _note(p)) is not None:
             yield note
     if splitter is not None:
         rest = splitter.flush()
         if any(rest):
-            yield chunk(_split_delta(*rest))
+            if calls is None:
+                yield chunk(_split_delta(*rest))
+            else:
+                for x in deltas(_split_delta(*rest), calls.feed(rest[1])):
+                    yield chunk(x)
+    if calls is not None:
+        for x in deltas({}, calls.flush()):
+            yield chunk(x)
     extra: dict[str, Any] = {"timings": g.timings(), "strata": g.extension()}
     if g.gen.include_usage:
         extra["usage"] = None
     yield chunk({}, g.finish_reason, **extra)
+
+
+def _call_deltas(index: int, call: ToolCall, piece: int = 32) -> list[dict[str, Any]]:
+    """One call as OpenAI streams it: the id and name first, then the arguments in pieces."""
+    head = {"tool_calls": [{"index": index, "id": call.id, "type": "function",
+                            "function": {"name": call.name, "arguments": ""}}]}
+    args = call.arguments
+    return [head] + [{"tool_calls": [{"index": index, "function": {"arguments": args[i:i + piece]}}]}
+                     for i in range(0, len(args), piece)]
 
 
 async def _completion_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]:
@@ -358,6 +403,12 @@ async def reply(g: Generation, *, chat: bool) -> tuple[int, dict[str, Any]]:
             r1, c1 = sp.feed(text)
             r2, c2 = sp.flush()
             choice["message"] = {"role": "assistant", "content": c1 + c2, "reasoning_content": (r1 + r2) or None}
+        if g.tools is not None:
+            content, calls = parse_calls(choice["message"]["content"], g.tools)
+            if calls:
+                g.n_calls = len(calls)
+                choice["message"].update(content=content or None, tool_calls=[c.message() for c in calls])
+                choice["finish_reason"] = g.finish_reason
         choice["logprobs"] = chat_logprobs(tok, pieces) if g.gen.logprobs else None
     else:
         choice["text"] = text

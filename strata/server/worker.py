@@ -94,11 +94,13 @@ def _error_event(e: BaseException) -> dict[str, Any]:
     return {"error": type(e).__name__, "status": int(getattr(e, "status", 0) or 0), "message": str(e) or type(e).__name__}
 
 
+_TOKENIZER: dict[str, Any] = {}  # the model's tokenizer, for grammars (built on the first that needs it)
+
 _DELTA_FIELDS = ("lookups", "hits", "misses", "swaps", "halvings", "refills", "bytes_streamed", "bytes_copied",
                  "host_expert_runs", "prompt_tokens", "decode_tokens")
 
 
-def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand) -> None:
+def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "") -> None:
     import numpy as np
 
     ch.cancel.clear()
@@ -132,6 +134,24 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand) -> None:
         ch.send({"ev": "progress", "done": int(done), "total": int(total), "stats": _asdict(eng.stats())})
         return ch.cancel.is_set()
 
+    constraint = None
+    if cmd.grammar:
+        try:
+            from strata.grammar import grammars_for
+            from strata.tokenizer import Tokenizer
+
+            tok = _TOKENIZER.get(model) or _TOKENIZER.setdefault(model, Tokenizer.from_gguf(model))
+            constraint = grammars_for(tok).constraint(cmd.grammar, cmd.max_tokens)
+        except Exception as e:
+            ch.send({"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())})
+            return
+        free_on_token = on_token
+
+        def on_token(tok: int, logits: Any) -> bool:  # noqa: F811 (the grammar follows each token)
+            assert constraint is not None
+            constraint.accept(tok)
+            return free_on_token(tok, logits)
+
     prompt = [int(t) for t in cmd.prompt]
     # with cache_prompt, the longest prefix the KV cache already holds is kept, if the same client scope
     # wrote it (at least one prompt token is always read again: its logits pick the first reply token)
@@ -161,6 +181,7 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand) -> None:
             on_token=on_token,
             on_prompt=on_prompt,
             top_logits=cmd.top_logits,
+            logits_processor=constraint.mask if constraint is not None else None,
         )
     except Exception as e:
         after = _asdict(eng.stats())
@@ -171,7 +192,9 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand) -> None:
     finish = r.finish_reason
     if ch.cancel.is_set():
         finish = "cancelled"
-    margins = [float(t[0][1] - t[1][1]) if len(t) >= 2 else None for t in r.top]
+    # under a grammar the runner-up may be a forbidden token (-inf): no margin then
+    margins = [float(t[0][1] - t[1][1]) if len(t) >= 2 and math.isfinite(t[0][1] - t[1][1]) else None
+               for t in r.top]
     ch.send({
         "ev": "done",
         "tokens": r.tokens,
@@ -184,6 +207,7 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand) -> None:
         "delta": {k: after[k] - before[k] for k in _DELTA_FIELDS if k in after and k in before},
         "cancel_seen_at": ch.cancel_seen_at,
         "cached_tokens": reuse,
+        "closed_early": bool(constraint is not None and constraint.closed_early),
     })
 
 
@@ -216,7 +240,7 @@ def serve(model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes], he
                 except ProtocolError as e:
                     ch.send({"ev": "error", "error": "ProtocolError", "status": 0, "message": str(e)})
                     continue
-                _generate(eng, ch, command)
+                _generate(eng, ch, command, model)
             else:
                 ch.send({"ev": "error", "error": "ProtocolError", "status": 0,
                          "message": f"unknown command {cmd.get('op')!r}"})
