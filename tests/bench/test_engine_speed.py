@@ -14,10 +14,11 @@ import os
 import numpy as np
 import pytest
 
+import strata._engine as engine
+import strata.model as model
+
 pytestmark = pytest.mark.bench
 
-engine = pytest.importorskip("strata._engine")
-model = pytest.importorskip("strata.model")
 
 PROMPT = 512
 DECODE = 64

@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import strata._engine as engine
+
 pytestmark = pytest.mark.bench
 
-engine = pytest.importorskip("strata._engine")
 
 # (name, ggml type id)
 TYPES = [("F16", 1), ("Q4_0", 2), ("Q8_0", 8), ("Q4_K", 12), ("Q6_K", 14)]
@@ -32,7 +33,8 @@ def _weights(type_name: str, rows: int, cols: int) -> bytes:
     try:
         return np.asarray(gq.quantize(a, qt)).tobytes()
     except NotImplementedError:
-        quants = pytest.importorskip("strata.model.quants", reason=f"no quantizer for {type_name}")
+        from strata.model import quants
+
         return np.asarray(quants.quantize(a, qt)).tobytes()
 
 

@@ -14,10 +14,11 @@ import time
 import numpy as np
 import pytest
 
+import strata._engine as engine_mod
+import strata.model as model_mod
+
 pytestmark = pytest.mark.bench
 
-engine_mod = pytest.importorskip("strata._engine")
-model_mod = pytest.importorskip("strata.model")
 
 PROMPT = 256
 WARMUP = 64

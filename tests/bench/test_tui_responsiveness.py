@@ -30,8 +30,6 @@ from strata_tui.server_process import ServerProcess
 
 pytestmark = [pytest.mark.bench, pytest.mark.timeout(300)]
 
-pytest.importorskip("strata.server.cli", reason="strata serve is not in this tree yet")
-
 FRAME_MS = 1000.0 / 60
 N_KEYS = 150
 KEY_INTERVAL_S = 0.06  # a fast typist: 1,000 characters a minute

@@ -31,13 +31,13 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Path:
+def tiny(tiny: Path) -> Path:
+    """conftest's tiny model, where there is a CUDA device."""
     from strata import _engine
-    from strata.model import ensure_model
 
     if not _engine.cuda_available():
         pytest.skip("no CUDA device")
-    return Path(ensure_model("tiny"))
+    return tiny
 
 
 def _cuda(tiny: Path, lines: list[str] | None = None, **kw: object) -> Engine:
