@@ -19,7 +19,8 @@ import numpy as np
 
 from . import _cdefs as C
 from ._config import EngineConfig, generation_room
-from ._exceptions import StrataError, error_for_status
+from ._exceptions import InvalidArgumentError, ModelFileError, StrataError, error_for_status
+from ._model_path import model_path_problem
 
 __all__ = [
     "Engine",
@@ -256,7 +257,7 @@ class Engine:
         self.model_path = fspath(model_path)
         problem = model_path_problem(self.model_path, "give the path of a GGUF file")
         if problem is not None:  # before the C side sees it: a pipe would block, a NUL cut the path
-            raise ModelFileError(problem, 3 if "NUL" not in problem else 1)
+            raise (InvalidArgumentError if "\x00" in self.model_path else ModelFileError)(problem)
         status = C.strata_engine_open(
             self.model_path.encode(), ctypes.byref(params), ctypes.byref(handle), err, 1024
         )
