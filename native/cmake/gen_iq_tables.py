@@ -1,7 +1,7 @@
 """Emit iq_tables.h: the i-quant lookup tables, taken from gguf-py's tables at build time.
 
-The grids (IQ2_XS, IQ3_XXS, IQ3_S), the sign table shared by IQ2_XS/IQ3_XXS and the IQ4_NL/IQ4_XS
-non-linear values are facts of the GGUF format; gguf-py ships them, so the build reads them from
+The grids (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S/IQ1_M), the sign table shared by
+IQ2_XXS/IQ2_XS/IQ3_XXS, the IQ4_NL/IQ4_XS non-linear values and MXFP4's (doubled) e2m1 values are facts of the GGUF format; gguf-py ships them, so the build reads them from
 there instead of keeping a second copy in the C sources.
 
 Usage: python gen_iq_tables.py OUT.h
@@ -23,6 +23,16 @@ def _grid_rows(cls: type) -> np.ndarray:
     if not np.array_equal(u.astype(np.float32), g):
         raise SystemExit(f"{cls.__name__}: grid values are not small non-negative integers")
     return u
+
+
+def _signed_grid_rows(cls: type) -> np.ndarray:
+    """A grid whose values are small signed integers (IQ1_S's -1, 0, 1), as two's complement bytes."""
+    cls.init_grid()
+    g = np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
+    i = g.astype(np.int8)
+    if not np.array_equal(i.astype(np.float32), g):
+        raise SystemExit(f"{cls.__name__}: grid values are not small integers")
+    return i.view(np.uint8)
 
 
 def _c_array(ctype: str, name: str, words: list[int], per_line: int, width: int) -> str:
@@ -51,6 +61,12 @@ def main() -> None:
     iq2xs = _grid_rows(gq.IQ2_XS)
     iq3xxs = _grid_rows(gq.IQ3_XXS)
     iq3s = _grid_rows(gq.IQ3_S)
+    iq2xxs = _grid_rows(gq.IQ2_XXS)
+    iq2s = _grid_rows(gq.IQ2_S)
+    iq1s = _signed_grid_rows(gq.IQ1_S)
+    assert iq2xxs.shape == (256, 8) and iq2s.shape == (1024, 8) and iq1s.shape == (2048, 8)
+    mxfp4 = [int(v) for v in gq.MXFP4.kvalues]
+    assert len(mxfp4) == 16
     assert iq2xs.shape == (512, 8) and iq3xxs.shape == (256, 4) and iq3s.shape == (512, 4)
     ksigns = list(np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8))
     assert len(ksigns) == 128
@@ -69,6 +85,14 @@ def main() -> None:
         _c_array("uint32_t", "iq3xxs_grid", _packed(iq3xxs), 8, 8),
         "/* IQ3_S: 512 entries of 4 magnitudes, byte j = value j. */",
         _c_array("uint32_t", "iq3s_grid", _packed(iq3s), 8, 8),
+        "/* IQ2_XXS: 256 entries of 8 magnitudes, byte j = value j. */",
+        _c_array("uint64_t", "iq2xxs_grid", _packed(iq2xxs), 4, 16),
+        "/* IQ2_S: 1024 entries of 8 magnitudes, byte j = value j. */",
+        _c_array("uint64_t", "iq2s_grid", _packed(iq2s), 4, 16),
+        "/* IQ1_S / IQ1_M: 2048 entries of 8 values -1, 0, 1, byte j = value j as int8. */",
+        _c_array("uint64_t", "iq1s_grid", _packed(iq1s), 4, 16),
+        "/* MXFP4: the 16 e2m1 values a 4-bit index selects, doubled (the scale carries the half). */",
+        "static const int8_t mxfp4_values[16] = {" + ", ".join(str(v) for v in mxfp4) + "};",
         "/* 7 stored sign bits -> 8 sign bits (the eighth makes the count of minus signs even). */",
         _c_array("uint8_t", "iq_ksigns", [int(v) for v in ksigns], 16, 2),
         "/* IQ4_NL / IQ4_XS: the 16 non-linear values a 4-bit index selects. */",

@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "cpu/quant_blocks.h"
+#include "cpu/quant_low.h"
 #include "strata.h"
 #include "trace.h"
 
@@ -33,7 +34,7 @@ static const type_geom k_geom[QUANT_N_TYPES] = {
     [23] = {"IQ4_XS", 256, 136}, [24] = {"I8", 1, 1},         [25] = {"I16", 1, 2},
     [26] = {"I32", 1, 4},       [27] = {"I64", 1, 8},         [28] = {"F64", 1, 8},
     [29] = {"IQ1_M", 256, 56},  [30] = {"BF16", 1, 2},        [34] = {"TQ1_0", 256, 54},
-    [35] = {"TQ2_0", 256, 66},
+    [35] = {"TQ2_0", 256, 66},  [39] = {"MXFP4", 32, 17},
 };
 
 const char *quant_type_name(int32_t type) {
@@ -54,6 +55,7 @@ static const quant_register_fn k_families[] = {
     quant_register_legacy, /* Q4_0 Q4_1 Q5_0 Q5_1 */
     quant_register_k,      /* Q2_K Q3_K Q4_K Q5_K Q6_K, Q8_K activations */
     quant_register_iq,     /* IQ4_NL IQ4_XS IQ3_XXS IQ3_S IQ2_XS */
+    quant_register_low,    /* IQ2_XXS IQ2_S IQ1_S IQ1_M MXFP4 */
 };
 
 /* ---- CPU features ------------------------------------------------------------------------------ */
