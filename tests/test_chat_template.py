@@ -5,15 +5,14 @@ from __future__ import annotations
 import pytest
 
 from strata.chat_template import FALLBACK_TEMPLATE, ChatTemplate, ChatTemplateError
-from strata.model import ensure_model
 from strata.tokenizer import Tokenizer
 
 MSGS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
 
 
 @pytest.fixture(scope="module")
-def template() -> ChatTemplate:
-    tok = Tokenizer.from_gguf(ensure_model("tiny"))
+def template(tiny_tok: Tokenizer) -> ChatTemplate:
+    tok = tiny_tok
     return ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
 
 

@@ -38,11 +38,6 @@ def server() -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.from_gguf(ensure_model("tiny"))
-
-
-@pytest.fixture(scope="module")
 def engine() -> Iterator[Engine]:
     with Engine(ensure_model("tiny"), EngineConfig(threads=2, max_context=CTX)) as e:
         yield e
@@ -58,19 +53,19 @@ def _extra(obj: Any, key: str) -> Any:
     return (obj.model_extra or {})[key]
 
 
-def test_chat_reply_is_the_engines_and_the_numbers_agree(server: Served, client: openai.OpenAI, tok: Tokenizer,
+def test_chat_reply_is_the_engines_and_the_numbers_agree(server: Served, client: openai.OpenAI, tiny_tok: Tokenizer,
                                                         engine: Engine) -> None:
     before = server.status(KEY)["stats"]
     r = client.chat.completions.create(model="any-name-at-all", messages=MSGS, max_tokens=12, temperature=0)
     after = server.status(KEY)["stats"]
     st, timings = _extra(r, "strata"), _extra(r, "timings")
     # the prompt is the model's template, tokenized; the reply is what the engine generates for it
-    template = ChatTemplate(tok.chat_template)
-    prompt = tok.encode(template.render(MSGS))
+    template = ChatTemplate(tiny_tok.chat_template)
+    prompt = tiny_tok.encode(template.render(MSGS))
     assert st["prompt_token_ids"] == prompt
     engine.kv_reset()
     assert st["token_ids"] == engine.generate(prompt, max_tokens=12, temperature=0.0).tokens
-    assert r.choices[0].message.content == tok.decode(st["token_ids"])
+    assert r.choices[0].message.content == tiny_tok.decode(st["token_ids"])
     assert r.choices[0].finish_reason == "length" and r.object == "chat.completion"
     # usage, timings and the engine's counters say the same
     assert r.usage is not None
@@ -104,14 +99,14 @@ def test_streaming_chat_equals_the_whole_reply(client: openai.OpenAI) -> None:
     assert _extra(plain[-1], "timings")["predicted_n"] == 3
 
 
-def test_completions_token_ids_strings_and_stop(client: openai.OpenAI, tok: Tokenizer, engine: Engine) -> None:
-    ids = tok.encode("The expert cache keeps")
+def test_completions_token_ids_strings_and_stop(client: openai.OpenAI, tiny_tok: Tokenizer, engine: Engine) -> None:
+    ids = tiny_tok.encode("The expert cache keeps")
     r = client.completions.create(model="m", prompt=ids, max_tokens=16, temperature=0)
     st = _extra(r, "strata")
     engine.kv_reset()
     assert st["token_ids"] == engine.generate(ids, max_tokens=16, temperature=0.0).tokens
     text = r.choices[0].text
-    assert text == tok.decode(st["token_ids"])
+    assert text == tiny_tok.decode(st["token_ids"])
     same = client.completions.create(model="m", prompt="The expert cache keeps", max_tokens=16, temperature=0)
     assert same.choices[0].text == text
     # a stop string cuts the text before it and ends with finish_reason "stop"
