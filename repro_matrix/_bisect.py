@@ -33,8 +33,8 @@ class FailRange:
         return self.below == self.first - 1 and self.above == self.last + 1
 
     def describe(self) -> str:
-        lo = (f"{self.below} passes" if self.below is not None else "nothing below was run")
-        hi = (f"{self.above} passes" if self.above is not None else "nothing above was run")
+        lo = f"{self.below} passes" if self.below is not None else "nothing below was run"
+        hi = f"{self.above} passes" if self.above is not None else "nothing above was run"
         span = str(self.first) if self.first == self.last else f"{self.first}..{self.last}"
         return f"{span} ({lo}, {hi}{'; exact' if self.exact else ''})"
 
@@ -54,8 +54,14 @@ class BisectResult:
         return d
 
 
-def bisect_ranges(known: dict[int, bool], probe: Callable[[int], bool], *, knob: str = "value",
-                  group: dict[str, Any] | None = None, jobs: int = 1) -> BisectResult:
+def bisect_ranges(
+    known: dict[int, bool],
+    probe: Callable[[int], bool],
+    *,
+    knob: str = "value",
+    group: dict[str, Any] | None = None,
+    jobs: int = 1,
+) -> BisectResult:
     """Bisect every pass/fail transition between neighbouring known values; the failing ranges.
 
     The transitions are independent: with ``jobs`` > 1 they are searched at the same time (``probe``
@@ -100,12 +106,19 @@ def bisect_ranges(known: dict[int, bool], probe: Callable[[int], bool], *, knob:
         j = i
         while j + 1 < len(vals) and outcomes[vals[j + 1]]:
             j += 1
-        ranges.append(FailRange(first=vals[i], last=vals[j], below=vals[i - 1] if i > 0 else None,
-                                above=vals[j + 1] if j + 1 < len(vals) else None))
+        ranges.append(
+            FailRange(
+                first=vals[i],
+                last=vals[j],
+                below=vals[i - 1] if i > 0 else None,
+                above=vals[j + 1] if j + 1 < len(vals) else None,
+            )
+        )
         i = j + 1
     not_run = (vals[-1] - vals[0] + 1 - len(vals)) if vals else 0
-    return BisectResult(knob=knob, group=dict(group or {}), ranges=ranges, outcomes=outcomes, probes=probes,
-                        not_run=not_run)
+    return BisectResult(
+        knob=knob, group=dict(group or {}), ranges=ranges, outcomes=outcomes, probes=probes, not_run=not_run
+    )
 
 
 def format_result(res: BisectResult, labels: dict[int, str] | None = None) -> str:
@@ -119,16 +132,22 @@ def format_result(res: BisectResult, labels: dict[int, str] | None = None) -> st
         lo, hi = (min(res.outcomes), max(res.outcomes)) if res.outcomes else (None, None)
         lines.append(f"{res.knob} ({name}): no failure in {lo}..{hi} ({len(res.outcomes)} values run)")
     if res.probes:
-        steps = ", ".join(f"{v} {(labels or {}).get(v, 'fails' if res.outcomes[v] else 'passes')}"
-                          for v in sorted(res.probes))
+        steps = ", ".join(
+            f"{v} {(labels or {}).get(v, 'fails' if res.outcomes[v] else 'passes')}"
+            for v in sorted(res.probes)
+        )
         lines.append(f"  bisection ran {len(res.probes)} cells: {steps}")
     if res.not_run:
         lines.append(f"  {res.not_run} values between those run were not run (assumed like their neighbours)")
     return "\n".join(lines)
 
 
-def groups_of(records: Sequence[dict[str, Any]], knob: str, other_knobs: Sequence[str],
-              value_of: Callable[[dict[str, Any], str], Any]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+def groups_of(
+    records: Sequence[dict[str, Any]],
+    knob: str,
+    other_knobs: Sequence[str],
+    value_of: Callable[[dict[str, Any], str], Any],
+) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
     """Records grouped by every other swept knob, keeping only those whose knob value is a whole number."""
     out: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for rec in records:

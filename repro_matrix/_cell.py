@@ -67,7 +67,9 @@ def model_path(model: str) -> Path:
     p = Path(model).expanduser()
     if p.suffix == ".gguf" or p.exists():
         if not p.is_file():
-            raise FileNotFoundError(f"model file {p} does not exist; give a .gguf path or a preset name (tiny, small)")
+            raise FileNotFoundError(
+                f"model file {p} does not exist; give a .gguf path or a preset name (tiny, small)"
+            )
         return p.resolve()
     from strata.model import ensure_model
 
@@ -132,13 +134,30 @@ class _Server:
     """A `strata serve` process on a free loopback port, its output kept in a ring of lines."""
 
     def __init__(self, model: Path, cell: Cell, env: dict[str, str], cwd: str | None = None):
-        args = [*_strata_cmd(), "serve", "--model", str(model), *cell.config.to_cli_args(),
-                "--host", "127.0.0.1", "--port", "0"]
+        args = [
+            *_strata_cmd(),
+            "serve",
+            "--model",
+            str(model),
+            *cell.config.to_cli_args(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ]
         self.log: deque[str] = deque(maxlen=_LOG_LINES)
         self.url: str | None = None
         self._ready = threading.Event()
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1, env=env, cwd=cwd, preexec_fn=_set_pdeathsig)
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=env,
+            cwd=cwd,
+            preexec_fn=_set_pdeathsig,
+        )
         with _LIVE_LOCK:
             _LIVE.add(self.proc)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -267,8 +286,11 @@ def _request(client: httpx.Client, prompt: list[int], req: dict[str, Any], k: in
 
 
 # the server's own error lines ("strata serve: the engine could not start: ...", "strata: ...")
-_OWN_WORDS = re.compile(r"^(?:strata(?: serve)?|engine): (?!listening on)(.*(?:error|fail|cannot|could not|not found|"
-                        r"missing|too |invalid|unknown|refus|exited).*)$", re.I)
+_OWN_WORDS = re.compile(
+    r"^(?:strata(?: serve)?|engine): (?!listening on)(.*(?:error|fail|cannot|could not|not found|"
+    r"missing|too |invalid|unknown|refus|exited).*)$",
+    re.I,
+)
 
 
 def own_words(lines: Sequence[str]) -> str | None:
@@ -298,11 +320,14 @@ def _record_start_failure(rec: dict[str, Any], server: _Server, elapsed: float) 
     rec["start_message"] = words
     rec["start_s"] = round(elapsed, 3)
     if code is None:
-        rec["start_error"] = (f"the server did not listen within {_START_TIMEOUT_S:g} s"
-                              + (f"; its last line: {words}" if words else " and printed nothing"))
+        rec["start_error"] = f"the server did not listen within {_START_TIMEOUT_S:g} s" + (
+            f"; its last line: {words}" if words else " and printed nothing"
+        )
     else:
-        rec["start_error"] = (f"the server exited with exit code {code} after {elapsed:.1f} s, before it listened"
-                              + (f": {words}" if words else " (it printed nothing)"))
+        rec["start_error"] = (
+            f"the server exited with exit code {code} after {elapsed:.1f} s, before it listened"
+            + (f": {words}" if words else " (it printed nothing)")
+        )
 
 
 def _plan_of(status: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -312,8 +337,15 @@ def _plan_of(status: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: status.get(k) for k in keep if k in status}
 
 
-def _one_start(model: Path, cell: Cell, get_prompts: Callable[[dict[str, Any]], list[list[int]]], index: int,
-               env: dict[str, str], on_event: Callable[[str], None] | None, cwd: str | None = None) -> dict[str, Any]:
+def _one_start(
+    model: Path,
+    cell: Cell,
+    get_prompts: Callable[[dict[str, Any]], list[list[int]]],
+    index: int,
+    env: dict[str, str],
+    on_event: Callable[[str], None] | None,
+    cwd: str | None = None,
+) -> dict[str, Any]:
     rec: dict[str, Any] = {"start": index, "start_error": None, "requests": []}
     t0 = time.monotonic()
     server = _Server(model, cell, env, cwd)
@@ -342,8 +374,14 @@ def _one_start(model: Path, cell: Cell, get_prompts: Callable[[dict[str, Any]], 
             prompts = get_prompts(status)
             for k, prompt in enumerate(prompts):
                 if server.died():
-                    rec["requests"].append({"prompt": k, "status": "error", "error_code": "server_exited",
-                                            "error_message": "the server process exited"})
+                    rec["requests"].append(
+                        {
+                            "prompt": k,
+                            "status": "error",
+                            "error_code": "server_exited",
+                            "error_message": "the server process exited",
+                        }
+                    )
                     continue
                 r = _request(client, prompt, cell.request, k)
                 if r["status"] != "ok":
@@ -372,11 +410,20 @@ def _one_start(model: Path, cell: Cell, get_prompts: Callable[[dict[str, Any]], 
     return rec
 
 
-def _layouts(model: Path, cell: Cell, lengths: Sequence[int], chunks: Sequence[int],
-             env: dict[str, str]) -> dict[str, Any]:
+def _layouts(
+    model: Path, cell: Cell, lengths: Sequence[int], chunks: Sequence[int], env: dict[str, str]
+) -> dict[str, Any]:
     """Plan, each prompt's chunk and layout(T), from a separate short-lived process that opens the engine."""
-    args = [sys.executable, "-m", "repro_matrix._cell", "layout", str(model), json.dumps(cell.engine),
-            ",".join(str(n) for n in lengths), ",".join(str(t) for t in sorted(set(chunks)))]
+    args = [
+        sys.executable,
+        "-m",
+        "repro_matrix._cell",
+        "layout",
+        str(model),
+        json.dumps(cell.engine),
+        ",".join(str(n) for n in lengths),
+        ",".join(str(t) for t in sorted(set(chunks))),
+    ]
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=_START_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired:
@@ -389,9 +436,15 @@ def _layouts(model: Path, cell: Cell, lengths: Sequence[int], chunks: Sequence[i
         return {"error": f"the layout helper printed no JSON: {p.stdout[-500:]}"}
 
 
-def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
-             on_event: Callable[[str], None] | None = None, layouts: bool = True,
-             cwd: str | Path | None = None) -> dict[str, Any]:
+def run_cell(
+    matrix: Matrix,
+    cell: Cell,
+    *,
+    env: dict[str, str] | None = None,
+    on_event: Callable[[str], None] | None = None,
+    layouts: bool = True,
+    cwd: str | Path | None = None,
+) -> dict[str, Any]:
     """Run one cell (all its starts) and return its record (JSON-ready). ``layouts=False`` leaves out the
     layout helper (``bisect --commits`` runs other commits' strata, whose engine the helper would not use);
     ``cwd`` is where the servers start (a worktree, whose packages a Python started there imports first)."""
@@ -425,8 +478,10 @@ def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
             record["prompts"] = [{"index": k, "length": n, "chunk": c} for k, (n, c) in enumerate(spec)]
         return made["prompts"]
 
-    starts = [_one_start(model, cell, get_prompts, s, env, on_event, None if cwd is None else str(cwd))
-              for s in range(matrix.starts)]
+    starts = [
+        _one_start(model, cell, get_prompts, s, env, on_event, None if cwd is None else str(cwd))
+        for s in range(matrix.starts)
+    ]
     record["starts"] = starts
     plan_src = next((st["status"] for st in starts if st.get("status") and st["status"].get("plan")), None)
     record["plan"] = (plan_src or {}).get("plan")
@@ -437,8 +492,9 @@ def run_cell(matrix: Matrix, cell: Cell, *, env: dict[str, str] | None = None,
     elif record["plan"]:
         # each prompt's chunk as the plan decides it, and the chunks the engine reported using
         chunks = {int(r["chunk"]) for st in starts for r in st.get("requests", []) if r.get("chunk")}
-        record["layouts"] = _layouts(model, cell, [n for n, _ in made.get("spec", [])],
-                                     [*chunks, *([auto] if auto else [])], env)
+        record["layouts"] = _layouts(
+            model, cell, [n for n, _ in made.get("spec", [])], [*chunks, *([auto] if auto else [])], env
+        )
     else:
         record["layouts"] = {"error": "no engine start succeeded"}
     record["finished_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -458,6 +514,7 @@ def _model_context(model: Path) -> int:
 
 
 # ---- the layout helper (a separate process: the harness never loads the native library) ------------
+
 
 def _layout_main(argv: Sequence[str]) -> int:
     import dataclasses

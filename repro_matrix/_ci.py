@@ -31,8 +31,16 @@ from ._matrix import Cell, Matrix
 from ._scrub import Scrubber
 from ._verdict import Verdict
 
-__all__ = ["EXIT_FAILED", "EXIT_INCOMPLETE", "EXIT_PASS", "EXIT_USAGE", "Gate", "junit_xml", "summary_markdown",
-           "write_ci_files"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INCOMPLETE",
+    "EXIT_PASS",
+    "EXIT_USAGE",
+    "Gate",
+    "junit_xml",
+    "summary_markdown",
+    "write_ci_files",
+]
 
 EXIT_PASS = 0
 EXIT_FAILED = 1
@@ -56,12 +64,19 @@ class Gate:
 
     def unexpected(self) -> list[str]:
         """Ids of failing cells the matrix does not expect to fail."""
-        return [r["cell_id"] for r in self.records if self.verdicts[r["cell_id"]].failing
-                and not self.matrix.expected_to_fail(Cell.from_dict(r["cell"]))]
+        return [
+            r["cell_id"]
+            for r in self.records
+            if self.verdicts[r["cell_id"]].failing
+            and not self.matrix.expected_to_fail(Cell.from_dict(r["cell"]))
+        ]
 
     def expected(self) -> list[str]:
-        return [r["cell_id"] for r in self.records if self.verdicts[r["cell_id"]].failing
-                and self.matrix.expected_to_fail(Cell.from_dict(r["cell"]))]
+        return [
+            r["cell_id"]
+            for r in self.records
+            if self.verdicts[r["cell_id"]].failing and self.matrix.expected_to_fail(Cell.from_dict(r["cell"]))
+        ]
 
     @property
     def exit_code(self) -> int:
@@ -99,8 +114,10 @@ def _start_text(rec: dict[str, Any], lines: int = 20) -> str:
             if st.get("start_error"):
                 parts.append(f"start {st.get('start', 0)}: {st['start_error']}")
             for r in bad[:3]:
-                parts.append(f"start {st.get('start', 0)}, prompt {r.get('prompt')}: {r.get('error_code')}: "
-                             f"{r.get('error_message', '')}")
+                parts.append(
+                    f"start {st.get('start', 0)}, prompt {r.get('prompt')}: {r.get('error_code')}: "
+                    f"{r.get('error_message', '')}"
+                )
             tail = (st.get("log_tail") or "").splitlines()[-lines:]
             if tail:
                 parts.append("server log:\n" + "\n".join(tail))
@@ -126,8 +143,13 @@ def junit_xml(gate: Gate, scrubber: Scrubber | None = None) -> str:
     suites = ET.Element("testsuites", name="repro_matrix")
     suite = ET.SubElement(suites, "testsuite", name=suite_name)
     props = ET.SubElement(suite, "properties")
-    for key, value in (("matrix", m.name), ("model", m.model), ("starts", str(m.starts)),
-                       ("shard", gate.shard or ""), ("exit_status", str(gate.exit_code))):
+    for key, value in (
+        ("matrix", m.name),
+        ("model", m.model),
+        ("starts", str(m.starts)),
+        ("shard", gate.shard or ""),
+        ("exit_status", str(gate.exit_code)),
+    ):
         ET.SubElement(props, "property", name=key, value=clean(value))
     counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     total_time = 0.0
@@ -142,9 +164,12 @@ def junit_xml(gate: Gate, scrubber: Scrubber | None = None) -> str:
         tc = ET.SubElement(suite, "testcase", classname=suite_name, name=clean(names[cid]), time=f"{t:.3f}")
         if rec is None:
             counts["errors"] += 1
-            ET.SubElement(tc, "error", type="missing",
-                          message="no result: the shard that holds this cell is missing or did not finish").text = (
-                f"cell {cid} has no record in the merged runs")
+            ET.SubElement(
+                tc,
+                "error",
+                type="missing",
+                message="no result: the shard that holds this cell is missing or did not finish",
+            ).text = f"cell {cid} has no record in the merged runs"
             continue
         v = gate.verdicts[cid]
         if v.failing and cid in expected:
@@ -160,8 +185,12 @@ def junit_xml(gate: Gate, scrubber: Scrubber | None = None) -> str:
     for i, problem in enumerate(gate.problems, 1):
         counts["tests"] += 1
         counts["failures"] += 1
-        tc = ET.SubElement(suite, "testcase", classname=suite_name, name=f"the matrix as a whole #{i}", time="0.000")
-        ET.SubElement(tc, "failure", type="matrix", message=clean(problem.splitlines()[0])).text = clean(problem)
+        tc = ET.SubElement(
+            suite, "testcase", classname=suite_name, name=f"the matrix as a whole #{i}", time="0.000"
+        )
+        ET.SubElement(tc, "failure", type="matrix", message=clean(problem.splitlines()[0])).text = clean(
+            problem
+        )
     for i, why in enumerate(gate.incomplete, 1):
         counts["tests"] += 1
         counts["errors"] += 1
@@ -194,7 +223,11 @@ def summary_markdown(gate: Gate, scrubber: Scrubber | None = None) -> str:
     n = len(gate.records)
     where = f" (shard {gate.shard})" if gate.shard else ""
     lines = [f"### repro_matrix `{m.name}`{where}: {gate.status_word()} (exit status {gate.exit_code})", ""]
-    parts = [f"{n} cell{'s' if n != 1 else ''} run", f"{n - len(unexpected) - len(expected)} pass", f"{len(unexpected)} failing"]
+    parts = [
+        f"{n} cell{'s' if n != 1 else ''} run",
+        f"{n - len(unexpected) - len(expected)} pass",
+        f"{len(unexpected)} failing",
+    ]
     if expected:
         parts.append(f"{len(expected)} failing as the matrix expects")
     if gate.missing:
@@ -216,7 +249,9 @@ def summary_markdown(gate: Gate, scrubber: Scrubber | None = None) -> str:
     hidden = 0
     for cid in sorted((c for c in cells if c in by_id or c in gate.missing), key=rank):
         if cid not in by_id:
-            lines.append(f"| {_md(names[cid])} | **missing** | no result (its shard is missing or did not finish) |")
+            lines.append(
+                f"| {_md(names[cid])} | **missing** | no result (its shard is missing or did not finish) |"
+            )
             continue
         v = gate.verdicts[cid]
         if v.failing:

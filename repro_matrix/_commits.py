@@ -52,8 +52,10 @@ __all__ = [
 
 #: How a commit of strata is built in its worktree: the engine into strata/lib, where that commit's loader
 #: looks first (its Python package is the worktree's own).
-DEFAULT_BUILD = ('cmake -S native -B build/native -DCMAKE_BUILD_TYPE=Release -DSTRATA_OUTPUT_DIR="$PWD/strata/lib" '
-                 '>/dev/null && cmake --build build/native -j')
+DEFAULT_BUILD = (
+    'cmake -S native -B build/native -DCMAKE_BUILD_TYPE=Release -DSTRATA_OUTPUT_DIR="$PWD/strata/lib" '
+    ">/dev/null && cmake --build build/native -j"
+)
 
 _BUILT_MARK = ".repro_matrix-built"
 _BUILD_LOG = ".repro_matrix-build.log"
@@ -85,6 +87,7 @@ _sys.meta_path[:] = [f for f in _sys.meta_path if not _elsewhere(f)]
 
 
 # ---- how many starts ---------------------------------------------------------------------------------
+
 
 def starts_needed(rate: float, miss: float = 0.01) -> int:
     """Starts per commit so that a bad commit whose starts fail with probability ``rate`` passes all of
@@ -122,6 +125,7 @@ def rate_lower_bound(k: int, n: int, confidence: float = 0.9) -> float:
 
 # ---- worktrees and their builds ----------------------------------------------------------------------
 
+
 def _git(repo: Path, *args: str, check: bool = True) -> str:
     p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=300)
     if check and p.returncode != 0:
@@ -156,13 +160,26 @@ class Builds:
             _git(self.repo, "worktree", "add", "--detach", "--force", str(path), sha)
         self.log(f"building {sha[:12]} in {path}")
         with open(path / _BUILD_LOG, "w") as logf:
-            p = subprocess.run(self.build, shell=True, cwd=path, stdout=logf, stderr=subprocess.STDOUT,
-                               env={k: v for k, v in os.environ.items() if k != "STRATA_LIB"})
+            p = subprocess.run(
+                self.build,
+                shell=True,
+                cwd=path,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env={k: v for k, v in os.environ.items() if k != "STRATA_LIB"},
+            )
         if p.returncode != 0:
             tail = "\n".join((path / _BUILD_LOG).read_text(errors="replace").splitlines()[-15:])
             raise BuildError(f"the build of {sha[:12]} failed (exit status {p.returncode}):\n{tail}")
-        mark.write_text(json.dumps({"commit": sha, "build": self.build,
-                                    "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}))
+        mark.write_text(
+            json.dumps(
+                {
+                    "commit": sha,
+                    "build": self.build,
+                    "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                }
+            )
+        )
         return path
 
     def env(self, tree: Path) -> dict[str, str]:
@@ -170,12 +187,14 @@ class Builds:
         that worktree's."""
         env = {k: v for k, v in os.environ.items() if k not in ("STRATA_LIB", "REPRO_MATRIX_STRATA")}
         env["REPRO_MATRIX_TREE"] = str(tree.resolve())
-        env["PYTHONPATH"] = os.pathsep.join([str(self.shim), str(tree.resolve()),
-                                             *filter(None, [os.environ.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(self.shim), str(tree.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
         return env
 
 
 # ---- the search --------------------------------------------------------------------------------------
+
 
 @dataclass
 class CommitOutcome:
@@ -188,9 +207,11 @@ class CommitOutcome:
     why: str = ""  # a skip's reason
 
     def describe(self) -> str:
-        what = {"bad": f"bad ({self.failing} of {self.starts} starts failing: {', '.join(self.labels)})",
-                "good": f"good ({self.starts} of {self.starts} starts pass)",
-                "skip": f"skipped ({self.why.splitlines()[0] if self.why else 'cannot run the cell'})"}[self.verdict]
+        what = {
+            "bad": f"bad ({self.failing} of {self.starts} starts failing: {', '.join(self.labels)})",
+            "good": f"good ({self.starts} of {self.starts} starts pass)",
+            "skip": f"skipped ({self.why.splitlines()[0] if self.why else 'cannot run the cell'})",
+        }[self.verdict]
         return f"{self.commit[:12]}  {what}  {self.subject}"
 
 
@@ -233,8 +254,12 @@ def _one_start_records(rec: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**rec, "starts": [st]} for st in rec.get("starts", [])]
 
 
-def source_rate(record: dict[str, Any], reference: dict[str, Any] | None, matrix: Matrix,
-                labels: Sequence[str] | None = None) -> tuple[list[str], int, int]:
+def source_rate(
+    record: dict[str, Any],
+    reference: dict[str, Any] | None,
+    matrix: Matrix,
+    labels: Sequence[str] | None = None,
+) -> tuple[list[str], int, int]:
     """From a cell's record: the verdicts to bisect (``labels``, or the failing ones it shows), and how many
     of its starts showed one of them, of how many."""
     v = judge(record, reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
@@ -251,30 +276,51 @@ def explain_starts(k: int, n: int, miss: float, cap: int) -> tuple[int, str]:
     """Starts per commit from k failing starts of n, and the sentence that says why."""
     rate = k / n
     s = starts_needed(rate, miss)
-    text = (f"the cell failed {k} of {n} starts on BAD ({rate:.0%}): a bad commit passes one start with "
-            f"probability {1 - rate:.0%}")
+    text = (
+        f"the cell failed {k} of {n} starts on BAD ({rate:.0%}): a bad commit passes one start with "
+        f"probability {1 - rate:.0%}"
+    )
     if rate >= 1:
         text += ", so one start per commit tells a bad commit from a good one"
     else:
-        text += (f", so {s} starts per commit call a bad commit good with probability {(1 - rate) ** s:.2%} "
-                 f"(below {miss:.0%}); a commit is bad at its first failing start")
+        text += (
+            f", so {s} starts per commit call a bad commit good with probability {(1 - rate) ** s:.2%} "
+            f"(below {miss:.0%}); a commit is bad at its first failing start"
+        )
     lo = rate_lower_bound(k, n)
     if lo < rate and lo > 0:
         s_lo = starts_needed(lo, miss)
         if s_lo > s:
-            text += (f". From {n} starts the rate is uncertain: it may be as low as {lo:.0%} (90% bound), which "
-                     f"would need {s_lo} starts per commit (--starts {s_lo}, or --calibrate more starts on BAD)")
+            text += (
+                f". From {n} starts the rate is uncertain: it may be as low as {lo:.0%} (90% bound), which "
+                f"would need {s_lo} starts per commit (--starts {s_lo}, or --calibrate more starts on BAD)"
+            )
     if s > cap:
-        text += f". Capped at --max-starts {cap}: a bad commit is missed with probability {(1 - rate) ** cap:.1%}"
+        text += (
+            f". Capped at --max-starts {cap}: a bad commit is missed with probability {(1 - rate) ** cap:.1%}"
+        )
         s = cap
     return s, text + "."
 
 
-def bisect_commits(repo: Path, good: str, bad: str, matrix: Matrix, cell: Cell, *, builds: Builds,
-                   labels: Sequence[str] | None = None, source: dict[str, Any] | None = None,
-                   source_reference: dict[str, Any] | None = None,
-                   calibrate: int = 3, miss: float = 0.01, max_starts: int = 60, starts: int | None = None,
-                   out: Path | None = None, log: Callable[[str], None] = print) -> CommitsResult:
+def bisect_commits(
+    repo: Path,
+    good: str,
+    bad: str,
+    matrix: Matrix,
+    cell: Cell,
+    *,
+    builds: Builds,
+    labels: Sequence[str] | None = None,
+    source: dict[str, Any] | None = None,
+    source_reference: dict[str, Any] | None = None,
+    calibrate: int = 3,
+    miss: float = 0.01,
+    max_starts: int = 60,
+    starts: int | None = None,
+    out: Path | None = None,
+    log: Callable[[str], None] = print,
+) -> CommitsResult:
     """Find the first commit in GOOD..BAD at which ``cell`` fails (see the module's docstring)."""
     from ._cell import run_cell
 
@@ -308,10 +354,17 @@ def bisect_commits(repo: Path, good: str, bad: str, matrix: Matrix, cell: Cell, 
         env = builds.env(tree)
         want = set(wanted())  # empty while BAD is first run: everything is looked for then
         if ref_cell is not None and (not want or "reply differs" in want) and sha not in refs:
-            r = run_cell(Matrix.from_dict({**matrix.to_dict(), "starts": 1}), ref_cell, env=env, layouts=False,
-                         cwd=tree)
+            r = run_cell(
+                Matrix.from_dict({**matrix.to_dict(), "starts": 1}),
+                ref_cell,
+                env=env,
+                layouts=False,
+                cwd=tree,
+            )
             keep(r, sha)
-            refs[sha] = r if any(rq.get("status") == "ok" for st in r["starts"] for rq in st["requests"]) else None
+            refs[sha] = (
+                r if any(rq.get("status") == "ok" for st in r["starts"] for rq in st["requests"]) else None
+            )
         rec = run_cell(one, cell, env=env, layouts=False, cwd=tree)
         keep(rec, sha)
         v = judge(rec, refs.get(sha), near_tie=matrix.near_tie, fail_on=matrix.fail_on)
@@ -324,8 +377,12 @@ def bisect_commits(repo: Path, good: str, bad: str, matrix: Matrix, cell: Cell, 
             for _ in range(n_starts):
                 seen, ran = trial(sha)
                 if not ran:
-                    return CommitOutcome(commit=sha, subject=o.subject, verdict="skip",
-                                         why="its engine does not start with the cell's flags")
+                    return CommitOutcome(
+                        commit=sha,
+                        subject=o.subject,
+                        verdict="skip",
+                        why="its engine does not start with the cell's flags",
+                    )
                 o.starts += trial_starts
                 o.labels = sorted(set(o.labels) | set(seen))
                 if set(seen) & set(wanted()):
@@ -365,13 +422,24 @@ def bisect_commits(repo: Path, good: str, bad: str, matrix: Matrix, cell: Cell, 
         raise MatrixError(f"BAD ({bad_sha[:12]}) does not build: {e}") from None
     k += cal.failing
     n += cal.starts
-    res = CommitsResult(good=good_sha, bad=bad_sha, cell_id=cell.cell_id, labels=list(label_box), rate=(k, n),
-                        starts_per_commit=0, miss=miss, why_starts="", subjects=subjects)
+    res = CommitsResult(
+        good=good_sha,
+        bad=bad_sha,
+        cell_id=cell.cell_id,
+        labels=list(label_box),
+        rate=(k, n),
+        starts_per_commit=0,
+        miss=miss,
+        why_starts="",
+        subjects=subjects,
+    )
     res.tested.append(cal)
     if not label_box or k == 0:
-        res.error = (f"the cell does not fail on BAD ({bad_sha[:12]}): {cal.starts} of {cal.starts} starts pass"
-                     + (" here, although its record fails" if source is not None else "")
-                     + "; check the build command and the cell, or run more starts with --calibrate")
+        res.error = (
+            f"the cell does not fail on BAD ({bad_sha[:12]}): {cal.starts} of {cal.starts} starts pass"
+            + (" here, although its record fails" if source is not None else "")
+            + "; check the build command and the cell, or run more starts with --calibrate"
+        )
         return _save(res, out)
     s, why = explain_starts(k, n, miss, max_starts)
     if starts is not None:

@@ -31,8 +31,13 @@ def _strata() -> dict[str, Any]:
     from strata import StrataError
 
     root = Path(strata.__file__).resolve().parent.parent
-    info: dict[str, Any] = {"version": strata.__version__, "commit": None, "dirty": None, "library": None,
-                            "cpu_features": None}
+    info: dict[str, Any] = {
+        "version": strata.__version__,
+        "commit": None,
+        "dirty": None,
+        "library": None,
+        "cpu_features": None,
+    }
     commit = _git(root, "rev-parse", "HEAD")
     if commit:
         info["commit"] = commit
@@ -58,9 +63,17 @@ def _build_flags(root: Path) -> dict[str, str]:
     for cache in (root / "build" / "native" / "CMakeCache.txt",):
         if not cache.is_file():
             continue
-        wanted = ("CMAKE_BUILD_TYPE", "CMAKE_C_COMPILER", "CMAKE_C_FLAGS", "CMAKE_C_FLAGS_RELEASE",
-                  "CMAKE_CUDA_COMPILER", "CMAKE_CUDA_ARCHITECTURES", "STRATA_CUDA", "STRATA_SANITIZE",
-                  "STRATA_NATIVE_ARCH")
+        wanted = (
+            "CMAKE_BUILD_TYPE",
+            "CMAKE_C_COMPILER",
+            "CMAKE_C_FLAGS",
+            "CMAKE_C_FLAGS_RELEASE",
+            "CMAKE_CUDA_COMPILER",
+            "CMAKE_CUDA_ARCHITECTURES",
+            "STRATA_CUDA",
+            "STRATA_SANITIZE",
+            "STRATA_NATIVE_ARCH",
+        )
         for line in cache.read_text(errors="replace").splitlines():
             m = re.match(r"([A-Z_]+):[A-Z]+=(.*)", line)
             if m and m.group(1) in wanted and m.group(2):
@@ -87,6 +100,7 @@ def _gpus() -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001 - NVMLError has many subclasses; any means "no GPU info"
         return {"error": f"no NVIDIA driver or GPU ({e})"}
     try:
+
         def s(v: Any) -> str:
             return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -99,8 +113,9 @@ def _gpus() -> dict[str, Any]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            out["devices"].append({"index": i, "name": s(pynvml.nvmlDeviceGetName(h)),
-                                   "memory_total": int(mem.total)})
+            out["devices"].append(
+                {"index": i, "name": s(pynvml.nvmlDeviceGetName(h)), "memory_total": int(mem.total)}
+            )
         return out
     finally:
         try:
@@ -110,7 +125,10 @@ def _gpus() -> dict[str, Any]:
 
 
 def _cpu() -> dict[str, Any]:
-    info: dict[str, Any] = {"model": platform.processor() or platform.machine(), "logical_cores": os.cpu_count()}
+    info: dict[str, Any] = {
+        "model": platform.processor() or platform.machine(),
+        "logical_cores": os.cpu_count(),
+    }
     try:
         text = Path("/proc/cpuinfo").read_text()
         m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
@@ -118,8 +136,9 @@ def _cpu() -> dict[str, Any]:
             info["model"] = m.group(1).strip()
         fm = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
         flags = set(fm.group(1).split()) if fm else set()
-        info["simd"] = " ".join(f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-                                            "avx512_vnni") if f in flags)
+        info["simd"] = " ".join(
+            f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni") if f in flags
+        )
         cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)[\s\S]*?core id\s*:\s*(\d+)", text)}
         if cores:
             info["physical_cores"] = len(cores)
@@ -175,8 +194,12 @@ def collect_env() -> dict[str, Any]:
         "cpu": _cpu(),
         "ram": _ram(),
         "os": _os(),
-        "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
-                   "executable": sys.executable, "packages": _packages()},
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+            "packages": _packages(),
+        },
     }
 
 
@@ -221,12 +244,18 @@ def env_markdown(env: dict[str, Any]) -> str:
     simd = f"; {cpu['simd']}" if cpu.get("simd") else ""
     lines.append(f"- **CPU**: {cpu.get('model', '?')}, {cores}{simd}")
     ram = env.get("ram", {})
-    lines.append(f"- **RAM**: {_gib(ram.get('total'))} total, {_gib(ram.get('available'))} available"
-                 + (f", swap {_gib(ram.get('swap'))}" if ram.get("swap") is not None else ""))
+    lines.append(
+        f"- **RAM**: {_gib(ram.get('total'))} total, {_gib(ram.get('available'))} available"
+        + (f", swap {_gib(ram.get('swap'))}" if ram.get("swap") is not None else "")
+    )
     o = env.get("os", {})
-    lines.append(f"- **OS**: {o.get('distribution', o.get('system', '?'))}, kernel {o.get('kernel', '?')} "
-                 f"({o.get('machine', '?')})")
+    lines.append(
+        f"- **OS**: {o.get('distribution', o.get('system', '?'))}, kernel {o.get('kernel', '?')} "
+        f"({o.get('machine', '?')})"
+    )
     py = env.get("python", {})
     pk = ", ".join(f"{k} {val}" for k, val in (py.get("packages") or {}).items())
-    lines.append(f"- **Python**: {py.get('implementation', '')} {py.get('version', '?')}" + (f" ({pk})" if pk else ""))
+    lines.append(
+        f"- **Python**: {py.get('implementation', '')} {py.get('version', '?')}" + (f" ({pk})" if pk else "")
+    )
     return "\n".join(lines) + "\n"

@@ -107,8 +107,10 @@ def expand_values(knob: str, values: Any) -> list[Any]:
                 raise MatrixError(f"{knob}: range {v!r} runs backwards; write the smaller value first")
             n = (hi - lo) // step + 1
             if len(out) + n > MAX_KNOB_VALUES:
-                raise MatrixError(f"{knob}: {v!r} is {n:,} values; a knob sweeps at most {MAX_KNOB_VALUES:,}: "
-                                  f"give the range a step (A..B:S) or narrow it")
+                raise MatrixError(
+                    f"{knob}: {v!r} is {n:,} values; a knob sweeps at most {MAX_KNOB_VALUES:,}: "
+                    f"give the range a step (A..B:S) or narrow it"
+                )
             out += list(range(lo, hi + 1, step))
         else:
             out.append(v.strip() if isinstance(v, str) else v)
@@ -180,8 +182,9 @@ class Cell:
 
     @property
     def cell_id(self) -> str:
-        key = json.dumps({"engine": self.engine, "request": self.request, "reference": self.reference},
-                         sort_keys=True)
+        key = json.dumps(
+            {"engine": self.engine, "request": self.request, "reference": self.reference}, sort_keys=True
+        )
         return hashlib.sha1(key.encode()).hexdigest()[:12]
 
     def knob(self, name: str) -> Any:
@@ -196,13 +199,21 @@ class Cell:
         return ("reference " if self.reference else "") + " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"engine": self.engine, "request": self.request, "reference": self.reference,
-                "origin": self.origin}
+        return {
+            "engine": self.engine,
+            "request": self.request,
+            "reference": self.reference,
+            "origin": self.origin,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Cell:
-        return cls(engine=dict(d["engine"]), request=dict(d["request"]), reference=bool(d.get("reference")),
-                   origin=d.get("origin", "matrix"))
+        return cls(
+            engine=dict(d["engine"]),
+            request=dict(d["request"]),
+            reference=bool(d.get("reference")),
+            origin=d.get("origin", "matrix"),
+        )
 
     @classmethod
     def make(cls, settings: dict[str, Any], *, reference: bool = False, origin: str = "matrix") -> Cell:
@@ -237,8 +248,16 @@ class Matrix:
     lengths: list[int] = field(default_factory=list)
     reference: dict[str, Any] | None = field(default_factory=dict)
     extra: list[dict[str, Any]] = field(default_factory=list)
-    fail_on: list[str] = field(default_factory=lambda: ["lend failed", "engine exited", "engine start failed",
-                                                         "request failed", "reply differs", "nondeterministic"])
+    fail_on: list[str] = field(
+        default_factory=lambda: [
+            "lend failed",
+            "engine exited",
+            "engine start failed",
+            "request failed",
+            "reply differs",
+            "nondeterministic",
+        ]
+    )
     # cells matching one of these settings may fail without failing the run (the built-in matrix runs
     # the legacy lend policy on purpose, to show that the harness finds its bug)
     expect_fail: list[dict[str, Any]] = field(default_factory=list)
@@ -248,8 +267,21 @@ class Matrix:
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, name: str | None = None) -> Matrix:
         d = dict(d)
-        known = {"name", "model", "starts", "max_tokens", "near_tie", "prompt_seed", "engine", "axes",
-                 "prompts", "reference", "cells", "fail_on", "expect_fail"}
+        known = {
+            "name",
+            "model",
+            "starts",
+            "max_tokens",
+            "near_tie",
+            "prompt_seed",
+            "engine",
+            "axes",
+            "prompts",
+            "reference",
+            "cells",
+            "fail_on",
+            "expect_fail",
+        }
         unknown = set(d) - known
         # knobs written at the top level are shared settings (a list there makes an axis)
         engine = dict(d.pop("engine", {}) or {})
@@ -288,7 +320,9 @@ class Matrix:
             prompts = {"chunks": prompts}
         unknown_p = set(prompts) - {"chunks", "lengths"}
         if unknown_p:
-            raise MatrixError(f"[prompts]: unknown keys {sorted(unknown_p)}; use chunks = [...] or lengths = [...]")
+            raise MatrixError(
+                f"[prompts]: unknown keys {sorted(unknown_p)}; use chunks = [...] or lengths = [...]"
+            )
         m.chunks = [int(x) for x in expand_values("chunks", prompts.get("chunks", []))]
         m.lengths = [int(x) for x in expand_values("lengths", prompts.get("lengths", []))]
         if not m.chunks and not m.lengths:
@@ -321,11 +355,18 @@ class Matrix:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "model": self.model, "starts": self.starts, "near_tie": self.near_tie,
-            "prompt_seed": self.prompt_seed, "engine": self.engine, "axes": self.axes,
+            "name": self.name,
+            "model": self.model,
+            "starts": self.starts,
+            "near_tie": self.near_tie,
+            "prompt_seed": self.prompt_seed,
+            "engine": self.engine,
+            "axes": self.axes,
             "prompts": {"chunks": self.chunks, "lengths": self.lengths},
             "reference": self.reference if self.reference is not None else False,
-            "cells": self.extra, "fail_on": self.fail_on, "expect_fail": self.expect_fail,
+            "cells": self.extra,
+            "fail_on": self.fail_on,
+            "expect_fail": self.expect_fail,
         }
 
     def expected_to_fail(self, cell: Cell) -> bool:
@@ -389,7 +430,9 @@ def _parse_toml(text: str, where: str) -> dict[str, Any]:
         try:
             import tomli as tomllib  # type: ignore[no-redef]
         except ModuleNotFoundError:
-            raise MatrixError("reading TOML on Python 3.10 needs the 'tomli' package: pip install tomli") from None
+            raise MatrixError(
+                "reading TOML on Python 3.10 needs the 'tomli' package: pip install tomli"
+            ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -406,13 +449,18 @@ def _read_text(p: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise MatrixError(f"{p}: not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); TOML files are "
-                          "UTF-8: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+        raise MatrixError(
+            f"{p}: not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}); TOML files are "
+            "UTF-8: save it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 def builtin_names() -> list[str]:
-    return sorted(p.name[: -len(".toml")] for p in resources.files("repro_matrix.matrices").iterdir()
-                  if p.name.endswith(".toml"))
+    return sorted(
+        p.name[: -len(".toml")]
+        for p in resources.files("repro_matrix.matrices").iterdir()
+        if p.name.endswith(".toml")
+    )
 
 
 def load_matrix(spec: str | Path, overrides: Sequence[str] = (), axes: Sequence[str] = ()) -> Matrix:
@@ -432,8 +480,10 @@ def load_matrix(spec: str | Path, overrides: Sequence[str] = (), axes: Sequence[
     else:
         p = Path(spec)
         if not p.is_file():
-            raise MatrixError(f"no matrix {spec!r}: give a TOML file, '-' (flags only), or one of the "
-                              f"built-in matrices: {', '.join(builtin_names())}")
+            raise MatrixError(
+                f"no matrix {spec!r}: give a TOML file, '-' (flags only), or one of the "
+                f"built-in matrices: {', '.join(builtin_names())}"
+            )
         d = _parse_toml(_read_text(p), str(p))
         name = p.stem
     for text in overrides:

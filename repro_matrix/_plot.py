@@ -58,8 +58,13 @@ def prompt_outcomes(rec: dict[str, Any], reference: dict[str, Any] | None, near_
             seen = out.setdefault(k, [])
             if r.get("status") != "ok":
                 code = r.get("error_code")
-                seen.append({"lend_failed": "lend failed", "engine_exited": "engine exited",
-                             "server_exited": "engine exited"}.get(str(code), "request failed"))
+                seen.append(
+                    {
+                        "lend_failed": "lend failed",
+                        "engine_exited": "engine exited",
+                        "server_exited": "engine exited",
+                    }.get(str(code), "request failed")
+                )
                 continue
             if r.get("halvings"):
                 seen.append("halved")
@@ -79,8 +84,15 @@ def _num(v: Any) -> tuple[int, float | str]:
         return (1, str(v))
 
 
-def plot_verdicts(matrix: Matrix, records: Sequence[dict[str, Any]], path: str | Path, *,
-                  x: str = "expert_cache", y: str = "chunk", dpi: int = 100) -> Path:
+def plot_verdicts(
+    matrix: Matrix,
+    records: Sequence[dict[str, Any]],
+    path: str | Path,
+    *,
+    x: str = "expert_cache",
+    y: str = "chunk",
+    dpi: int = 100,
+) -> Path:
     """Draw the heat map of ``records`` to ``path``; the path written."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.colors import ListedColormap
@@ -104,7 +116,9 @@ def plot_verdicts(matrix: Matrix, records: Sequence[dict[str, Any]], path: str |
             for p in rec.get("prompts", []):
                 yv = p.get("chunk") or f"{p['length']} tokens"
                 key = (facet, xv, yv)
-                squares[key] = _worst([squares[key], outcomes[p["index"]]]) if key in squares else outcomes[p["index"]]
+                squares[key] = (
+                    _worst([squares[key], outcomes[p["index"]]]) if key in squares else outcomes[p["index"]]
+                )
             if not rec.get("prompts"):  # no start got far enough to make the prompts
                 v = judge(rec, ref, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
                 rows: list[Any] = list(matrix.chunks) or ["all prompts"]
@@ -113,16 +127,22 @@ def plot_verdicts(matrix: Matrix, records: Sequence[dict[str, Any]], path: str |
         else:
             v = judge(rec, ref, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
             squares[(facet, xv, cell.knob(y))] = v.label
+
     def facet_key(f: tuple[Any, ...]) -> tuple[Any, ...]:
         # the declared order of an axis (legacy before current), else by value
-        return tuple((0, matrix.axes[k].index(v)) if v in matrix.axes.get(k, []) else _num(v)
-                     for k, v in zip(knobs, f, strict=True))
+        return tuple(
+            (0, matrix.axes[k].index(v)) if v in matrix.axes.get(k, []) else _num(v)
+            for k, v in zip(knobs, f, strict=True)
+        )
 
     facets = sorted({k[0] for k in squares}, key=facet_key)
     xs = sorted({k[1] for k in squares}, key=_num)
     ys = sorted({k[2] for k in squares}, key=_num)
-    seen = [lb for lb in _ORDER if lb in squares.values() or (lb == "not run" and
-                                                                len(squares) < len(facets) * len(xs) * len(ys))]
+    seen = [
+        lb
+        for lb in _ORDER
+        if lb in squares.values() or (lb == "not run" and len(squares) < len(facets) * len(xs) * len(ys))
+    ]
     index = {lb: i for i, lb in enumerate(seen)}
     cmap = ListedColormap([COLORS[lb] for lb in seen])
     width = min(24.0, max(6.0, 3.5 + 0.3 * len(xs)))
@@ -133,19 +153,39 @@ def plot_verdicts(matrix: Matrix, records: Sequence[dict[str, Any]], path: str |
     step = max(1, len(xs) // 24)
     for ax, facet in zip(axes, facets, strict=True):
         grid = [[index[squares.get((facet, xv, yv), "not run")] for xv in xs] for yv in ys]
-        ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(seen) - 0.5, aspect="auto", interpolation="nearest",
-                  origin="lower")
-        ax.set_xticks(range(0, len(xs), step), [str(v) for v in xs[::step]], rotation=90 if len(xs) > 8 else 0,
-                      fontsize=8)
+        ax.imshow(
+            grid,
+            cmap=cmap,
+            vmin=-0.5,
+            vmax=len(seen) - 0.5,
+            aspect="auto",
+            interpolation="nearest",
+            origin="lower",
+        )
+        ax.set_xticks(
+            range(0, len(xs), step),
+            [str(v) for v in xs[::step]],
+            rotation=90 if len(xs) > 8 else 0,
+            fontsize=8,
+        )
         ax.set_yticks(range(len(ys)), [str(v) for v in ys], fontsize=8)
         ax.set_ylabel("prompt chunk" if y == "chunk" else y.replace("_", " "))
-        ax.set_title(", ".join(f"{k}={v}" for k, v in zip(knobs, facet, strict=True)) or matrix.name, fontsize=10)
+        ax.set_title(
+            ", ".join(f"{k}={v}" for k, v in zip(knobs, facet, strict=True)) or matrix.name, fontsize=10
+        )
     axes[-1].set_xlabel(x.replace("_", " "))
     n_bad = sum(1 for v in squares.values() if v not in ("ok", "halved", "not run"))
-    fig.suptitle(f"repro_matrix {matrix.name}: {n_bad} of {len(squares)} "
-                 f"{'prompts' if y == 'chunk' else 'cells'} fail", fontsize=11)
-    fig.legend(handles=[Patch(color=COLORS[lb], label=lb) for lb in seen], loc="center right", fontsize=8,
-               frameon=False)
+    fig.suptitle(
+        f"repro_matrix {matrix.name}: {n_bad} of {len(squares)} "
+        f"{'prompts' if y == 'chunk' else 'cells'} fail",
+        fontsize=11,
+    )
+    fig.legend(
+        handles=[Patch(color=COLORS[lb], label=lb) for lb in seen],
+        loc="center right",
+        fontsize=8,
+        frameon=False,
+    )
     fig.tight_layout(rect=(0, 0, 0.82, 0.95))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

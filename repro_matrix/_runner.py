@@ -59,11 +59,15 @@ class RunDir:
         try:
             d = json.loads(f.read_bytes().decode("utf-8"))
         except (ValueError, OSError) as e:
-            raise MatrixError(f"{f} cannot be read as the run's matrix ({e}); the run directory is damaged: "
-                              "run the matrix again into a new --out") from None
+            raise MatrixError(
+                f"{f} cannot be read as the run's matrix ({e}); the run directory is damaged: "
+                "run the matrix again into a new --out"
+            ) from None
         if not isinstance(d, dict):
-            raise MatrixError(f"{f} holds {type(d).__name__}, not a matrix; the run directory is damaged: run "
-                              "the matrix again into a new --out")
+            raise MatrixError(
+                f"{f} holds {type(d).__name__}, not a matrix; the run directory is damaged: run "
+                "the matrix again into a new --out"
+            )
         return Matrix.from_dict(d)
 
     def env(self) -> dict[str, Any]:
@@ -91,12 +95,16 @@ class RunDir:
                 rec = json.loads(raw.decode("utf-8"))
             except ValueError:
                 if n < len(lines):  # a last line cut short by a kill is expected; another is damage
-                    self._note(f"{self.cells_file} line {n} is not JSON: skipped (--resume runs its cell again)")
+                    self._note(
+                        f"{self.cells_file} line {n} is not JSON: skipped (--resume runs its cell again)"
+                    )
                 continue
             if not _is_record(rec):
                 shown = raw[:60].decode("utf-8", "replace")
-                self._note(f"{self.cells_file} line {n} is not a cell record ({shown}): skipped (--resume runs its "
-                           "cell again)")
+                self._note(
+                    f"{self.cells_file} line {n} is not a cell record ({shown}): skipped (--resume runs its "
+                    "cell again)"
+                )
                 continue
             out[rec["cell_id"]] = rec
         return list(out.values())
@@ -141,8 +149,19 @@ class RunDir:
                 n += 1
                 keep = self.path / f"earlier-{stamp}-{n}"
             keep.mkdir()
-            for name in ("matrix.json", "env.json", "env-resumes.jsonl", "cells.jsonl", "run.json", "table.csv",
-                         "table.jsonl", "table.md", "verdicts.jsonl", "bisect.json", "report.md"):
+            for name in (
+                "matrix.json",
+                "env.json",
+                "env-resumes.jsonl",
+                "cells.jsonl",
+                "run.json",
+                "table.csv",
+                "table.jsonl",
+                "table.md",
+                "verdicts.jsonl",
+                "bisect.json",
+                "report.md",
+            ):
                 if (self.path / name).exists():
                     shutil.move(str(self.path / name), str(keep / name))
         (self.path / "matrix.json").write_text(json.dumps(matrix.to_dict(), indent=1))
@@ -165,8 +184,12 @@ def _is_record(rec: Any) -> bool:
     if not isinstance(rec, dict) or not isinstance(rec.get("cell_id"), str):
         return False
     cell = rec.get("cell")
-    return (isinstance(cell, dict) and isinstance(cell.get("engine"), dict) and isinstance(cell.get("request"), dict)
-            and isinstance(rec.get("starts", []), list))
+    return (
+        isinstance(cell, dict)
+        and isinstance(cell.get("engine"), dict)
+        and isinstance(cell.get("request"), dict)
+        and isinstance(rec.get("starts", []), list)
+    )
 
 
 def gpu_count() -> int:
@@ -239,11 +262,17 @@ class _Progress:
                 TimeRemainingColumn,
             )
 
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("cells, [red]{task.fields[failing]} failing[/red], elapsed"),
-                                 TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("left"),
-                                 console=Console(stderr=True),
-                                 transient=False)
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("cells, [red]{task.fields[failing]} failing[/red], elapsed"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("left"),
+                console=Console(stderr=True),
+                transient=False,
+            )
             self._task = self._bar.add_task(title, total=total, failing=0)
             self._bar.start()
 
@@ -260,15 +289,21 @@ class _Progress:
             self._bar.stop()
 
 
-def _ray_run(matrix: Matrix, cells: Sequence[Cell], address: str, on_done: Callable[[dict[str, Any]], None]) -> None:
+def _ray_run(
+    matrix: Matrix, cells: Sequence[Cell], address: str, on_done: Callable[[dict[str, Any]], None]
+) -> None:
     try:
         import ray
     except ImportError:
         raise MatrixError("--ray needs Ray: pip install 'strata[ray]' (or pip install ray)") from None
     if not ray.is_initialized():
         if address in ("", "auto", "local"):
-            ray.init(address=None if address in ("", "local") else "auto", include_dashboard=False,
-                     log_to_driver=False, ignore_reinit_error=True)
+            ray.init(
+                address=None if address in ("", "local") else "auto",
+                include_dashboard=False,
+                log_to_driver=False,
+                ignore_reinit_error=True,
+            )
         else:
             ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
     # a CUDA cell takes one of the cluster's GPUs (Ray sets CUDA_VISIBLE_DEVICES for it); the driver's
@@ -276,8 +311,10 @@ def _ray_run(matrix: Matrix, cells: Sequence[Cell], address: str, on_done: Calla
     wants_gpu = any(c.knob("device") in ("cuda", "auto") for c in cells)
     cluster_gpus = float(ray.cluster_resources().get("GPU", 0))
     if any(c.knob("device") == "cuda" for c in cells) and cluster_gpus == 0:
-        raise MatrixError("the matrix runs cells on the CUDA backend and the Ray cluster has no GPU "
-                          f"({ray.cluster_resources()}); start its nodes with GPUs, or run the cells with --set device=cpu")
+        raise MatrixError(
+            "the matrix runs cells on the CUDA backend and the Ray cluster has no GPU "
+            f"({ray.cluster_resources()}); start its nodes with GPUs, or run the cells with --set device=cpu"
+        )
     gpu = wants_gpu and cluster_gpus > 0
     remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, max_retries=0)(_ray_cell)
     pending = [remote.remote(matrix.to_dict(), c.to_dict()) for c in cells]
@@ -294,8 +331,13 @@ def _ray_cell(matrix_d: dict[str, Any], cell_d: dict[str, Any]) -> dict[str, Any
     return rec
 
 
-def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | None = None,
-               extra_cells: Sequence[Cell] = ()) -> RunResult:
+def run_matrix(
+    matrix: Matrix,
+    opts: RunOptions,
+    *,
+    env_info: dict[str, Any] | None = None,
+    extra_cells: Sequence[Cell] = (),
+) -> RunResult:
     """Run a matrix (or the rest of it) into ``opts.out``; the records of every finished cell."""
     from ._env import collect_env
 
@@ -313,9 +355,14 @@ def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | N
     jobs, notes = plan_jobs(opts.jobs, matrix, todo) if opts.ray is None else (opts.jobs, [])
     run_info = {
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "shard": opts.shard, "jobs": jobs, "backend": "ray" if opts.ray is not None else "local",
-        "ray_address": opts.ray, "resume": opts.resume, "planned": [c.cell_id for c in planned],
-        "skipped": skipped, "total_cells": len(all_cells),
+        "shard": opts.shard,
+        "jobs": jobs,
+        "backend": "ray" if opts.ray is not None else "local",
+        "ray_address": opts.ray,
+        "resume": opts.resume,
+        "planned": [c.cell_id for c in planned],
+        "skipped": skipped,
+        "total_cells": len(all_cells),
     }
     if todo:
         try:  # a bad model path fails here, once, not in every cell; a preset is made before the pool starts
@@ -336,8 +383,10 @@ def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | N
             if rec["cell"].get("reference"):
                 reference = rec
             v = judge(rec, reference, near_tie=matrix.near_tie, fail_on=matrix.fail_on)
-        prog.advance(v.failing, f"{Cell.from_dict(rec['cell']).label(matrix.swept_knobs())}: {v.detail}"
-                     if v.failing else None)
+        prog.advance(
+            v.failing,
+            f"{Cell.from_dict(rec['cell']).label(matrix.swept_knobs())}: {v.detail}" if v.failing else None,
+        )
 
     # the reference first: the others are compared with it as they finish
     todo.sort(key=lambda c: not c.reference)
@@ -369,8 +418,13 @@ def run_matrix(matrix: Matrix, opts: RunOptions, *, env_info: dict[str, Any] | N
     finally:
         prog.close()
     records = rd.records()
-    return RunResult(records=records, ran=ran, skipped=skipped, planned=[c.cell_id for c in planned],
-                     notes=[*notes, *rd.notes])
+    return RunResult(
+        records=records,
+        ran=ran,
+        skipped=skipped,
+        planned=[c.cell_id for c in planned],
+        notes=[*notes, *rd.notes],
+    )
 
 
 def _local_cell(matrix: Matrix, cell: Cell, gpu: int | None, cell_env: dict[str, str]) -> dict[str, Any]:
@@ -391,7 +445,9 @@ class MergeResult:
     matrix: Matrix
     records: list[dict[str, Any]]
     missing_cells: list[str]  # ids of the matrix's cells with no record in any run
-    missing_runs: list[str]  # directories given that hold no run (a shard that never ran or was not collected)
+    missing_runs: list[
+        str
+    ]  # directories given that hold no run (a shard that never ran or was not collected)
     missing_shards: list[str]  # "K/N" of the shards no directory holds, when the runs were shards of N
     reference_differs: list[str]  # shards whose reference replied otherwise than the first shard's
     notes: list[str]
@@ -425,13 +481,17 @@ def merge_runs(out: str | Path, dirs: Sequence[str | Path]) -> MergeResult:
     present = [r for r in runs if r.exists()]
     missing_runs = [str(r.path) for r in runs if not r.exists()]
     if not present:
-        raise MatrixError("none of " + ", ".join(map(str, dirs)) + " holds a run (no matrix.json): nothing to "
-                          "merge; the shards did not run, or their directories were not collected")
+        raise MatrixError(
+            "none of " + ", ".join(map(str, dirs)) + " holds a run (no matrix.json): nothing to "
+            "merge; the shards did not run, or their directories were not collected"
+        )
     matrices = [r.matrix() for r in present]
     first = matrices[0]
     for r, m in zip(present[1:], matrices[1:], strict=True):
         if m.to_dict() != first.to_dict():
-            raise MatrixError(f"{r.path} ran another matrix than {present[0].path}; only shards of one matrix merge")
+            raise MatrixError(
+                f"{r.path} ran another matrix than {present[0].path}; only shards of one matrix merge"
+            )
     shards = [_shard_of(r) for r in present]
     missing_shards: list[str] = []
     ns = {parse_shard(s)[1] for s in shards if s}
@@ -441,9 +501,13 @@ def merge_runs(out: str | Path, dirs: Sequence[str | Path]) -> MergeResult:
         missing_shards = [f"{k}/{n}" for k in range(1, n + 1) if k not in have]
     dest = RunDir(out)
     env = present[0].env()
-    info = {"merged_from": [str(d) for d in dirs], "shards": shards, "missing_runs": missing_runs,
-            "missing_shards": missing_shards,
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    info = {
+        "merged_from": [str(d) for d in dirs],
+        "shards": shards,
+        "missing_runs": missing_runs,
+        "missing_shards": missing_shards,
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
     dest.start(first, env, info, resume=False)
     seen: dict[str, dict[str, Any]] = {}
     differs: list[str] = []
@@ -466,5 +530,12 @@ def merge_runs(out: str | Path, dirs: Sequence[str | Path]) -> MergeResult:
     info["reference_differs"] = differs
     (dest.path / "run.json").write_text(json.dumps([info], indent=1))
     notes = [n for r in present for n in r.notes]
-    return MergeResult(matrix=first, records=dest.records(), missing_cells=missing, missing_runs=missing_runs,
-                       missing_shards=missing_shards, reference_differs=differs, notes=notes)
+    return MergeResult(
+        matrix=first,
+        records=dest.records(),
+        missing_cells=missing,
+        missing_runs=missing_runs,
+        missing_shards=missing_shards,
+        reference_differs=differs,
+        notes=notes,
+    )

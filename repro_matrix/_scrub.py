@@ -60,12 +60,18 @@ _SECRET_LABELLED = re.compile(
     """
 )
 # user[:password]@ after a URL scheme
-_URL_CRED = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:/@<>]+)(?::(?P<pw>[^\s/@<>]+))?@")
+_URL_CRED = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<user>[^\s:/@<>]+)(?::(?P<pw>[^\s/@<>]+))?@"
+)
 # a Windows home folder, either slash: C:\Users\alice, c:/Users/alice, D:\Documents and Settings\alice
-_WIN_HOME = re.compile(r"(?i)(?<![\w])[A-Z]:[\\/]+(?:Users|Documents and Settings)[\\/]+(?P<name>[^\\/\s\"'<>:|?*]+)")
+_WIN_HOME = re.compile(
+    r"(?i)(?<![\w])[A-Z]:[\\/]+(?:Users|Documents and Settings)[\\/]+(?P<name>[^\\/\s\"'<>:|?*]+)"
+)
 # a macOS home seen through a volume path; <home> for the whole of it
-_MAC_VOLUME_HOME = re.compile(r"(?<![\w.\-])(?:/System/Volumes/Data|/Volumes/[^/\n]+?)/Users/(?P<name>[A-Za-z0-9_][\w.\-]*?)"
-                              r"(?=/|$|[\s\"'<>:;,)\]])")
+_MAC_VOLUME_HOME = re.compile(
+    r"(?<![\w.\-])(?:/System/Volumes/Data|/Volumes/[^/\n]+?)/Users/(?P<name>[A-Za-z0-9_][\w.\-]*?)"
+    r"(?=/|$|[\s\"'<>:;,)\]])"
+)
 # ~alice/x (a path: not ~/, not "~half of", not a ~ inside a word)
 _TILDE_HOME = re.compile(r"(?<![\w~])~(?P<name>[A-Za-z_][\w.\-]*[\w])(?=/)")
 _SECRET_NAME = re.compile(r"(?i)(key|token|secret|password|passwd|credential)")
@@ -77,9 +83,36 @@ _IPV6_CANDIDATE = re.compile(r"(?<![\w:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0
 _PATH_END = r"(?![\w\-]|\.[\w\-])"
 _KEEP_IPS = {"127.0.0.1", "0.0.0.0", "::1", "::"}
 # names too common to be anyone's (the word "root" in a report is not about a person)
-_GENERIC_NAMES = {"root", "nobody", "user", "admin", "ubuntu", "runner", "localhost", "local", "docker",
-                  "daemon", "bin", "sys", "sync", "games", "man", "mail", "news", "www", "backup", "list",
-                  "proxy", "build", "strata", "ci", "test", "tests", "home", "host"}
+_GENERIC_NAMES = {
+    "root",
+    "nobody",
+    "user",
+    "admin",
+    "ubuntu",
+    "runner",
+    "localhost",
+    "local",
+    "docker",
+    "daemon",
+    "bin",
+    "sys",
+    "sync",
+    "games",
+    "man",
+    "mail",
+    "news",
+    "www",
+    "backup",
+    "list",
+    "proxy",
+    "build",
+    "strata",
+    "ci",
+    "test",
+    "tests",
+    "home",
+    "host",
+}
 
 
 def _machine_names() -> list[str]:
@@ -125,8 +158,14 @@ class Scrubber:
     secrets: list[str] = field(default_factory=list)  # literal values (e.g. from the environment)
 
     @classmethod
-    def for_this_machine(cls, *, extra_homes: Iterable[str] = (), extra_users: Iterable[str] = (),
-                         extra_hosts: Iterable[str] = (), extra_secrets: Iterable[str] = ()) -> Scrubber:
+    def for_this_machine(
+        cls,
+        *,
+        extra_homes: Iterable[str] = (),
+        extra_users: Iterable[str] = (),
+        extra_hosts: Iterable[str] = (),
+        extra_secrets: Iterable[str] = (),
+    ) -> Scrubber:
         homes = [os.path.expanduser("~"), *extra_homes]
         users: list[str] = list(extra_users)
         try:
@@ -168,18 +207,24 @@ class Scrubber:
             return placeholder
 
         # 1. homes, longest first, at a path boundary on both sides
-        homes = sorted({h.rstrip("/") for h in self.homes if h and h.rstrip("/") not in ("", "/")}, key=len,
-                       reverse=True)
+        homes = sorted(
+            {h.rstrip("/") for h in self.homes if h and h.rstrip("/") not in ("", "/")}, key=len, reverse=True
+        )
         for h in homes:
             pat = re.compile(r"(?<![\w.\-])" + re.escape(h) + _PATH_END)
             text = pat.sub(lambda m: note("home", m.group(0), "<home>"), text)
         # any other home folder under a home root, e.g. /home/bob/x in a log from another machine
-        other = re.compile(r"(?<![\w.\-])(?:" + "|".join(re.escape(r) for r in _HOME_ROOTS) + r")"
-                           r"(?P<name>[A-Za-z0-9_](?:[\w\-]|\.(?=[\w\-]))*)" + _PATH_END)
+        other = re.compile(
+            r"(?<![\w.\-])(?:" + "|".join(re.escape(r) for r in _HOME_ROOTS) + r")"
+            r"(?P<name>[A-Za-z0-9_](?:[\w\-]|\.(?=[\w\-]))*)" + _PATH_END
+        )
         extra_users: list[str] = []
 
         def other_home(m: re.Match[str]) -> str:
-            if m.group(0).startswith(("/Users/", "/users/")) and m.group("name").lower() in ("shared", "guest"):
+            if m.group(0).startswith(("/Users/", "/users/")) and m.group("name").lower() in (
+                "shared",
+                "guest",
+            ):
                 return m.group(0)  # macOS's folders for everyone
             extra_users.append(m.group("name"))
             return note("home", m.group(0), "<home>")
@@ -260,12 +305,20 @@ class Scrubber:
         hosts = {h for h in self.hosts if h and len(h) >= 2 and h.lower() not in _GENERIC_NAMES}
         for h in sorted(hosts, key=len, reverse=True):
             # host names are case-insensitive (VM.local, vm and Vm are one machine)
-            text = re.sub(r"(?i)(?<![\w\-])" + re.escape(h) + r"(?![\w\-])",
-                          lambda m: note("host", m.group(0), "<host>"), text)
-        users = {u for u in [*self.users, *extra_users] if u and len(u) >= 2 and u.lower() not in _GENERIC_NAMES}
+            text = re.sub(
+                r"(?i)(?<![\w\-])" + re.escape(h) + r"(?![\w\-])",
+                lambda m: note("host", m.group(0), "<host>"),
+                text,
+            )
+        users = {
+            u for u in [*self.users, *extra_users] if u and len(u) >= 2 and u.lower() not in _GENERIC_NAMES
+        }
         for u in sorted(users, key=len, reverse=True):
-            text = re.sub(r"(?<![\w\-])" + re.escape(u) + r"(?![\w\-])",
-                          lambda m: note("user", m.group(0), "<user>"), text)
+            text = re.sub(
+                r"(?<![\w\-])" + re.escape(u) + r"(?![\w\-])",
+                lambda m: note("user", m.group(0), "<user>"),
+                text,
+            )
         return text, sorted(removed.values(), key=lambda r: (r.kind, r.original))
 
 

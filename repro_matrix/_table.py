@@ -67,29 +67,39 @@ def build_table(records: Sequence[dict[str, Any]], matrix: Matrix) -> pd.DataFra
         short = _short_chunks(rec)
         row: dict[str, Any] = {k: cell.knob(k) for k in knobs}
         loan = plan.get("auto_loan_slots")
-        row.update({
-            "cell": "reference" if cell.reference else cell.origin,
-            "slots": plan.get("n_slots"),
-            "auto chunk": plan.get("auto_chunk"),
-            "ring": plan.get("auto_ring_slots"),
-            "loan": None if loan is None else (f"{loan} of {plan['max_lend_slots']}"
-                                                if plan.get("max_lend_slots") is not None else str(loan)),
-            "short chunk needs": "; ".join(f"{s['chunk']}: {s['slots']} (ring {s['ring']})" for s in short) or "-",
-            "verdict": v.label,
-            "what happened": v.detail,
-            "failing": v.failing,
-            "expected": bool(v.failing and matrix.expected_to_fail(cell)),
-            "labels": ",".join(v.labels),
-            "starts": v.starts,
-            "exits": v.exits,
-            "lend failures": v.lend_failures,
-            "exit codes": ",".join(map(str, v.exit_codes)),
-            "halvings": v.halvings,
-            "differs at": None if v.difference is None else v.difference.position,
-            "near tie": None if v.difference is None else v.difference.near_tie,
-            "prompt tok/s": _mean_tps(rec),
-            "cell_id": rec["cell_id"],
-        })
+        row.update(
+            {
+                "cell": "reference" if cell.reference else cell.origin,
+                "slots": plan.get("n_slots"),
+                "auto chunk": plan.get("auto_chunk"),
+                "ring": plan.get("auto_ring_slots"),
+                "loan": None
+                if loan is None
+                else (
+                    f"{loan} of {plan['max_lend_slots']}"
+                    if plan.get("max_lend_slots") is not None
+                    else str(loan)
+                ),
+                "short chunk needs": "; ".join(
+                    f"{s['chunk']}: {s['slots']} (ring {s['ring']})" for s in short
+                )
+                or "-",
+                "verdict": v.label,
+                "what happened": v.detail,
+                "failing": v.failing,
+                "expected": bool(v.failing and matrix.expected_to_fail(cell)),
+                "labels": ",".join(v.labels),
+                "starts": v.starts,
+                "exits": v.exits,
+                "lend failures": v.lend_failures,
+                "exit codes": ",".join(map(str, v.exit_codes)),
+                "halvings": v.halvings,
+                "differs at": None if v.difference is None else v.difference.position,
+                "near tie": None if v.difference is None else v.difference.near_tie,
+                "prompt tok/s": _mean_tps(rec),
+                "cell_id": rec["cell_id"],
+            }
+        )
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
@@ -104,7 +114,11 @@ def build_table(records: Sequence[dict[str, Any]], matrix: Matrix) -> pd.DataFra
         return _sort_key(v)
 
     df["_keys"] = [tuple(key_of(k, r[k]) for k in knobs) for _, r in df.iterrows()]
-    df = df.sort_values(["_ref", "_keys"], kind="stable").drop(columns=["_ref", "_keys"]).reset_index(drop=True)
+    df = (
+        df.sort_values(["_ref", "_keys"], kind="stable")
+        .drop(columns=["_ref", "_keys"])
+        .reset_index(drop=True)
+    )
     df.attrs["knobs"] = knobs
     return df
 
@@ -200,8 +214,10 @@ def summarize(df: pd.DataFrame) -> str:
                 extra = f" ({halved} halved a chunk, as the invariant allows)"
             lines.append(f"- {name}: all {len(g)} cells pass{extra}")
         elif "expert_cache" in g:
-            lines.append(f"- {name}: {len(bad)} of {len(g)} cells fail ({what}) at expert_cache "
-                         f"{_ranges(list(bad['expert_cache']), list(g['expert_cache']))}")
+            lines.append(
+                f"- {name}: {len(bad)} of {len(g)} cells fail ({what}) at expert_cache "
+                f"{_ranges(list(bad['expert_cache']), list(g['expert_cache']))}"
+            )
         else:
             lines.append(f"- {name}: {len(bad)} of {len(g)} cells fail ({what})")
     return "\n".join(lines) + "\n"

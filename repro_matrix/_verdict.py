@@ -88,8 +88,14 @@ class Verdict:
         return asdict(self)
 
 
-def first_difference(tokens: Sequence[int], ref_tokens: Sequence[int], ref_margins: Sequence[float],
-                     *, prompt: int, near_tie: float) -> Difference | None:
+def first_difference(
+    tokens: Sequence[int],
+    ref_tokens: Sequence[int],
+    ref_margins: Sequence[float],
+    *,
+    prompt: int,
+    near_tie: float,
+) -> Difference | None:
     """The first position where two replies differ, or None when they are equal token for token."""
     n = min(len(tokens), len(ref_tokens))
     for i in range(n):
@@ -102,8 +108,14 @@ def first_difference(tokens: Sequence[int], ref_tokens: Sequence[int], ref_margi
     tok = tokens[i] if i < len(tokens) else None
     ref = ref_tokens[i] if i < len(ref_tokens) else None
     margin = float(ref_margins[i]) if i < len(ref_margins) else None
-    return Difference(prompt=prompt, position=i, token=tok, ref_token=ref, ref_margin=margin,
-                      near_tie=margin is not None and margin < near_tie)
+    return Difference(
+        prompt=prompt,
+        position=i,
+        token=tok,
+        ref_token=ref,
+        ref_margin=margin,
+        near_tie=margin is not None and margin < near_tie,
+    )
 
 
 def _short(text: str, n: int = 160) -> str:
@@ -124,7 +136,9 @@ def _first_replies(record: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def compare_replies(record: dict[str, Any], reference: dict[str, Any], *, near_tie: float = 1e-3) -> Difference | None:
+def compare_replies(
+    record: dict[str, Any], reference: dict[str, Any], *, near_tie: float = 1e-3
+) -> Difference | None:
     """The first difference between two records' replies (each prompt's reply in its first start that
     served it), prompts in order; None when every prompt both served is answered alike."""
     ref = _first_replies(reference)
@@ -132,16 +146,28 @@ def compare_replies(record: dict[str, Any], reference: dict[str, Any], *, near_t
     for k in sorted(mine):
         if k not in ref:
             continue
-        d = first_difference(mine[k]["tokens"], ref[k]["tokens"], ref[k].get("margins", []), prompt=k,
-                             near_tie=near_tie)
+        d = first_difference(
+            mine[k]["tokens"], ref[k]["tokens"], ref[k].get("margins", []), prompt=k, near_tie=near_tie
+        )
         if d is not None:
             return d
     return None
 
 
-def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie: float = 1e-3,
-          fail_on: Sequence[str] = ("engine start failed", "engine exited", "lend failed", "request failed",
-                                    "nondeterministic", "reply differs")) -> Verdict:
+def judge(
+    record: dict[str, Any],
+    reference: dict[str, Any] | None,
+    *,
+    near_tie: float = 1e-3,
+    fail_on: Sequence[str] = (
+        "engine start failed",
+        "engine exited",
+        "lend failed",
+        "request failed",
+        "nondeterministic",
+        "reply differs",
+    ),
+) -> Verdict:
     """The verdict of one cell's record, replies compared with the reference record's (if any)."""
     starts = record.get("starts", [])
     n = len(starts)
@@ -151,7 +177,11 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
     codes: list[int] = []
     start_codes: list[int] = []
     errors: list[str] = []
-    failed_prompts: dict[str, set[int]] = {"lend failed": set(), "engine exited": set(), "request failed": set()}
+    failed_prompts: dict[str, set[int]] = {
+        "lend failed": set(),
+        "engine exited": set(),
+        "request failed": set(),
+    }
     other_codes: set[str] = set()
     for st in starts:
         if st.get("start_error"):
@@ -196,8 +226,9 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
         uniq = sorted(set(start_codes))
         code_s = f", exit code {', '.join(map(str, uniq))}" if uniq else ""
         words = next((st.get("start_message") for st in starts if st.get("start_message")), None)
-        details["engine start failed"] = (f"engine start failed, {n} of {n} starts{code_s}"
-                                          + (f": {_short(words)}" if words else ""))
+        details["engine start failed"] = f"engine start failed, {n} of {n} starts{code_s}" + (
+            f": {_short(words)}" if words else ""
+        )
     if exits:
         labels.add("engine exited")
         uniq = sorted(set(codes))
@@ -219,8 +250,9 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
             first = next((s[k] for s in by_start if k in s), None)
             if first is None or first is r:
                 continue
-            d = first_difference(r["tokens"], first["tokens"], first.get("margins", []), prompt=k,
-                                 near_tie=near_tie)
+            d = first_difference(
+                r["tokens"], first["tokens"], first.get("margins", []), prompt=k, near_tie=near_tie
+            )
             if d is not None and nondet is None:
                 nondet = d
     if nondet is not None:
@@ -242,8 +274,17 @@ def judge(record: dict[str, Any], reference: dict[str, Any] | None, *, near_tie:
         details["ok"] = "every request served" + (", replies equal the reference" if reference else "")
     ordered = [lb for lb in LABELS if lb in labels]
     return Verdict(
-        label=ordered[0], labels=ordered, detail="; ".join(details[lb] for lb in ordered),
-        failing=any(lb in fail_on for lb in ordered), starts=n, exits=exits, lend_failures=lend,
-        exit_codes=sorted(set(codes)), start_exit_codes=sorted(set(start_codes)), halvings=halvings, difference=diff, nondeterministic=nondet,
+        label=ordered[0],
+        labels=ordered,
+        detail="; ".join(details[lb] for lb in ordered),
+        failing=any(lb in fail_on for lb in ordered),
+        starts=n,
+        exits=exits,
+        lend_failures=lend,
+        exit_codes=sorted(set(codes)),
+        start_exit_codes=sorted(set(start_codes)),
+        halvings=halvings,
+        difference=diff,
+        nondeterministic=nondet,
         errors=errors[:5],
     )

@@ -32,10 +32,22 @@ def _err(msg: str) -> int:
 
 
 def _add_decl(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE",
-                   help="a setting shared by every cell (also model=, starts=, max_tokens=, chunks=, lengths=)")
-    p.add_argument("--axis", dest="axes", action="append", default=[], metavar="KNOB=V1,V2,A..B",
-                   help="sweep a knob over values and ranges")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="a setting shared by every cell (also model=, starts=, max_tokens=, chunks=, lengths=)",
+    )
+    p.add_argument(
+        "--axis",
+        dest="axes",
+        action="append",
+        default=[],
+        metavar="KNOB=V1,V2,A..B",
+        help="sweep a knob over values and ranges",
+    )
     p.add_argument("--model", help="preset name (tiny, small) or .gguf file")
     p.add_argument("--starts", type=int, help="engine starts per cell")
     p.add_argument("--max-tokens", type=int, help="tokens per reply (default 64)")
@@ -43,79 +55,134 @@ def _add_decl(p: argparse.ArgumentParser) -> None:
 
 def _add_ci(p: argparse.ArgumentParser) -> None:
     p.add_argument("--junit", type=Path, metavar="FILE", help="write JUnit XML: one test case per cell")
-    p.add_argument("--summary", type=Path, metavar="FILE",
-                   help="append a Markdown summary (for $GITHUB_STEP_SUMMARY)")
+    p.add_argument(
+        "--summary", type=Path, metavar="FILE", help="append a Markdown summary (for $GITHUB_STEP_SUMMARY)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="repro_matrix",
-                                description="Sweep engine configurations, find the failing ones, write the report.",
-                                epilog="exit status: 0 pass, 1 a cell failed (or the matrix as a whole did), "
-                                       "2 usage, 3 incomplete (cells without a result), 130 interrupted")
+    p = argparse.ArgumentParser(
+        prog="repro_matrix",
+        description="Sweep engine configurations, find the failing ones, write the report.",
+        epilog="exit status: 0 pass, 1 a cell failed (or the matrix as a whole did), "
+        "2 usage, 3 incomplete (cells without a result), 130 interrupted",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser("run", help="run a matrix", description="Run every cell of a matrix.")
     r.add_argument("matrix", nargs="?", help="builtin, a TOML file, or - (flags only)")
     r.add_argument("--out", type=Path, help="run directory (default: matrix-out)")
-    r.add_argument("--jobs", type=int, default=1, help="cells at a time on this machine (within its cores/GPUs)")
+    r.add_argument(
+        "--jobs", type=int, default=1, help="cells at a time on this machine (within its cores/GPUs)"
+    )
     r.add_argument("--shard", metavar="K/N", help="run the K-th of N shares of the cells")
-    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="run cells as Ray tasks (a local cluster without ADDRESS; needs the ray extra)")
-    r.add_argument("--resume", type=Path, metavar="DIR", help="finish the run in DIR, skipping finished cells")
+    r.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run cells as Ray tasks (a local cluster without ADDRESS; needs the ray extra)",
+    )
+    r.add_argument(
+        "--resume", type=Path, metavar="DIR", help="finish the run in DIR, skipping finished cells"
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--yes", action="store_true", help="run a matrix of more than 10,000 cells")
     _add_ci(r)
     _add_decl(r)
     r.set_defaults(func=cmd_run)
 
-    b = sub.add_parser("bisect", help="narrow a knob to the exact ranges where cells fail, or find the first "
-                                      "bad commit (--commits)",
-                       description="Between neighbouring passing and failing values of a knob, run the values "
-                                   "in between by bisection until every failing range has exact edges. With "
-                                   "--commits GOOD..BAD CELL: build each candidate commit in a worktree of its "
-                                   "own and name the first commit at which CELL fails, with enough engine "
-                                   "starts per commit for a cell that fails only some of them.")
-    b.add_argument("dir", help="run directory; with --commits, CELL: a run directory (its first failing "
-                               "cell, or DIR:CELL_ID), a TOML matrix of one cell, or - with --set")
+    b = sub.add_parser(
+        "bisect",
+        help="narrow a knob to the exact ranges where cells fail, or find the first bad commit (--commits)",
+        description="Between neighbouring passing and failing values of a knob, run the values "
+        "in between by bisection until every failing range has exact edges. With "
+        "--commits GOOD..BAD CELL: build each candidate commit in a worktree of its "
+        "own and name the first commit at which CELL fails, with enough engine "
+        "starts per commit for a cell that fails only some of them.",
+    )
+    b.add_argument(
+        "dir",
+        help="run directory; with --commits, CELL: a run directory (its first failing "
+        "cell, or DIR:CELL_ID), a TOML matrix of one cell, or - with --set",
+    )
     b.add_argument("--commits", metavar="GOOD..BAD", help="bisect over the commits after GOOD up to BAD")
     b.add_argument("--cell", metavar="ID", help="with --commits: the cell (an id, or its first characters)")
     b.add_argument("--repo", type=Path, help="with --commits: the git repository (default: the one here)")
-    b.add_argument("--build", help="with --commits: the build command run in each worktree (default: cmake "
-                                   "into strata/lib)")
+    b.add_argument(
+        "--build",
+        help="with --commits: the build command run in each worktree (default: cmake into strata/lib)",
+    )
     b.add_argument("--cache", type=Path, help="with --commits: where the built worktrees are kept")
-    b.add_argument("--out", type=Path, help="with --commits: where trials and the answer go "
-                                            "(default: matrix-bisect)")
-    b.add_argument("--calibrate", type=int, default=3, metavar="N",
-                   help="with --commits: starts on BAD first, to measure how often the cell fails (default 3)")
-    b.add_argument("--miss", type=float, default=0.01,
-                   help="with --commits: the chance to call a bad commit good that the starts per commit allow "
-                        "(default 0.01)")
-    b.add_argument("--starts", dest="commit_starts", type=int, metavar="N",
-                   help="with --commits: starts per commit (default: computed from the failure rate)")
-    b.add_argument("--max-starts", type=int, default=60, help="with --commits: at most this many starts per commit")
-    b.add_argument("--set", dest="sets", action="append", default=[], metavar="KNOB=VALUE",
-                   help="with --commits and CELL -: the cell's settings")
+    b.add_argument(
+        "--out", type=Path, help="with --commits: where trials and the answer go (default: matrix-bisect)"
+    )
+    b.add_argument(
+        "--calibrate",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --commits: starts on BAD first, to measure how often the cell fails (default 3)",
+    )
+    b.add_argument(
+        "--miss",
+        type=float,
+        default=0.01,
+        help="with --commits: the chance to call a bad commit good that the starts per commit allow "
+        "(default 0.01)",
+    )
+    b.add_argument(
+        "--starts",
+        dest="commit_starts",
+        type=int,
+        metavar="N",
+        help="with --commits: starts per commit (default: computed from the failure rate)",
+    )
+    b.add_argument(
+        "--max-starts", type=int, default=60, help="with --commits: at most this many starts per commit"
+    )
+    b.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="with --commits and CELL -: the cell's settings",
+    )
     b.add_argument("--knob", default="expert_cache", help="the knob to bisect (whole-number values)")
-    b.add_argument("--where", action="append", default=[], metavar="KNOB=VALUE",
-                   help="only the groups with this setting")
+    b.add_argument(
+        "--where", action="append", default=[], metavar="KNOB=VALUE", help="only the groups with this setting"
+    )
     b.add_argument("--fail-on", help="comma list of verdicts that count as failing (default: those seen)")
     b.add_argument("--jobs", type=int, default=1, help="boundaries searched at the same time")
     b.set_defaults(func=cmd_bisect)
 
-    mg = sub.add_parser("merge", help="combine the run directories of shards into one",
-                        description="Combine shard runs (--shard K/N) of one matrix into one run directory, print "
-                                    "its table, and exit 1 on any failure the matrix does not expect (a CI gate).")
+    mg = sub.add_parser(
+        "merge",
+        help="combine the run directories of shards into one",
+        description="Combine shard runs (--shard K/N) of one matrix into one run directory, print "
+        "its table, and exit 1 on any failure the matrix does not expect (a CI gate).",
+    )
     mg.add_argument("out", type=Path, help="the combined run directory")
-    mg.add_argument("dirs", type=Path, nargs="+", help="shard run directories (one that holds no run counts as "
-                                                       "a missing shard)")
+    mg.add_argument(
+        "dirs",
+        type=Path,
+        nargs="+",
+        help="shard run directories (one that holds no run counts as a missing shard)",
+    )
     _add_ci(mg)
     mg.set_defaults(func=cmd_merge)
 
-    pl = sub.add_parser("plot", help="draw the verdicts as a heat map (cache size x chunk)",
-                        description="Draw the run's verdicts as a heat map: expert-cache size across, the prompts' "
-                                    "chunks up, one panel per value of the other swept knobs.")
+    pl = sub.add_parser(
+        "plot",
+        help="draw the verdicts as a heat map (cache size x chunk)",
+        description="Draw the run's verdicts as a heat map: expert-cache size across, the prompts' "
+        "chunks up, one panel per value of the other swept knobs.",
+    )
     pl.add_argument("dir", type=Path, help="run directory")
-    pl.add_argument("--output", "-o", type=Path, help="image to write, .png/.svg/.pdf (default: DIR/verdicts.png)")
+    pl.add_argument(
+        "--output", "-o", type=Path, help="image to write, .png/.svg/.pdf (default: DIR/verdicts.png)"
+    )
     pl.add_argument("--x", default="expert_cache", help="the knob across (default expert_cache)")
     pl.add_argument("--y", default="chunk", help="'chunk' (each prompt's chunk, the default) or a swept knob")
     pl.set_defaults(func=cmd_plot)
@@ -171,32 +238,55 @@ def _expectation_gate(matrix: Any, failing: int, unexpected: int, whole: bool) -
         return None
     what = "; ".join(", ".join(f"{k}={v}" for k, v in e.items()) for e in matrix.expect_fail)
     if not whole:
-        print(f"note: the matrix expects failures ({what}) and none happened in this shard; the merge of the "
-              "shards decides")
+        print(
+            f"note: the matrix expects failures ({what}) and none happened in this shard; the merge of the "
+            "shards decides"
+        )
         return None
-    text = (f"the matrix expects failures ({what}) and none happened: the harness no longer sees the "
-            "failure it exists to find (check the engine flags and the device the cells ran on, or drop "
-            "expect_fail from the matrix)")
+    text = (
+        f"the matrix expects failures ({what}) and none happened: the harness no longer sees the "
+        "failure it exists to find (check the engine flags and the device the cells ran on, or drop "
+        "expect_fail from the matrix)"
+    )
     print(f"error: {text}")
     return text
 
 
-def _finish(args: argparse.Namespace, out: Path, matrix: Any, records: list[dict[str, Any]], *,
-            whole: bool, shard: str | None = None, missing: list[str] | None = None,
-            problems: list[str] | None = None, incomplete: list[str] | None = None, what: str = "") -> int:
+def _finish(
+    args: argparse.Namespace,
+    out: Path,
+    matrix: Any,
+    records: list[dict[str, Any]],
+    *,
+    whole: bool,
+    shard: str | None = None,
+    missing: list[str] | None = None,
+    problems: list[str] | None = None,
+    incomplete: list[str] | None = None,
+    what: str = "",
+) -> int:
     """Print the table and the verdict line, write the CI files; the exit status (see ``_ci``)."""
     from ._ci import Gate, write_ci_files
     from ._table import verdicts
 
     failing, unexpected = _print_table(out, matrix, records)
-    print(f"{len(records)} cells in {out}{what}; {failing} failing"
-          + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else ""))
+    print(
+        f"{len(records)} cells in {out}{what}; {failing} failing"
+        + (f", {failing - unexpected} of them expected by the matrix" if failing - unexpected else "")
+    )
     problems = list(problems or [])
     gate_problem = _expectation_gate(matrix, failing, unexpected, whole=whole)
     if gate_problem:
         problems.append(gate_problem)
-    gate = Gate(matrix=matrix, records=records, verdicts=verdicts(records, matrix), missing=list(missing or []),
-                problems=problems, incomplete=list(incomplete or []), shard=shard)
+    gate = Gate(
+        matrix=matrix,
+        records=records,
+        verdicts=verdicts(records, matrix),
+        missing=list(missing or []),
+        problems=problems,
+        incomplete=list(incomplete or []),
+        shard=shard,
+    )
     write_ci_files(gate, args.junit, args.summary)
     for label, path in (("JUnit", args.junit), ("summary", args.summary)):
         if path is not None:
@@ -211,7 +301,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.resume:
             if args.matrix or args.sets or args.axes:
-                return _err("--resume DIR runs the matrix saved in DIR; give no MATRIX or --set/--axis with it")
+                return _err(
+                    "--resume DIR runs the matrix saved in DIR; give no MATRIX or --set/--axis with it"
+                )
             out = args.resume
             matrix = RunDir(out).matrix()
             if args.shard is None:  # a shard's resume finishes that shard, not the whole matrix
@@ -224,10 +316,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         size = matrix.size()
         print(f"{size:,} cells", file=sys.stderr)
         if size > MAX_CELLS_WITHOUT_YES and not args.yes:
-            return _err(f"the matrix has {size:,} cells (more than {MAX_CELLS_WITHOUT_YES:,}); pass --yes to run "
-                        "them, or narrow its axes")
-        opts = RunOptions(out=out, jobs=args.jobs, shard=args.shard, ray=args.ray, resume=bool(args.resume),
-                          progress=not args.no_progress)
+            return _err(
+                f"the matrix has {size:,} cells (more than {MAX_CELLS_WITHOUT_YES:,}); pass --yes to run "
+                "them, or narrow its axes"
+            )
+        opts = RunOptions(
+            out=out,
+            jobs=args.jobs,
+            shard=args.shard,
+            ray=args.ray,
+            resume=bool(args.resume),
+            progress=not args.no_progress,
+        )
         res = run_matrix(matrix, opts)
     except MatrixError as e:
         return _err(str(e))
@@ -239,7 +339,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if res.skipped:
         print(f"resumed: skipped {len(res.skipped)} finished cells, ran {len(res.ran)}", file=sys.stderr)
     shard = args.shard
-    code = _finish(args, out, matrix, res.records, whole=not shard, shard=shard, what=f" ({len(res.ran)} run now)")
+    code = _finish(
+        args, out, matrix, res.records, whole=not shard, shard=shard, what=f" ({len(res.ran)} run now)"
+    )
     print(f"next: repro_matrix bisect {out}   |   repro_matrix report {out}")
     return code
 
@@ -268,7 +370,9 @@ def _commit_cell(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | N
         if want:
             hits = [r for r in records if r["cell_id"].startswith(want)]
             if len(hits) != 1:
-                raise MatrixError(f"{len(hits)} cells of {spec} have an id that starts with {want!r}; give more of it")
+                raise MatrixError(
+                    f"{len(hits)} cells of {spec} have an id that starts with {want!r}; give more of it"
+                )
             rec = hits[0]
         else:
             vs = verdicts(records, matrix)
@@ -282,8 +386,10 @@ def _commit_cell(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any] | N
     if want:
         cells = [c for c in cells if c.cell_id.startswith(want)]
     if len(cells) != 1:
-        raise MatrixError(f"{spec} declares {len(cells)} cells besides the reference; bisect one: --cell ID "
-                          f"({', '.join(c.cell_id for c in cells[:6])})")
+        raise MatrixError(
+            f"{spec} declares {len(cells)} cells besides the reference; bisect one: --cell ID "
+            f"({', '.join(c.cell_id for c in cells[:6])})"
+        )
     return matrix, cells[0], None, None
 
 
@@ -295,19 +401,40 @@ def cmd_bisect_commits(args: argparse.Namespace) -> int:
     good, sep, bad = args.commits.partition("..")
     if not sep or not good or not bad:
         return _err(f"--commits {args.commits!r}: write GOOD..BAD (two commits, tags or branches)")
-    if args.calibrate < 1 or not 0 < args.miss < 1 or (args.commit_starts is not None and args.commit_starts < 1):
+    if (
+        args.calibrate < 1
+        or not 0 < args.miss < 1
+        or (args.commit_starts is not None and args.commit_starts < 1)
+    ):
         return _err("--calibrate and --starts need at least 1, --miss a probability between 0 and 1")
     try:
         repo = repo_root(args.repo or Path.cwd())
         matrix, cell, rec, ref = _commit_cell(args)
         fail_on = [x.strip() for x in args.fail_on.split(",")] if args.fail_on else None
-        builds = Builds(repo, args.cache or default_cache(repo), args.build or DEFAULT_BUILD,
-                        log=lambda t: print(f"bisect: {t}", file=sys.stderr))
+        builds = Builds(
+            repo,
+            args.cache or default_cache(repo),
+            args.build or DEFAULT_BUILD,
+            log=lambda t: print(f"bisect: {t}", file=sys.stderr),
+        )
         out = args.out or Path("matrix-bisect")
-        res = bisect_commits(repo, good, bad, matrix, cell, builds=builds, labels=fail_on, source=rec,
-                             source_reference=ref, calibrate=args.calibrate, miss=args.miss,
-                             max_starts=args.max_starts, starts=args.commit_starts, out=out,
-                             log=lambda t: print(f"bisect: {t}", file=sys.stderr))
+        res = bisect_commits(
+            repo,
+            good,
+            bad,
+            matrix,
+            cell,
+            builds=builds,
+            labels=fail_on,
+            source=rec,
+            source_reference=ref,
+            calibrate=args.calibrate,
+            miss=args.miss,
+            max_starts=args.max_starts,
+            starts=args.commit_starts,
+            out=out,
+            log=lambda t: print(f"bisect: {t}", file=sys.stderr),
+        )
     except MatrixError as e:
         return _err(str(e))
     print(res.text())
@@ -358,21 +485,30 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             continue
         seen = sorted({lb for r in recs for lb in vs[r["cell_id"]].labels if lb in matrix.fail_on})
         fail_on = [x.strip() for x in args.fail_on.split(",")] if args.fail_on else seen
-        known = {int(str(value_of(r, knob))): any(lb in fail_on for lb in vs[r["cell_id"]].labels) for r in recs}
+        known = {
+            int(str(value_of(r, knob))): any(lb in fail_on for lb in vs[r["cell_id"]].labels) for r in recs
+        }
         labels = {int(str(value_of(r, knob))): vs[r["cell_id"]].label for r in recs}
         template = Cell.from_dict(recs[0]["cell"])
         by_id = {r["cell_id"]: r for r in records}
 
-        def probe(v: int, template: Cell = template, fail_on: list[str] = fail_on,
-                  labels: dict[int, str] = labels, by_id: dict[str, Any] = by_id,
-                  key: tuple[Any, ...] = key) -> bool:
+        def probe(
+            v: int,
+            template: Cell = template,
+            fail_on: list[str] = fail_on,
+            labels: dict[int, str] = labels,
+            by_id: dict[str, Any] = by_id,
+            key: tuple[Any, ...] = key,
+        ) -> bool:
             settings = {**template.engine, **template.request, knob: _normalize(knob, v)}
             cell = Cell.make(settings, origin="bisect")
             with lock:
                 rec = by_id.get(cell.cell_id)
             if rec is None:
-                print(f"bisect: running {knob}={v} ({', '.join(f'{k}={x}' for k, x in zip(others, key, strict=True))})",
-                      file=sys.stderr)
+                print(
+                    f"bisect: running {knob}={v} ({', '.join(f'{k}={x}' for k, x in zip(others, key, strict=True))})",
+                    file=sys.stderr,
+                )
                 rec = run_cell(matrix, cell)
                 rec["backend"] = "local"
                 rd.append(rec)
@@ -387,8 +523,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         results.append(res)
         texts.append(format_result(res, labels))
     if not results:
-        return _err(f"no group of cells in {args.dir} has whole-number values of {knob}"
-                    + (f" with {where}" if where else ""))
+        return _err(
+            f"no group of cells in {args.dir} has whole-number values of {knob}"
+            + (f" with {where}" if where else "")
+        )
     text = "\n".join(texts)
     print(text)
     (rd.path / "bisect.json").write_text(json.dumps([r.to_dict() for r in results], indent=1))
@@ -410,18 +548,36 @@ def cmd_merge(args: argparse.Namespace) -> int:
     for d in res.missing_runs:
         incomplete.append(f"{d} holds no run: a shard that did not run or whose results were not collected")
     if res.missing_shards:
-        incomplete.append(f"shard {', '.join(res.missing_shards)} missing: no run directory given is that shard")
+        incomplete.append(
+            f"shard {', '.join(res.missing_shards)} missing: no run directory given is that shard"
+        )
     if res.missing_cells:
-        incomplete.append(f"{len(res.missing_cells)} of the matrix's {len(res.matrix.cells())} cells have no result "
-                          "in these runs")
-    problems = [f"the reference cell replied otherwise in {d}: the shards' runners do not compute alike, so "
-                "their cells cannot be compared with one reference" for d in res.reference_differs]
+        incomplete.append(
+            f"{len(res.missing_cells)} of the matrix's {len(res.matrix.cells())} cells have no result "
+            "in these runs"
+        )
+    problems = [
+        f"the reference cell replied otherwise in {d}: the shards' runners do not compute alike, so "
+        "their cells cannot be compared with one reference"
+        for d in res.reference_differs
+    ]
     for text in problems:
         print(f"error: {text}", file=sys.stderr)
-    code = _finish(args, args.out, res.matrix, res.records, whole=True, missing=res.missing_cells,
-                   problems=problems, incomplete=incomplete, what=f" from {len(args.dirs)} runs")
+    code = _finish(
+        args,
+        args.out,
+        res.matrix,
+        res.records,
+        whole=True,
+        missing=res.missing_cells,
+        problems=problems,
+        incomplete=incomplete,
+        what=f" from {len(args.dirs)} runs",
+    )
     for text in incomplete:
-        print(f"error: incomplete: {text}; the merged verdict covers only part of the matrix", file=sys.stderr)
+        print(
+            f"error: incomplete: {text}; the merged verdict covers only part of the matrix", file=sys.stderr
+        )
     return code
 
 
@@ -440,8 +596,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         print(f"note: {n}", file=sys.stderr)
     for axis, knob in (("--x", args.x), ("--y", args.y)):
         if knob != "chunk" and knob not in ENGINE_KNOBS and knob not in REQUEST_KNOBS:
-            return _err(f"{axis} {knob!r}: give a knob of the matrix ({', '.join(matrix.swept_knobs()) or 'none swept'})"
-                        + (" or chunk" if axis == "--y" else ""))
+            return _err(
+                f"{axis} {knob!r}: give a knob of the matrix ({', '.join(matrix.swept_knobs()) or 'none swept'})"
+                + (" or chunk" if axis == "--y" else "")
+            )
     try:
         path = plot_verdicts(matrix, records, args.output or rd.path / "verdicts.png", x=args.x, y=args.y)
     except ValueError as e:

@@ -40,7 +40,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     src = s.add_mutually_exclusive_group()
     src.add_argument("--prompt-ids", type=parse_ids, help="prompt as token ids: 1,2,3")
     src.add_argument("--tokens", type=int, default=256, help="a prompt of N random token ids (default 256)")
-    s.add_argument("--max-tokens", type=int, default=256, help="tokens to generate while learning (default 256)")
+    s.add_argument(
+        "--max-tokens", type=int, default=256, help="tokens to generate while learning (default 256)"
+    )
     s.add_argument("--seed", type=int, default=0, help="seed of the random prompt")
     add_engine_args(s)
     s.set_defaults(func=run_save)
@@ -57,7 +59,9 @@ def run_save(args: argparse.Namespace) -> int:
         print(f"strata profile save: {e}", file=sys.stderr)
         return 2
     if args.max_tokens < 0 or (args.prompt_ids is None and args.tokens < 1):
-        print("strata profile save: --tokens must be at least 1 and --max-tokens not negative", file=sys.stderr)
+        print(
+            "strata profile save: --tokens must be at least 1 and --max-tokens not negative", file=sys.stderr
+        )
         return 2
     if args.model:
         model = Path(args.model)
@@ -72,7 +76,9 @@ def run_save(args: argparse.Namespace) -> int:
             else:
                 n = min(args.tokens, eng.plan.max_context - args.max_tokens)
                 if n < 1:
-                    raise StrataError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in the context")
+                    raise StrataError(
+                        f"--max-tokens {args.max_tokens} leaves no room for a prompt in the context"
+                    )
                 rng = np.random.default_rng(args.seed)
                 prompt = rng.integers(0, eng.info.n_vocab, n).tolist()
             r = eng.generate(prompt, max_tokens=args.max_tokens, stop_at_eos=False)

@@ -93,11 +93,15 @@ class EngineConfig:
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"--{name.replace('_', '-')}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')}: {getattr(self, name)!r} is not one of {', '.join(allowed)}"
+                )
         if self.expert_cache != "auto" and not re.fullmatch(r"\d+", str(self.expert_cache)):
             raise ValueError(f"--expert-cache: {self.expert_cache!r} is not 'auto' or a slot count")
         if not re.fullmatch(r"auto(:\d+)?|\d+", str(self.prefill)):
-            raise ValueError(f"--prefill: {self.prefill!r} is not 'auto', 'auto:MAX' or a chunk size in tokens")
+            raise ValueError(
+                f"--prefill: {self.prefill!r} is not 'auto', 'auto:MAX' or a chunk size in tokens"
+            )
         if self.lend_pct is not None and not 0 < self.lend_pct <= 1:
             raise ValueError(f"--lend-pct: {self.lend_pct} is not in (0, 1]")
         if self.adapt_decay is not None and not 0 <= self.adapt_decay <= 1:
@@ -141,25 +145,42 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="backend (default: cpu)")
-    g.add_argument("--vram-budget", type=parse_size, help="device memory to plan for, e.g. 12GiB (CPU: emulated)")
+    g.add_argument(
+        "--vram-budget", type=parse_size, help="device memory to plan for, e.g. 12GiB (CPU: emulated)"
+    )
     g.add_argument("--vram-reserve-mib", type=int, help="MiB of the budget left free")
     g.add_argument("--max-context", type=int, help="tokens of KV cache (default: min(train context, 4096))")
     g.add_argument("--kv", default="f16", choices=["f16", "int8"], help="KV cache type")
     g.add_argument("--expert-cache", default="auto", help="expert-cache slots: auto or N")
     g.add_argument("--prefill", default="auto", help="prompt chunk: auto, auto:MAX or N tokens")
-    g.add_argument("--lend-policy", default="current", choices=["current", "legacy"], help="how the prompt path borrows slots")
-    g.add_argument("--lend-floor", type=int, help="slots never lent (default 128, or a quarter of a small cache)")
+    g.add_argument(
+        "--lend-policy",
+        default="current",
+        choices=["current", "legacy"],
+        help="how the prompt path borrows slots",
+    )
+    g.add_argument(
+        "--lend-floor", type=int, help="slots never lent (default 128, or a quarter of a small cache)"
+    )
     g.add_argument("--lend-pct", type=float, help="most of the cache that may be lent (0..1)")
-    g.add_argument("--miss", default="auto", choices=["host", "copy", "read", "auto"],
-                   help="a decode miss: run on the host, copy into a slot, or (cuda) read from pinned host RAM by the "
-                        "device; auto: host or copy, split by measured rates")
-    g.add_argument("--cache-policy", default="adaptive", choices=["adaptive", "lru"], help="decode cache policy")
+    g.add_argument(
+        "--miss",
+        default="auto",
+        choices=["host", "copy", "read", "auto"],
+        help="a decode miss: run on the host, copy into a slot, or (cuda) read from pinned host RAM by the "
+        "device; auto: host or copy, split by measured rates",
+    )
+    g.add_argument(
+        "--cache-policy", default="adaptive", choices=["adaptive", "lru"], help="decode cache policy"
+    )
     g.add_argument("--adapt-every", type=int, help="decode tokens between adaptive swaps")
     g.add_argument("--adapt-swaps", type=int, help="most experts swapped in per adaptation")
     g.add_argument("--adapt-decay", type=float, help="decay of routing counts per adaptation")
     g.add_argument("--expert-profile", help="file of ranked (layer, expert) pairs to fill the cache at start")
     g.add_argument("--host-ram-budget", type=parse_size, help="host RAM the plan may pin or borrow")
-    g.add_argument("--simd", default="auto", choices=["auto", "scalar", "avx2", "avx512"], help="CPU kernel level")
+    g.add_argument(
+        "--simd", default="auto", choices=["auto", "scalar", "avx2", "avx512"], help="CPU kernel level"
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:

@@ -406,9 +406,20 @@ class Engine:
         """
         if logits_processor is not None:
             return self._generate_processed(
-                prompt_ids, logits_processor, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                top_p=top_p, min_p=min_p, seed=seed, stop_tokens=stop_tokens, stop_at_eos=stop_at_eos,
-                on_token=on_token, on_prompt=on_prompt, top_logits=top_logits)
+                prompt_ids,
+                logits_processor,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                min_p=min_p,
+                seed=seed,
+                stop_tokens=stop_tokens,
+                stop_at_eos=stop_at_eos,
+                on_token=on_token,
+                on_prompt=on_prompt,
+                top_logits=top_logits,
+            )
         buf, n = self._token_array(prompt_ids)
         gp = C.strata_default_generate_params()
         gp.sampling.temperature = float(temperature)
@@ -497,11 +508,16 @@ class Engine:
     ) -> GenerateResult:
         """``generate`` with a logits processor: strata_generate's loop, one C call per step."""
         buf, n = self._token_array(prompt_ids)
-        sp = C.StrataSampling(float(temperature), int(top_k), float(top_p), float(min_p), int(seed) & (2**64 - 1))
+        sp = C.StrataSampling(
+            float(temperature), int(top_k), float(top_p), float(min_p), int(seed) & (2**64 - 1)
+        )
         smp = ctypes.c_void_p()
         if C.strata_sampler_init(ctypes.byref(sp), ctypes.byref(smp)) != 0:
-            raise error_for_status(1, "generate: sampling settings out of range (temperature >= 0, 0 < top_p <= 1, "
-                                      "0 <= min_p <= 1, top_k >= 0)")
+            raise error_for_status(
+                1,
+                "generate: sampling settings out of range (temperature >= 0, 0 < top_p <= 1, "
+                "0 <= min_p <= 1, top_k >= 0)",
+            )
         room = generation_room(self.plan.max_context, self.n_past, n)
         limit = max(0, min(int(max_tokens), room)) if room > 0 else int(max_tokens)
         stops = {int(t) for t in stop_tokens}
@@ -527,7 +543,11 @@ class Engine:
             while finish != "cancelled" and len(tokens) < limit:
                 x = self.logits()
                 processor(x)
-                tok = int(C.strata_sampler_sample(smp.value or 0, x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), x.size))
+                tok = int(
+                    C.strata_sampler_sample(
+                        smp.value or 0, x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), x.size
+                    )
+                )
                 if tok < 0 or tok in stops:
                     finish = "stop"
                     break
@@ -548,9 +568,14 @@ class Engine:
         read = n
         if finish == "cancelled" and after.prompt_tokens - before.prompt_tokens < n:
             read = min(n, after.prompt_done)
-        return GenerateResult(tokens=tokens, finish_reason=finish, prompt_tokens=read,
-                              prompt_ms=after.prompt_ms - before.prompt_ms,
-                              decode_ms=after.decode_ms - before.decode_ms, top=top)
+        return GenerateResult(
+            tokens=tokens,
+            finish_reason=finish,
+            prompt_tokens=read,
+            prompt_ms=after.prompt_ms - before.prompt_ms,
+            decode_ms=after.decode_ms - before.decode_ms,
+            top=top,
+        )
 
     # ---- observability -----------------------------------------------------------------------------
 

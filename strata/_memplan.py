@@ -56,7 +56,9 @@ def predict(eng: Engine, n_tokens: int) -> Prediction:
     t = request_chunk(plan.auto_chunk, n_tokens)
     need = eng.layout(t).slots_needed
     if plan.lend_policy == 1:  # legacy: the loan is the auto chunk's
-        verdict: Literal["ok", "halved", "lend failed"] = "lend failed" if need > plan.auto_loan_slots else "ok"
+        verdict: Literal["ok", "halved", "lend failed"] = (
+            "lend failed" if need > plan.auto_loan_slots else "ok"
+        )
         return Prediction(n_tokens, t, t, need, plan.auto_loan_slots, 0, verdict)
     used, halvings, lay_need = t, 0, need
     while lay_need > plan.max_lend_slots and used > 1:

@@ -76,9 +76,14 @@ def _text_of(content: Any, where: str) -> str:
     if isinstance(content, list):
         parts = []
         for k, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ChatTemplateError(f"{where}.content[{k}]: only text parts are supported "
-                                        '({"type": "text", "text": "..."})')
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise ChatTemplateError(
+                    f'{where}.content[{k}]: only text parts are supported ({{"type": "text", "text": "..."}})'
+                )
             parts.append(part["text"])
         return "".join(parts)
     raise ChatTemplateError(f"{where}.content: must be a string or a list of text parts")
@@ -164,8 +169,14 @@ class ChatTemplate:
     ``control_tokens`` are the texts that the tokenizer turns into control tokens
     (``Tokenizer.control_texts``); ``render_prompt`` keeps the request from writing them."""
 
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "",
-                 control_tokens: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        source: str | None,
+        *,
+        bos_token: str = "",
+        eos_token: str = "",
+        control_tokens: Iterable[str] = (),
+    ) -> None:
         self.is_fallback = not source
         self.source = source or FALLBACK_TEMPLATE
         self.bos_token = bos_token
@@ -200,13 +211,22 @@ class ChatTemplate:
         if self._control is not None:
             found = sorted({m.group(0) for s in _strings(request) for m in self._control.finditer(s)})
             if found:
-                used = {ord(c) for s in (*_strings(request), self.source, self.bos_token, self.eos_token)
-                        for c in _PLANE.findall(s)}
+                used = {
+                    ord(c)
+                    for s in (*_strings(request), self.source, self.bos_token, self.eos_token)
+                    for c in _PLANE.findall(s)
+                }
                 free = (c for c in range(_PLACEHOLDER_FIRST, _PLACEHOLDER_LAST + 1) if c not in used)
                 table = {t: chr(next(free)) for t in found}
                 messages, tools, extra, reasoning_effort = _mask(request, self._control, table)
-        text = self._render(messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                            enable_thinking=enable_thinking, reasoning_effort=reasoning_effort, extra=extra)
+        text = self._render(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            enable_thinking=enable_thinking,
+            reasoning_effort=reasoning_effort,
+            extra=extra,
+        )
         return Prompt(text, {c: t for t, c in table.items()})
 
     def _render(
@@ -224,7 +244,11 @@ class ChatTemplate:
         ctx: dict[str, Any] = dict(extra or {})
         if reasoning_effort is not None:
             ctx["reasoning_effort"] = reasoning_effort
-            if enable_thinking is None and "enable_thinking" not in ctx and reasoning_effort in ("none", "minimal"):
+            if (
+                enable_thinking is None
+                and "enable_thinking" not in ctx
+                and reasoning_effort in ("none", "minimal")
+            ):
                 enable_thinking = False
         if enable_thinking is not None:
             ctx["enable_thinking"] = bool(enable_thinking)
@@ -243,4 +267,6 @@ class ChatTemplate:
         except TemplateError as e:
             raise ChatTemplateError(f"the model's chat template failed on these messages: {e}") from e
         except (TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
-            raise ChatTemplateError(f"the model's chat template failed on these messages: {type(e).__name__}: {e}") from e
+            raise ChatTemplateError(
+                f"the model's chat template failed on these messages: {type(e).__name__}: {e}"
+            ) from e

@@ -81,7 +81,23 @@ class _Vocab:
         return self._tok.encode(s, add_special=False, parse_special=False)
 
 
-_CLOSERS = [b'"', b"}", b"]", b",", b"0", b"1", b"e", b"l", b"r", b"u", b"a", b"s", b"n", b"f", b"t"]  # see the module docstring
+_CLOSERS = [
+    b'"',
+    b"}",
+    b"]",
+    b",",
+    b"0",
+    b"1",
+    b"e",
+    b"l",
+    b"r",
+    b"u",
+    b"a",
+    b"s",
+    b"n",
+    b"f",
+    b"t",
+]  # see the module docstring
 
 
 class Grammars:
@@ -94,7 +110,11 @@ class Grammars:
         self.eog = sorted(tok.eog_ids) or ([tok.eos_id] if tok.eos_id >= 0 else [])
         vocab = _Vocab(tok)
         self.lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab), eos_token=self.eog or None)
-        one = {b: i for i, b in reversed(list(enumerate(vocab.tokens))) if len(b) == 1 and i not in vocab.special_token_ids}
+        one = {
+            b: i
+            for i, b in reversed(list(enumerate(vocab.tokens)))
+            if len(b) == 1 and i not in vocab.special_token_ids
+        }
         self.closers = [one[c] for c in _CLOSERS if c in one]
         self.lengths = np.array([len(b) for b in vocab.tokens], dtype=np.int64)
 

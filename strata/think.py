@@ -50,7 +50,9 @@ class ThinkSplitter:
                 self.inside = not self.inside
                 continue
             # keep back the longest tail that is a prefix of the tag
-            keep = next((n for n in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-n:])), 0)
+            keep = next(
+                (n for n in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-n:])), 0
+            )
             out, self._held = text[: len(text) - keep], text[len(text) - keep :]
             if self.inside:
                 reasoning += out

@@ -41,10 +41,22 @@ TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 
 # texts of tokens that end a turn in the chat formats of common model families
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
-    "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>",
-})
+_EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<|return|>",
+        "<|call|>",
+    }
+)
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -54,7 +66,11 @@ class TokenizerError(ValueError):
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map of the 256 byte values to printable characters."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table = {b: chr(b) for b in keep}
     n = 0
     for b in range(256):
@@ -103,8 +119,10 @@ def _bpe(source: str, models: Any, **kwargs: Any) -> Any:
     try:
         return models.BPE(**kwargs)
     except Exception as e:  # the tokenizers library raises plain Exception for a vocabulary it refuses
-        raise TokenizerError(f"{source}: the vocabulary is damaged ({e}); the file is corrupt or was written by a "
-                             f"converter that strata does not know") from None
+        raise TokenizerError(
+            f"{source}: the vocabulary is damaged ({e}); the file is corrupt or was written by a "
+            f"converter that strata does not know"
+        ) from None
 
 
 class Tokenizer:
@@ -169,10 +187,19 @@ class Tokenizer:
         elif self.kind == "llama":
             scores = meta.get("tokenizer.ggml.scores")
             if scores is None:
-                raise TokenizerError(f"{source}: a llama (SentencePiece) vocabulary needs tokenizer.ggml.scores")
+                raise TokenizerError(
+                    f"{source}: a llama (SentencePiece) vocabulary needs tokenizer.ggml.scores"
+                )
             unk = self.tokens[self.unk_id] if self.unk_id >= 0 else None
-            bpe = _bpe(source, models, vocab=index, merges=_spm_merges(self.tokens, scores), unk_token=unk,
-                       byte_fallback=True, fuse_unk=True)
+            bpe = _bpe(
+                source,
+                models,
+                vocab=index,
+                merges=_spm_merges(self.tokens, scores),
+                unk_token=unk,
+                byte_fallback=True,
+                fuse_unk=True,
+            )
             hf = HFTokenizer(bpe)
             self.add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
             self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
@@ -186,12 +213,17 @@ class Tokenizer:
         self._hf = hf
 
         # special tokens are matched in the text before the ordinary tokenizer runs, longest first
-        special = [i for i, t in enumerate(self.token_types)
-                   if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and self.tokens[i]]
+        special = [
+            i
+            for i, t in enumerate(self.token_types)
+            if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and self.tokens[i]
+        ]
         self._special_all = self._matcher(special)
         self._special_user = self._matcher([i for i in special if self.token_types[i] == TOKEN_USER_DEFINED])
         # the texts that only parse_special turns into tokens (the rest are matched either way)
-        self.control_texts: frozenset[str] = frozenset(self._special_all[1]) - frozenset(self._special_user[1])
+        self.control_texts: frozenset[str] = frozenset(self._special_all[1]) - frozenset(
+            self._special_user[1]
+        )
         self._max_token_bytes = max((len(b) for b in self._token_bytes), default=1) or 1
 
         eog = {i for i in (self.eos_id, self.eot_id) if i >= 0}
@@ -283,8 +315,9 @@ class Tokenizer:
         # a thread leaves the server's event loop running
         return list(self._hf.encode_batch([text], add_special_tokens=False)[0].ids)
 
-    def _pieces(self, text: str, parse_special: bool,
-                placeholders: Mapping[str, str] | None) -> Iterator[tuple[int | None, str]]:
+    def _pieces(
+        self, text: str, parse_special: bool, placeholders: Mapping[str, str] | None
+    ) -> Iterator[tuple[int | None, str]]:
         if not placeholders:
             yield from self._partition(text, parse_special)
             return
@@ -306,8 +339,14 @@ class Tokenizer:
             return 0
         return -(-len(text.encode("utf-8", "surrogatepass")) // self._max_token_bytes)
 
-    def encode(self, text: str, *, add_special: bool = False, parse_special: bool = True,
-               placeholders: Mapping[str, str] | None = None) -> list[int]:
+    def encode(
+        self,
+        text: str,
+        *,
+        add_special: bool = False,
+        parse_special: bool = True,
+        placeholders: Mapping[str, str] | None = None,
+    ) -> list[int]:
         """Token ids of ``text``. ``add_special`` adds BOS/EOS as the model asks for them;
         ``parse_special`` turns the text of control tokens (``<|im_start|>``) into those tokens.
 
@@ -343,7 +382,9 @@ class Tokenizer:
         for i in ids:
             i = int(i)
             if not 0 <= i < len(self._token_bytes):
-                raise TokenizerError(f"token id {i} is outside the vocabulary (0..{len(self._token_bytes) - 1})")
+                raise TokenizerError(
+                    f"token id {i} is outside the vocabulary (0..{len(self._token_bytes) - 1})"
+                )
             if skip_special and self.is_special(i):
                 continue
             out += self._token_bytes[i]

@@ -52,7 +52,9 @@ class StrataChat(App[None]):
         self.newline_keys = newline_keys
         self.client: ChatClient | None = ChatClient(server_url, api_key) if server_url else None
         self.store = Store(db_path)
-        self._db_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="strata-chat-db")
+        self._db_thread = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="strata-chat-db"
+        )
         self.collector = QuietCollector()
 
     def set_server_url(self, url: str) -> None:
@@ -85,23 +87,42 @@ class StrataChat(App[None]):
         chat = self.chat
         if chat is None:
             return
-        yield SystemCommand("New conversation", "Start a new conversation (/new)", chat.action_new_conversation)
+        yield SystemCommand(
+            "New conversation", "Start a new conversation (/new)", chat.action_new_conversation
+        )
         yield SystemCommand("Regenerate", "Regenerate the last reply (/regen)", chat.action_regenerate)
-        yield SystemCommand("Edit last message", "Edit the last message and send it again (/edit)", chat.action_edit_last)
+        yield SystemCommand(
+            "Edit last message", "Edit the last message and send it again (/edit)", chat.action_edit_last
+        )
         yield SystemCommand("Cancel reply", "Stop the reply in flight (Esc)", chat.action_cancel)
-        yield SystemCommand("Copy last reply", "Copy the last reply to the clipboard (/copy)", chat.action_copy_last)
-        yield SystemCommand("Export to Markdown", "Write the conversation as Markdown (/export)", chat.action_export)
-        yield SystemCommand("Rename conversation", "Give the conversation a title (/rename)", chat.action_rename)
+        yield SystemCommand(
+            "Copy last reply", "Copy the last reply to the clipboard (/copy)", chat.action_copy_last
+        )
+        yield SystemCommand(
+            "Export to Markdown", "Write the conversation as Markdown (/export)", chat.action_export
+        )
+        yield SystemCommand(
+            "Rename conversation", "Give the conversation a title (/rename)", chat.action_rename
+        )
         yield SystemCommand("Delete conversation", "Delete the conversation (/delete)", chat.action_delete)
         yield SystemCommand(
-            "System prompt and sampling", "System prompt, temperature, top-p, max tokens, seed, thinking (/settings)",
+            "System prompt and sampling",
+            "System prompt, temperature, top-p, max tokens, seed, thinking (/settings)",
             chat.action_settings,
         )
-        yield SystemCommand("Thinking on/off", "Toggle thinking for this conversation (/think)", chat.action_toggle_thinking)
-        yield SystemCommand("Search conversations", "Search titles and messages (/search)", chat.action_search)
-        yield SystemCommand("Model and server", "Show the server and model (/model)", lambda: self._slash("/model"))
+        yield SystemCommand(
+            "Thinking on/off", "Toggle thinking for this conversation (/think)", chat.action_toggle_thinking
+        )
+        yield SystemCommand(
+            "Search conversations", "Search titles and messages (/search)", chat.action_search
+        )
+        yield SystemCommand(
+            "Model and server", "Show the server and model (/model)", lambda: self._slash("/model")
+        )
         yield SystemCommand("Reconnect", "Try the server again now (/reconnect)", chat.action_reconnect)
-        yield SystemCommand("Toggle sidebar", "Show or hide the conversation list", chat.action_toggle_sidebar)
+        yield SystemCommand(
+            "Toggle sidebar", "Show or hide the conversation list", chat.action_toggle_sidebar
+        )
         yield SystemCommand("Toggle engine panel", "Show or hide the engine panel", chat.action_toggle_engine)
         yield SystemCommand("Help", "Every key and command (F1)", chat.action_help)
 

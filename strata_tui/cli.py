@@ -30,15 +30,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", type=Path, help="GGUF model file to serve for this chat")
-    src.add_argument("--server", help="URL of a running OpenAI-compatible server (e.g. http://127.0.0.1:8080)")
-    p.add_argument("--api-key", default=os.environ.get("STRATA_API_KEY"), help="API key for the server (env STRATA_API_KEY)")
+    src.add_argument(
+        "--server", help="URL of a running OpenAI-compatible server (e.g. http://127.0.0.1:8080)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("STRATA_API_KEY"),
+        help="API key for the server (env STRATA_API_KEY)",
+    )
     p.add_argument("--model-name", help="model id to ask the server for (default: the first it lists)")
     p.add_argument(
         "--newline-key",
         default=os.environ.get("STRATA_NEWLINE_KEY"),
         help="key that inserts a new line in the message (default: ctrl+j; shift+enter and alt+enter where the terminal sends them)",
     )
-    p.add_argument("--db", type=Path, help="conversation database (default: chat.sqlite3 in the user data folder; STRATA_DATA_DIR overrides)")
+    p.add_argument(
+        "--db",
+        type=Path,
+        help="conversation database (default: chat.sqlite3 in the user data folder; STRATA_DATA_DIR overrides)",
+    )
     add_engine_args(p)
     p.set_defaults(func=run)
     return p
@@ -51,8 +61,13 @@ def run(args: argparse.Namespace) -> int:
     newline = (args.newline_key,) if args.newline_key else _DEFAULT_NEWLINE
     proc = None
     if args.server:
-        app = StrataChat(server_url=args.server, api_key=args.api_key, db_path=args.db,
-                         model_name=args.model_name, newline_keys=newline)
+        app = StrataChat(
+            server_url=args.server,
+            api_key=args.api_key,
+            db_path=args.db,
+            model_name=args.model_name,
+            newline_keys=newline,
+        )
     else:
         cfg = config_from_args(args)
         problem = model_path_problem(args.model.expanduser()) if args.model is not None else None
@@ -63,8 +78,13 @@ def run(args: argparse.Namespace) -> int:
         # another user of the machine cannot use it or learn anything from it
         api_key = args.api_key or secrets.token_urlsafe(32)
         proc = ServerProcess(args.model, cfg.to_cli_args(), api_key=api_key)
-        app = StrataChat(server_process=proc, api_key=api_key, db_path=args.db,
-                         model_name=args.model_name, newline_keys=newline)
+        app = StrataChat(
+            server_process=proc,
+            api_key=api_key,
+            db_path=args.db,
+            model_name=args.model_name,
+            newline_keys=newline,
+        )
     if proc is not None:
         # the server runs in its own session (so that it can be stopped with everything it started);
         # make sure a closed terminal or a kill of the chat stops it too

@@ -32,6 +32,7 @@ __all__ = [
     "friendly_error",
 ]
 
+
 class ApiError(Exception):
     """The server answered with an error body."""
 
@@ -180,7 +181,9 @@ class ChatClient:
                     if "error" in chunk:
                         err = chunk["error"]
                         if isinstance(err, dict):
-                            raise ApiError(str(err.get("message")), code=err.get("code"), status=r.status_code)
+                            raise ApiError(
+                                str(err.get("message")), code=err.get("code"), status=r.status_code
+                            )
                         raise ApiError(str(err), status=r.status_code)
                     for key in ("usage", "timings", "strata"):
                         if chunk.get(key):
@@ -190,7 +193,8 @@ class ChatClient:
                         split = splitter.feed(delta.get("content") or "")
                         piece = Delta(
                             content=split.content,
-                            reasoning=(delta.get("reasoning_content") or delta.get("reasoning") or "") + split.reasoning,
+                            reasoning=(delta.get("reasoning_content") or delta.get("reasoning") or "")
+                            + split.reasoning,
                         )
                         if choice.get("finish_reason"):
                             fin.finish_reason = choice["finish_reason"]

@@ -55,7 +55,18 @@ class ServerProcess:
         return self._proc.pid if self._proc else None
 
     def command(self, model: Path) -> list[str]:
-        cmd = [sys.executable, "-m", "strata.cli", "serve", "--model", str(model), "--host", self.host, "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "strata.cli",
+            "serve",
+            "--model",
+            str(model),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+        ]
         return cmd + self.engine_args
 
     def environment(self) -> dict[str, str]:
@@ -88,7 +99,9 @@ class ServerProcess:
             self.model = model
             self.made_default = True
         if not Path(model).exists():
-            raise ServerStartError(f"model file not found: {model} (pass --model FILE, or leave it out for the default)")
+            raise ServerStartError(
+                f"model file not found: {model} (pass --model FILE, or leave it out for the default)"
+            )
         env = self.environment()
         self._proc = subprocess.Popen(
             self.command(Path(model)),
@@ -100,14 +113,18 @@ class ServerProcess:
             env=env,
             start_new_session=True,  # Ctrl+C in the terminal goes to the chat, which stops the server itself
         )
-        self._reader = threading.Thread(target=self._read, args=(on_line,), name="strata-serve-log", daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, args=(on_line,), name="strata-serve-log", daemon=True
+        )
         self._reader.start()
         t0 = time.monotonic()
         while not self._ready.wait(0.1):
             if self._proc.poll() is not None:
                 self._close_pipe()
                 tail = "\n".join(list(self.log)[-15:])
-                raise ServerStartError(f"strata serve exited with code {self._proc.returncode} before it was ready:\n{tail}")
+                raise ServerStartError(
+                    f"strata serve exited with code {self._proc.returncode} before it was ready:\n{tail}"
+                )
             if timeout is not None and time.monotonic() - t0 > timeout:
                 self.stop()
                 raise ServerStartError(f"strata serve did not say it was listening within {timeout:.0f} s")

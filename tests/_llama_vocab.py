@@ -22,8 +22,21 @@ __all__ = ["NAMES", "VERSION", "ensure_llama_vocab", "read_cases"]
 
 VERSION = "0.3.36"
 # the vocabularies checked: byte-level BPE with several pre-tokenizers, and SentencePiece
-NAMES = ("qwen2", "llama-bpe", "gpt-2", "llama-spm", "phi-3", "deepseek-coder", "deepseek-llm", "falcon",
-         "starcoder", "refact", "mpt", "command-r", "qwen35")
+NAMES = (
+    "qwen2",
+    "llama-bpe",
+    "gpt-2",
+    "llama-spm",
+    "phi-3",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "starcoder",
+    "refact",
+    "mpt",
+    "command-r",
+    "qwen35",
+)
 _SEP = "\n__ggml_vocab_test__\n"
 
 
@@ -41,14 +54,30 @@ def ensure_llama_vocab() -> Path:
             return dest
         with tempfile.TemporaryDirectory(prefix="strata-llama-vocab-") as tmp:
             p = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-python",
-                 "--disable-pip-version-check", "-q", "-d", tmp, f"llama-cpp-python=={VERSION}"],
-                capture_output=True, text=True, timeout=900,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--no-binary",
+                    "llama-cpp-python",
+                    "--disable-pip-version-check",
+                    "-q",
+                    "-d",
+                    tmp,
+                    f"llama-cpp-python=={VERSION}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=900,
             )
             sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
             if p.returncode != 0 or not sdists:
-                raise RuntimeError(f"pip could not download llama-cpp-python=={VERSION}: "
-                                   f"{(p.stderr or p.stdout).strip()[-800:]}")
+                raise RuntimeError(
+                    f"pip could not download llama-cpp-python=={VERSION}: "
+                    f"{(p.stderr or p.stdout).strip()[-800:]}"
+                )
             wanted = {f"ggml-vocab-{n}.gguf{ext}" for n in NAMES for ext in ("", ".inp", ".out")}
             with tarfile.open(sdists[0]) as tar:
                 for m in tar:

@@ -20,15 +20,28 @@ _LISTENING = re.compile(r"strata: listening on (http://\S+)")
 class Served:
     """One ``strata serve`` process; ``url`` once it listens, ``log`` its last lines."""
 
-    def __init__(self, model: Path, *args: str, timeout: float = 180.0, env: dict[str, str] | None = None,
-                 new_session: bool = False) -> None:
+    def __init__(
+        self,
+        model: Path,
+        *args: str,
+        timeout: float = 180.0,
+        env: dict[str, str] | None = None,
+        new_session: bool = False,
+    ) -> None:
         cmd = [sys.executable, "-m", "strata.cli", "serve", "--model", str(model), "--port", "0", *args]
         self.log: collections.deque[str] = collections.deque(maxlen=400)
         self.url: str | None = None
         self._ready = threading.Event()
         # new_session: the server leads a process group of its own (a test can signal the whole group)
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                     env=env, start_new_session=new_session)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=env,
+            start_new_session=new_session,
+        )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self._ready.wait(timeout)

@@ -26,8 +26,15 @@ class Terminal:
     def __init__(self, width: int, height: int) -> None:
         self.width, self.height = width, height
         self.cells = [[" "] * width for _ in range(height)]
-        self._console = Console(file=io.StringIO(), width=width, height=height, force_terminal=True,
-                                color_system="truecolor", legacy_windows=False, safe_box=False)
+        self._console = Console(
+            file=io.StringIO(),
+            width=width,
+            height=height,
+            force_terminal=True,
+            color_system="truecolor",
+            legacy_windows=False,
+            safe_box=False,
+        )
 
     def write(self, update: Any) -> None:
         text = update.render_segments(self._console)

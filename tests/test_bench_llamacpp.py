@@ -153,9 +153,7 @@ def test_sigint_keeps_finished_rows(fake_bin, tiny, tmp_path) -> None:
 @pytest.mark.skipif(shutil.which("llama-bench") is None, reason="no llama-bench on PATH")
 def test_real_llama_bench(tiny, tmp_path) -> None:
     out = tmp_path / "r.jsonl"
-    assert (
-        bench(f"run --target llama.cpp --model {tiny} -p 32 -n 8 -r 5 --threads 2 --output {out}") == 0
-    )
+    assert bench(f"run --target llama.cpp --model {tiny} -p 32 -n 8 -r 5 --threads 2 --output {out}") == 0
     rows = _rows(out)
     assert [r["test"] for r in rows] == ["pp32", "tg8"]
     for r in rows:

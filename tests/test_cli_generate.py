@@ -61,7 +61,9 @@ def test_text_output_streams_ids_and_reports_speed(tiny: Path) -> None:
 def test_text_prompt_goes_through_the_models_tokenizer(tiny: Path, tiny_tok: Tokenizer) -> None:
     tok = tiny_tok
     ids = tok.encode("The quick brown fox")
-    r = strata("generate", "--model", str(tiny), "--prompt", "The quick brown fox", "--max-tokens", "5", "--json")
+    r = strata(
+        "generate", "--model", str(tiny), "--prompt", "The quick brown fox", "--max-tokens", "5", "--json"
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["prompt_ids"] == ids

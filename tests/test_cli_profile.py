@@ -15,10 +15,30 @@ def test_profile_save_round_trip(tmp_path: Path, capsys) -> None:
 
     model = ensure_model("tiny")
     out = tmp_path / "p.txt"
-    rc = main(["profile", "save", "--model", str(model), "--out", str(out), "--tokens", "48", "--max-tokens", "48",
-               "--threads", "1", "--expert-cache", "40", "--adapt-every", "8"])
+    rc = main(
+        [
+            "profile",
+            "save",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--tokens",
+            "48",
+            "--max-tokens",
+            "48",
+            "--threads",
+            "1",
+            "--expert-cache",
+            "40",
+            "--adapt-every",
+            "8",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
-    assert f"wrote {out}: 128 experts ranked after 48 prompt and 48 generated tokens" in capsys.readouterr().out
+    assert (
+        f"wrote {out}: 128 experts ranked after 48 prompt and 48 generated tokens" in capsys.readouterr().out
+    )
     rows = [ln.split() for ln in out.read_text().splitlines() if not ln.startswith("#")]
     assert len(rows) == 128 and len({(r[0], r[1]) for r in rows}) == 128
     scores = [float(r[2]) for r in rows]
@@ -32,7 +52,21 @@ def test_profile_save_round_trip(tmp_path: Path, capsys) -> None:
 def test_profile_save_reports_errors(tmp_path: Path, capsys) -> None:
     from strata.model import ensure_model
 
-    rc = main(["profile", "save", "--model", str(ensure_model("tiny")), "--out", str(tmp_path / "no" / "dir" / "p.txt"),
-               "--tokens", "8", "--max-tokens", "4", "--threads", "1"])
+    rc = main(
+        [
+            "profile",
+            "save",
+            "--model",
+            str(ensure_model("tiny")),
+            "--out",
+            str(tmp_path / "no" / "dir" / "p.txt"),
+            "--tokens",
+            "8",
+            "--max-tokens",
+            "4",
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 1
     assert "cannot write the profile to" in capsys.readouterr().err

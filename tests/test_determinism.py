@@ -54,7 +54,9 @@ def test_threads_runs_and_chunking_agree(model: Path, simd: str) -> None:
     assert_same(base, run_greedy(model, EngineConfig(threads=2, simd=simd)))
     assert_same(base, run_greedy(model, EngineConfig(threads=2, simd=simd)))
     assert_same(base, run_greedy(model, EngineConfig(threads=2, simd=simd, prefill="7")))
-    assert_same(base, run_greedy(model, EngineConfig(threads=4, simd=simd, prefill="5")))  # more threads than cores
+    assert_same(
+        base, run_greedy(model, EngineConfig(threads=4, simd=simd, prefill="5"))
+    )  # more threads than cores
     assert_same(base, run_greedy(model, EngineConfig(threads=2, simd=simd), one_by_one=True))
 
 

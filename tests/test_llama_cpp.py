@@ -26,7 +26,9 @@ pytestmark = pytest.mark.llama_cpp
 def _binding() -> ModuleType:
     lib = os.environ.get("STRATA_LLAMA_CPP_LIB")
     if not lib:
-        pytest.fail("set STRATA_LLAMA_CPP_LIB to a folder with libllama.so to run the llama.cpp tests", pytrace=False)
+        pytest.fail(
+            "set STRATA_LLAMA_CPP_LIB to a folder with libllama.so to run the llama.cpp tests", pytrace=False
+        )
     os.environ.setdefault("LLAMA_CPP_LIB_PATH", lib)
     try:
         return importlib.import_module("llama_cpp")

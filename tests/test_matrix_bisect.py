@@ -74,5 +74,9 @@ def test_boundaries_searched_in_parallel_find_the_same_ranges():
 
     one = bisect_ranges(known, fails)
     many = bisect_ranges(known, fails, jobs=4)
-    assert [(r.first, r.last) for r in many.ranges] == [(r.first, r.last) for r in one.ranges] == [(33, 71), (140, 170)]
+    assert (
+        [(r.first, r.last) for r in many.ranges]
+        == [(r.first, r.last) for r in one.ranges]
+        == [(33, 71), (140, 170)]
+    )
     assert sorted(many.probes) == sorted(one.probes)

@@ -25,8 +25,15 @@ _SC = Scrubber(homes=["/home/alice"], users=["alice"], hosts=["box-7"])
 
 
 def _matrix(**extra: object) -> Matrix:
-    return Matrix.from_dict({"name": "ci", "axes": {"expert_cache": [600, 1024], "lend_policy": ["legacy", "current"]},
-                             "prompts": {"chunks": [256]}, "reference": {"lend_policy": "current"}, **extra})
+    return Matrix.from_dict(
+        {
+            "name": "ci",
+            "axes": {"expert_cache": [600, 1024], "lend_policy": ["legacy", "current"]},
+            "prompts": {"chunks": [256]},
+            "reference": {"lend_policy": "current"},
+            **extra,
+        }
+    )
 
 
 def _rec(cell: Cell, outcome: str) -> dict:
@@ -35,11 +42,19 @@ def _rec(cell: Cell, outcome: str) -> dict:
     elif outcome == "differs":
         req = {"prompt": 0, "status": "ok", "tokens": [3, 9, 4], "margins": [2.0, 2.0, 2.0]}
     else:
-        req = {"prompt": 0, "status": "error", "error_code": "lend_failed",
-               "error_message": "lending the prompt path its slots failed (/home/alice/m.gguf on box-7) \x1b[0m"}
-    return {"cell_id": cell.cell_id, "cell": cell.to_dict(), "wall_s": 2.5,
-            "prompts": [{"index": 0, "length": 216, "chunk": 256}],
-            "starts": [{"start": 0, "requests": [req], "log_tail": "engine: lend failed <here> & there"}]}
+        req = {
+            "prompt": 0,
+            "status": "error",
+            "error_code": "lend_failed",
+            "error_message": "lending the prompt path its slots failed (/home/alice/m.gguf on box-7) \x1b[0m",
+        }
+    return {
+        "cell_id": cell.cell_id,
+        "cell": cell.to_dict(),
+        "wall_s": 2.5,
+        "prompts": [{"index": 0, "length": 216, "chunk": 256}],
+        "starts": [{"start": 0, "requests": [req], "log_tail": "engine: lend failed <here> & there"}],
+    }
 
 
 def _records(m: Matrix, outcomes: dict[tuple[str, str], str]) -> list[dict]:
@@ -95,8 +110,13 @@ def test_junit_has_one_case_per_cell_with_the_verdict_as_the_failure():
     lend = cases["expert_cache=1024 lend_policy=legacy"]
     f = lend.find("failure")
     assert f.get("type") == "lend failed" and "1 of 1 starts" in f.get("message")
-    assert "lending the prompt path its slots failed" in f.text and "engine: lend failed <here> & there" in f.text
-    assert "/home/alice" not in f.text and "box-7" not in f.text and "\x1b" not in f.text  # scrubbed, XML-clean
+    assert (
+        "lending the prompt path its slots failed" in f.text
+        and "engine: lend failed <here> & there" in f.text
+    )
+    assert (
+        "/home/alice" not in f.text and "box-7" not in f.text and "\x1b" not in f.text
+    )  # scrubbed, XML-clean
     assert cases["expert_cache=600 lend_policy=current"].find("failure").get("type") == "reply differs"
     assert cases["reference expert_cache=auto lend_policy=current"].find("failure") is None
 
@@ -110,7 +130,9 @@ def test_expected_failures_are_skipped_and_a_missing_cell_is_an_error():
     root = _check_junit_shape(junit_xml(g, _SC))
     kinds = {tc.get("name"): [el.tag for el in tc] for tc in root.iter("testcase")}
     assert kinds["expert_cache=1024 lend_policy=legacy"] == ["skipped"]
-    assert sum(1 for v in kinds.values() if v == ["error"]) == 2  # the missing cell, and the completeness case
+    assert (
+        sum(1 for v in kinds.values() if v == ["error"]) == 2
+    )  # the missing cell, and the completeness case
     # a failure outranks incompleteness
     recs2 = _records(m, {("1024", "current"): "lend"})
     assert _gate(m, recs2, missing=[missing]).exit_code == EXIT_FAILED
@@ -133,7 +155,9 @@ def test_summary_is_a_markdown_table_failing_first():
 def test_the_expected_section_fits_the_verdict():
     assert "refuses at once" in expected_text(["engine start failed"])
     assert "loan" not in expected_text(["engine start failed"])
-    assert "token for token" in expected_text(["reply differs"]) and "loan" not in expected_text(["reply differs"])
+    assert "token for token" in expected_text(["reply differs"]) and "loan" not in expected_text(
+        ["reply differs"]
+    )
     assert "loan" in expected_text(["lend failed"])
     both = expected_text(["reply differs", "lend failed"])
     assert both.index("**lend failed**") < both.index("**reply differs**")
@@ -151,7 +175,9 @@ def _write_shard(base: Path, m: Matrix, recs: list[dict], k: int, n: int) -> Pat
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "repro_matrix", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "repro_matrix", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_merge_exit_statuses_and_the_files_ci_reads(tmp_path: Path):
@@ -159,13 +185,22 @@ def test_merge_exit_statuses_and_the_files_ci_reads(tmp_path: Path):
     good = _records(m, {})
     s1, s2 = (_write_shard(tmp_path / "good", m, good, k, 2) for k in (1, 2))
     junit, summary = tmp_path / "junit.xml", tmp_path / "summary.md"
-    p = _cli("merge", str(tmp_path / "merged"), str(s1), str(s2), "--junit", str(junit), "--summary", str(summary))
+    p = _cli(
+        "merge", str(tmp_path / "merged"), str(s1), str(s2), "--junit", str(junit), "--summary", str(summary)
+    )
     assert p.returncode == 0, (p.stdout, p.stderr)
     root = _check_junit_shape(junit.read_text())
     assert int(root.get("tests")) == 5 and int(root.get("failures")) == 0
     assert "pass (exit status 0)" in summary.read_text()
     # a shard directory that was never written: 3, and the report says which shard
-    p = _cli("merge", str(tmp_path / "half"), str(s1), str(tmp_path / "good" / "shard-9"), "--summary", str(summary))
+    p = _cli(
+        "merge",
+        str(tmp_path / "half"),
+        str(s1),
+        str(tmp_path / "good" / "shard-9"),
+        "--summary",
+        str(summary),
+    )
     assert p.returncode == 3, (p.stdout, p.stderr)
     assert "shard-9 holds no run" in p.stderr and "shard 2/2 missing" in p.stderr
     assert summary.read_text().count("### repro_matrix") == 2  # appended, as $GITHUB_STEP_SUMMARY wants
@@ -195,8 +230,10 @@ def test_shards_whose_references_disagree_fail_the_merge(tmp_path: Path):
 
 def test_a_server_that_refuses_to_start_is_recorded_in_its_own_words(tmp_path: Path):
     m = tmp_path / "m.toml"
-    m.write_text('model = "tiny"\nmax_tokens = 2\n[engine]\ndevice = "cpu"\nvram_budget = "1MiB"\n'
-                 '[prompts]\nlengths = [16]\n[reference]\n')
+    m.write_text(
+        'model = "tiny"\nmax_tokens = 2\n[engine]\ndevice = "cpu"\nvram_budget = "1MiB"\n'
+        "[prompts]\nlengths = [16]\n[reference]\n"
+    )
     out = tmp_path / "out"
     p = _cli("run", str(m), "--out", str(out), "--no-progress", "--junit", str(tmp_path / "j.xml"))
     assert p.returncode == 1, (p.stdout, p.stderr)
@@ -227,17 +264,24 @@ def _ci_matrix(path: Path, planted: bool) -> Path:
     """Fast: a 512-token context, one 216-token prompt, 4 tokens. Without the plant: the reference and two
     cache sizes (one per shard). With it: one cache size (shard 1) and a cell at temperature 0.8 (shard 2),
     whose reply differs from the reference's."""
-    body = ('name = "ci"\nmodel = "tiny"\nmax_tokens = 4\n[engine]\ndevice = "cpu"\nmax_context = 512\n'
-            'vram_budget = "64MiB"\n[prompts]\nchunks = [256]\n[reference]\nexpert_cache = "auto"\n'
-            '[axes]\nexpert_cache = ' + ('[600]\n[[cells]]\ntemperature = 0.8\nseed = 7\n' if planted else
-                                         '[600, 1024]\n'))
+    body = (
+        'name = "ci"\nmodel = "tiny"\nmax_tokens = 4\n[engine]\ndevice = "cpu"\nmax_context = 512\n'
+        'vram_budget = "64MiB"\n[prompts]\nchunks = [256]\n[reference]\nexpert_cache = "auto"\n'
+        "[axes]\nexpert_cache = "
+        + ("[600]\n[[cells]]\ntemperature = 0.8\nseed = 7\n" if planted else "[600, 1024]\n")
+    )
     path.write_text(body)
     return path
 
 
 def _script(*args: str, matrix: Path, out: Path, summary: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MATRIX": str(matrix), "OUT": str(out), "PYTHON": sys.executable,
-           "GITHUB_STEP_SUMMARY": str(summary)}
+    env = {
+        **os.environ,
+        "MATRIX": str(matrix),
+        "OUT": str(out),
+        "PYTHON": sys.executable,
+        "GITHUB_STEP_SUMMARY": str(summary),
+    }
     return subprocess.run(["bash", str(_SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -253,7 +297,9 @@ def test_the_workflow_runs_the_script_per_shard_and_merges_always():
     runs = [s.get("run", "") for s in shard["steps"]]
     assert "ci/matrix-shards.sh build" in runs
     assert any(r.startswith("ci/matrix-shards.sh shard ${{ matrix.shard }}") for r in runs)
-    assert merge["needs"] == "shard" and merge["if"] == "always()"  # a failed or missing shard is still merged
+    assert (
+        merge["needs"] == "shard" and merge["if"] == "always()"
+    )  # a failed or missing shard is still merged
     assert any(s.get("run", "").startswith("ci/matrix-shards.sh merge") for s in merge["steps"])
     subprocess.run(["bash", "-n", str(_SCRIPT)], check=True)
     # the CI matrix itself loads, expects no failure and fails on the verdicts the workflow promises
@@ -267,7 +313,9 @@ def test_the_workflow_runs_the_script_per_shard_and_merges_always():
 def test_two_runners_through_the_script_pass_then_fail_on_a_plant_and_on_a_missing_shard(tmp_path: Path):
     summary = tmp_path / "step-summary.md"
     out = tmp_path / "ci"
-    p = _script("local", "2", matrix=_ci_matrix(tmp_path / "ok.toml", planted=False), out=out, summary=summary)
+    p = _script(
+        "local", "2", matrix=_ci_matrix(tmp_path / "ok.toml", planted=False), out=out, summary=summary
+    )
     assert p.returncode == 0, (p.stdout, p.stderr, [f.read_text() for f in out.glob("*.log")])
     for name in ("shard-1", "shard-2", "merged"):
         _check_junit_shape((out / f"{name}.junit.xml").read_text())
@@ -283,7 +331,9 @@ def test_two_runners_through_the_script_pass_then_fail_on_a_plant_and_on_a_missi
     assert "Shard 2/2 missing" in (out / "report.md").read_text()
     # a changed reply in shard 2 fails shard 2 on its own: it ran the reference itself
     bad = tmp_path / "bad"
-    p = _script("shard", "2", "2", matrix=_ci_matrix(tmp_path / "bad.toml", planted=True), out=bad, summary=summary)
+    p = _script(
+        "shard", "2", "2", matrix=_ci_matrix(tmp_path / "bad.toml", planted=True), out=bad, summary=summary
+    )
     assert p.returncode == 1, (p.stdout, p.stderr)
     failures = ET.parse(bad / "shard-2.junit.xml").getroot().findall(".//failure")
     assert [f.get("type") for f in failures] == ["reply differs"]

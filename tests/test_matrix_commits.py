@@ -26,6 +26,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 
 # ---- how many starts per commit ------------------------------------------------------------------------
 
+
 @given(rate=st.floats(0.01, 0.99), miss=st.sampled_from([0.05, 0.01, 0.001]))
 def test_starts_needed_is_the_least_that_keeps_a_miss_below_the_bound(rate, miss):
     s = starts_needed(rate, miss)
@@ -58,11 +59,18 @@ def test_rate_lower_bound_is_clopper_pearson():
 
 # ---- a planted bad commit ------------------------------------------------------------------------------
 
+
 def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.org"}
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env=env).stdout.strip()
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.org",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.org",
+    }
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout.strip()
 
 
 def _scratch_history(tmp: Path) -> tuple[Path, list[str]]:
@@ -72,8 +80,9 @@ def _scratch_history(tmp: Path) -> tuple[Path, list[str]]:
     repo.mkdir()
     _git(repo, "init", "-q", "-b", "main")
     # the package as committed (a working tree may be half way through an edit)
-    archive = subprocess.run(["git", "-C", str(_ROOT), "archive", "HEAD", "strata"], check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(_ROOT), "archive", "HEAD", "strata"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(repo)], input=archive, check=True)
     (repo / ".gitignore").write_text("strata/lib/\n")
     shas = []
@@ -97,14 +106,37 @@ def test_bisect_names_the_planted_bad_commit_and_reuses_its_builds(tmp_path: Pat
     repo, shas = _scratch_history(tmp_path)
     cell = tmp_path / "cell.toml"
     # 1024 slots at a 512-token context: a 256-token chunk's deep ring needs more than the legacy loan
-    cell.write_text('model = "tiny"\nmax_tokens = 2\nreference = false\n[engine]\ndevice = "cpu"\n'
-                    'max_context = 512\nvram_budget = "64MiB"\nexpert_cache = 1024\n[prompts]\nchunks = [256]\n')
+    cell.write_text(
+        'model = "tiny"\nmax_tokens = 2\nreference = false\n[engine]\ndevice = "cpu"\n'
+        'max_context = 512\nvram_budget = "64MiB"\nexpert_cache = 1024\n[prompts]\nchunks = [256]\n'
+    )
     build = f"mkdir -p strata/lib && ln -sf {lib} strata/lib/libstrata.so && echo built >> {tmp_path / 'builds.log'}"
     cache, out = tmp_path / "cache", tmp_path / "bisect"
 
-    p = subprocess.run([sys.executable, "-m", "repro_matrix", "bisect", str(cell), "--commits", f"{shas[0]}..{shas[-1]}",
-                        "--repo", str(repo), "--build", build, "--cache", str(cache), "--out", str(out),
-                        "--calibrate", "2"], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro_matrix",
+            "bisect",
+            str(cell),
+            "--commits",
+            f"{shas[0]}..{shas[-1]}",
+            "--repo",
+            str(repo),
+            "--build",
+            build,
+            "--cache",
+            str(cache),
+            "--out",
+            str(out),
+            "--calibrate",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert f"first bad commit: {shas[3]} step 3: lend policy default" in p.stdout
     assert "failed 2 of 2 starts on BAD" in p.stdout and "one start per commit" in p.stdout
@@ -134,17 +166,43 @@ def test_bisect_names_the_planted_bad_commit_and_reuses_its_builds(tmp_path: Pat
 def test_a_range_whose_bad_end_passes_gives_no_answer(tmp_path: Path):
     repo, shas = _scratch_history(tmp_path)
     cell = tmp_path / "cell.toml"
-    cell.write_text('model = "tiny"\nmax_tokens = 2\nreference = false\n[engine]\ndevice = "cpu"\n'
-                    'max_context = 512\nvram_budget = "64MiB"\nexpert_cache = 1024\n[prompts]\nchunks = [256]\n')
+    cell.write_text(
+        'model = "tiny"\nmax_tokens = 2\nreference = false\n[engine]\ndevice = "cpu"\n'
+        'max_context = 512\nvram_budget = "64MiB"\nexpert_cache = 1024\n[prompts]\nchunks = [256]\n'
+    )
     lib = _ROOT / "strata" / "lib" / "libstrata.so"
-    p = subprocess.run([sys.executable, "-m", "repro_matrix", "bisect", str(cell), "--commits", f"{shas[0]}..{shas[2]}",
-                        "--repo", str(repo), "--build", f"mkdir -p strata/lib && ln -sf {lib} strata/lib/",
-                        "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "b"), "--calibrate", "1"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro_matrix",
+            "bisect",
+            str(cell),
+            "--commits",
+            f"{shas[0]}..{shas[2]}",
+            "--repo",
+            str(repo),
+            "--build",
+            f"mkdir -p strata/lib && ln -sf {lib} strata/lib/",
+            "--cache",
+            str(tmp_path / "cache"),
+            "--out",
+            str(tmp_path / "b"),
+            "--calibrate",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 3, (p.stdout, p.stderr)
     assert "no answer: the cell does not fail on BAD" in p.stdout and "Traceback" not in p.stderr
-    bad = subprocess.run([sys.executable, "-m", "repro_matrix", "bisect", str(cell), "--commits", "nope",
-                          "--repo", str(repo)], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "repro_matrix", "bisect", str(cell), "--commits", "nope", "--repo", str(repo)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "write GOOD..BAD" in bad.stderr
 
 

@@ -73,8 +73,11 @@ seed = 7
 
 
 def test_command_line_declaration_matches_toml(tmp_path: Path):
-    m = load_matrix("-", ["model=tiny", "vram_budget=12MiB", "chunks=2048,4096"],
-                    ["expert_cache=900,905,910..912", "lend_policy=legacy,current"])
+    m = load_matrix(
+        "-",
+        ["model=tiny", "vram_budget=12MiB", "chunks=2048,4096"],
+        ["expert_cache=900,905,910..912", "lend_policy=legacy,current"],
+    )
     assert len([c for c in m.cells() if not c.reference]) == 10
     assert m.chunks == [2048, 4096]
     # --set wins over the file's axis
@@ -147,8 +150,9 @@ def test_a_toml_file_that_is_not_utf8_is_a_message(tmp_path: Path):
     p.write_bytes('name = "caf\u00e9"\n[axes]\nexpert_cache = [1, 2]\n'.encode("latin-1"))
     with pytest.raises(MatrixError, match=r"not UTF-8 text \(byte 0xe9 on line 1\).*save it as UTF-8"):
         load_matrix(p)
-    r = subprocess.run([sys.executable, "-m", "repro_matrix", "run", str(p)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "repro_matrix", "run", str(p)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "not UTF-8" in r.stderr, r.stderr
 
 
@@ -159,7 +163,9 @@ def test_bad_shard(bad):
 
 
 def test_a_cell_equal_to_the_reference_runs_once_as_the_reference():
-    m = Matrix.from_dict({"axes": {"lend_policy": ["legacy", "current"]}, "reference": {"lend_policy": "current"}})
+    m = Matrix.from_dict(
+        {"axes": {"lend_policy": ["legacy", "current"]}, "reference": {"lend_policy": "current"}}
+    )
     cells = m.cells()
     assert len(cells) == 2 and cells[0].reference and cells[0].knob("lend_policy") == "current"
     assert not cells[1].reference and cells[1].knob("lend_policy") == "legacy"
@@ -181,8 +187,24 @@ def test_a_matrix_of_more_than_ten_thousand_cells_asks_for_yes(tmp_path):
     import subprocess
     import sys
 
-    p = subprocess.run([sys.executable, "-m", "repro_matrix.cli", "run", "-", "--model", "tiny", "--axis",
-                        "expert_cache=1..20000", "--out", str(tmp_path / "out"), "--no-progress"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro_matrix.cli",
+            "run",
+            "-",
+            "--model",
+            "tiny",
+            "--axis",
+            "expert_cache=1..20000",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "20,001 cells" in p.stderr and "--yes" in p.stderr, (p.stdout, p.stderr)
     assert not (tmp_path / "out" / "cells.jsonl").exists()  # nothing ran

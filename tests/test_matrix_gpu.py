@@ -49,12 +49,27 @@ def test_cuda_cells_match_the_cpu_reference_or_differ_at_a_near_tie(tmp_path: Pa
         'model = "tiny"\nmax_tokens = 16\nnear_tie = 0.01\n'
         '[engine]\ndevice = "cuda"\nmax_context = 512\nvram_budget = "64MiB"\n'
         '[axes]\nexpert_cache = [600, 1024]\nlend_policy = ["legacy", "current"]\n'
-        '[prompts]\nchunks = [256, 512]\n'
+        "[prompts]\nchunks = [256, 512]\n"
         '[reference]\ndevice = "cpu"\nlend_policy = "current"\n'
     )
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "repro_matrix.cli", "run", str(m), "--out", str(out), "--jobs", "4",
-                        "--no-progress"], capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro_matrix.cli",
+            "run",
+            str(m),
+            "--out",
+            str(out),
+            "--jobs",
+            "4",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode in (0, 1), p.stderr
     if gpu_count() < 4:
         assert "one cell per GPU" in p.stderr
@@ -77,11 +92,18 @@ def test_cuda_cells_match_the_cpu_reference_or_differ_at_a_near_tie(tmp_path: Pa
 
 
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "repro_matrix.cli", *args], capture_output=True, text=True,
-                          timeout=900, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "repro_matrix.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=cwd,
+    )
 
 
-def legacy_band(device: str, n_tokens: int = 2000, lo: int = 2000, hi: int = 9000, step: int = 100) -> tuple[int, int]:
+def legacy_band(
+    device: str, n_tokens: int = 2000, lo: int = 2000, hi: int = 9000, step: int = 100
+) -> tuple[int, int]:
     """The exact first and last --expert-cache sizes at which the built-in matrix's engine (on `device`)
     fails a prompt of n_tokens under the legacy policy, by the device's own plan (_memplan.predict):
     sampled every `step` sizes, then each edge by bisection. One band is assumed (the built-in matrix's)."""
@@ -92,7 +114,9 @@ def legacy_band(device: str, n_tokens: int = 2000, lo: int = 2000, hi: int = 900
     tiny = ensure_model("tiny")
 
     def fails(n: int) -> bool:
-        cfg = EngineConfig(device=device, threads=2, vram_budget=256 << 20, expert_cache=str(n), lend_policy="legacy")
+        cfg = EngineConfig(
+            device=device, threads=2, vram_budget=256 << 20, expert_cache=str(n), lend_policy="legacy"
+        )
         try:
             with Engine(tiny, cfg) as eng:
                 return predict(eng, n_tokens).verdict == "lend failed"
@@ -122,15 +146,32 @@ def check_builtin_matrix_finds_the_band(tmp_path: Path, device: str) -> None:
     first, last = legacy_band(device)
     sizes = [first - 9, first + 3, last - 3, last + 9]  # bisect searches the sizes between, around each edge
     out = tmp_path / "out"
-    p = _cli("run", "builtin", "--out", str(out), "--set", f"device={device}", "--set", "max_tokens=8", "--set",
-             "chunks=2048", "--axis", "expert_cache=" + ",".join(map(str, sizes)), "--starts", "3", "--no-progress")
+    p = _cli(
+        "run",
+        "builtin",
+        "--out",
+        str(out),
+        "--set",
+        f"device={device}",
+        "--set",
+        "max_tokens=8",
+        "--set",
+        "chunks=2048",
+        "--axis",
+        "expert_cache=" + ",".join(map(str, sizes)),
+        "--starts",
+        "3",
+        "--no-progress",
+    )
     assert p.returncode in (0, 1), p.stderr
     b = _cli("bisect", str(out), "--knob", "expert_cache", "--where", "lend_policy=legacy")
     assert b.returncode in (0, 1), b.stderr
     recs = RunDir(out).records()
     ref = next(r for r in recs if r["cell"].get("reference"))
     assert Cell.from_dict(ref["cell"]).knob("device") == device
-    ref_tokens = {r["prompt"]: r["tokens"] for st in ref["starts"] for r in st["requests"] if r["status"] == "ok"}
+    ref_tokens = {
+        r["prompt"]: r["tokens"] for st in ref["starts"] for r in st["requests"] if r["status"] == "ok"
+    }
     assert ref_tokens
     legacy: dict[int, bool] = {}
     n_current = 0
@@ -168,7 +209,9 @@ def check_builtin_matrix_finds_the_band(tmp_path: Path, device: str) -> None:
     assert q.returncode in (0, 1), q.stderr
     cell_recs = RunDir(again).records()  # one cell (a one-cell matrix is its own reference)
     assert cell_recs and all("lend failed" in judge(x, None, near_tie=1e-3).labels for x in cell_recs), (
-        one, [judge(x, None, near_tie=1e-3).labels for x in cell_recs])
+        one,
+        [judge(x, None, near_tie=1e-3).labels for x in cell_recs],
+    )
 
 
 @pytest.mark.skipif(not _cuda(), reason="no CUDA device")

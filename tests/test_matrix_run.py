@@ -31,8 +31,9 @@ _FAST = ["--set", "max_tokens=16", "--set", "chunks=2048", "--jobs", "2", "--no-
 
 
 def _cli(*args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run([sys.executable, "-m", "repro_matrix.cli", *args], capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-m", "repro_matrix.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
     if check and p.returncode not in (0, 1):
         raise AssertionError(f"repro_matrix {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
     return p
@@ -43,7 +44,9 @@ def _verdicts(out: Path) -> dict[str, tuple[Cell, list[str], dict]]:
     m = rd.matrix()
     recs = rd.records()
     ref = next((r for r in recs if r["cell"].get("reference")), None)
-    return {r["cell_id"]: (Cell.from_dict(r["cell"]), judge(r, ref, near_tie=m.near_tie).labels, r) for r in recs}
+    return {
+        r["cell_id"]: (Cell.from_dict(r["cell"]), judge(r, ref, near_tie=m.near_tie).labels, r) for r in recs
+    }
 
 
 def _replies(rec: dict) -> dict[int, list[int]]:
@@ -51,6 +54,7 @@ def _replies(rec: dict) -> dict[int, list[int]]:
 
 
 # ---- the built-in matrix: the bug it exists for ------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def builtin_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -86,8 +90,11 @@ def test_bisect_pins_the_range_exactly(builtin_run: Path):
     rng = legacy["ranges"][0]
     assert rng["below"] == rng["first"] - 1 and rng["above"] == rng["last"] + 1
     # each edge was really run, and the records say what bisect says
-    seen = {int(c.knob("expert_cache")): bool(_FAILURES & set(lb)) for c, lb, _ in _verdicts(builtin_run).values()
-            if not c.reference and c.knob("lend_policy") == "legacy"}
+    seen = {
+        int(c.knob("expert_cache")): bool(_FAILURES & set(lb))
+        for c, lb, _ in _verdicts(builtin_run).values()
+        if not c.reference and c.knob("lend_policy") == "legacy"
+    }
     assert seen[rng["below"]] is False and seen[rng["first"]] is True
     assert seen[rng["last"]] is True and seen[rng["above"]] is False
     assert all(v == (rng["first"] <= k <= rng["last"]) for k, v in seen.items())
@@ -113,8 +120,15 @@ def test_report_of_the_legacy_run(builtin_run: Path):
     assert p.returncode == 0, p.stderr
     assert "scrubbed" in p.stderr  # the user is told what was removed (or that nothing was)
     text = (builtin_run / "report.md").read_text()
-    for section in ("## Setup", "## What happens", "## The matrix", "## Boundaries", "## Expected",
-                    "## How to reproduce", "## What was not run"):
+    for section in (
+        "## Setup",
+        "## What happens",
+        "## The matrix",
+        "## Boundaries",
+        "## Expected",
+        "## How to reproduce",
+        "## What was not run",
+    ):
         assert section in text
     res = json.loads((builtin_run / "bisect.json").read_text())
     rng = next(r for r in res if r["group"].get("lend_policy") == "legacy")["ranges"][0]
@@ -128,17 +142,24 @@ def test_report_of_the_legacy_run(builtin_run: Path):
 
 # ---- identity: a planted change is found, with its position ------------------------------------------
 
+
 def _small_toml(tmp: Path, body: str, max_tokens: int = 8, starts: int = 1) -> Path:
     """A fast matrix: a context of 512 makes the auto chunk 512, and a 256-token chunk gets the deep ring."""
     p = tmp / "m.toml"
-    p.write_text(f'model = "tiny"\nmax_tokens = {max_tokens}\nstarts = {starts}\n[engine]\ndevice = "cpu"\nmax_context = 512\n'
-                 'vram_budget = "64MiB"\n' + body)
+    p.write_text(
+        f'model = "tiny"\nmax_tokens = {max_tokens}\nstarts = {starts}\n[engine]\ndevice = "cpu"\nmax_context = 512\n'
+        'vram_budget = "64MiB"\n' + body
+    )
     return p
 
 
 def test_planted_change_is_reported_with_its_position_and_near_tie_rule(tmp_path: Path):
-    m = _small_toml(tmp_path, '[prompts]\nchunks = [256]\n[[cells]]\ntemperature = 0.8\nseed = 7\n',
-                    max_tokens=16, starts=2)
+    m = _small_toml(
+        tmp_path,
+        "[prompts]\nchunks = [256]\n[[cells]]\ntemperature = 0.8\nseed = 7\n",
+        max_tokens=16,
+        starts=2,
+    )
     out = tmp_path / "out"
     p = _cli("run", str(m), "--out", str(out), "--no-progress")
     assert p.returncode == 1  # an unexpected failure fails the run
@@ -163,20 +184,27 @@ def test_planted_change_is_reported_with_its_position_and_near_tie_rule(tmp_path
 
 # ---- scale: resume, shards, Ray ----------------------------------------------------------------------
 
+
 def _scale_matrix(tmp: Path) -> Path:
     """Four cells and a reference. With a 512-token context the legacy policy fails for 256-token chunks
     at some cache sizes (1024 slots) and not at others (600): the verdicts to compare are not all alike."""
-    return _small_toml(tmp, '[axes]\nexpert_cache = [600, 1024]\nlend_policy = ["legacy", "current"]\n'
-                            '[prompts]\nchunks = [256]\n[reference]\nlend_policy = "current"\n')
+    return _small_toml(
+        tmp,
+        '[axes]\nexpert_cache = [600, 1024]\nlend_policy = ["legacy", "current"]\n'
+        '[prompts]\nchunks = [256]\n[reference]\nlend_policy = "current"\n',
+    )
 
 
 def test_killed_sweep_resumes_without_redoing_cells(tmp_path: Path):
     m = _scale_matrix(tmp_path)
     out = tmp_path / "out"
     total = len(load_matrix(m).cells())
-    proc = subprocess.Popen([sys.executable, "-m", "repro_matrix.cli", "run", str(m), "--out", str(out),
-                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "repro_matrix.cli", "run", str(m), "--out", str(out), "--no-progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     cells = out / "cells.jsonl"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
@@ -222,16 +250,21 @@ def test_two_shards_cover_the_matrix_exactly_once(tmp_path: Path, local_scale_ru
     assert merged == {cid: lb for cid, (_, lb, _) in _verdicts(local).items()}
     # a missing shard is a failure of the merge, not a note beside a green verdict
     p = _cli("merge", str(tmp_path / "half"), str(tmp_path / "shard2"), check=False)
-    assert p.returncode == 3 and "have no result" in p.stderr and "shard 1/2 missing" in p.stderr, (p.stdout, p.stderr)
+    assert p.returncode == 3 and "have no result" in p.stderr and "shard 1/2 missing" in p.stderr, (
+        p.stdout,
+        p.stderr,
+    )
 
 
 def test_a_matrix_that_expects_failures_and_sees_none_fails(tmp_path: Path):
     """Like a strict xpass: a legacy matrix whose cache is too large for the short chunk's window expects
     'lend failed' and gets none, so the harness has lost the failure it exists to find."""
     m = tmp_path / "m.toml"
-    m.write_text('model = "tiny"\nmax_tokens = 4\nexpect_fail = [{ lend_policy = "legacy" }]\n'
-                 '[engine]\ndevice = "cpu"\nmax_context = 512\nvram_budget = "64MiB"\n'
-                 '[axes]\nexpert_cache = [600]\nlend_policy = ["legacy"]\n[prompts]\nchunks = [256]\n')
+    m.write_text(
+        'model = "tiny"\nmax_tokens = 4\nexpect_fail = [{ lend_policy = "legacy" }]\n'
+        '[engine]\ndevice = "cpu"\nmax_context = 512\nvram_budget = "64MiB"\n'
+        '[axes]\nexpert_cache = [600]\nlend_policy = ["legacy"]\n[prompts]\nchunks = [256]\n'
+    )
     p = _cli("run", str(m), "--out", str(tmp_path / "out"), "--no-progress")
     assert p.returncode == 1, (p.stdout, p.stderr)
     assert "expects failures (lend_policy=legacy) and none happened" in p.stdout
@@ -254,10 +287,29 @@ def ray_cluster(tmp_path: Path):
         port = s.getsockname()[1]
     log = open(tmp_path / "ray.log", "w")  # noqa: SIM115 - closed below
     temp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's socket paths must stay short
-    proc = subprocess.Popen([str(ray_bin), "start", "--head", "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
-                             "--include-dashboard=false", "--disable-usage-stats", "--object-store-memory",
-                             str(100 * 1024 * 1024), "--temp-dir", str(temp), "--block"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            str(ray_bin),
+            "start",
+            "--head",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "2",
+            "--num-gpus",
+            "0",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--object-store-memory",
+            str(100 * 1024 * 1024),
+            "--temp-dir",
+            str(temp),
+            "--block",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while "Ray runtime started" not in (tmp_path / "ray.log").read_text():
@@ -275,15 +327,30 @@ def ray_cluster(tmp_path: Path):
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_ray_cells_on_a_cluster_resume_after_a_killed_driver(tmp_path: Path, local_scale_run: tuple[Path, Path],
-                                                             ray_cluster: str):
+def test_ray_cells_on_a_cluster_resume_after_a_killed_driver(
+    tmp_path: Path, local_scale_run: tuple[Path, Path], ray_cluster: str
+):
     m, local = local_scale_run
     out = tmp_path / "ray"
     cells = out / "cells.jsonl"
     total = len(load_matrix(m).cells())
-    driver = subprocess.Popen([sys.executable, "-m", "repro_matrix.cli", "run", str(m), "--out", str(out), "--ray",
-                               ray_cluster, "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "repro_matrix.cli",
+            "run",
+            str(m),
+            "--out",
+            str(out),
+            "--ray",
+            ray_cluster,
+            "--no-progress",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and driver.poll() is None:
         if cells.is_file() and cells.read_text().count("\n") >= 1:  # results appended as they finish

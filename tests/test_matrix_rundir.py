@@ -54,7 +54,9 @@ def test_a_complete_last_record_without_its_newline_is_kept_and_the_first_env_st
     assert [json.loads(x)["cell_id"] for x in rd.cells_file.read_text().splitlines()] == ids
     # the first run's environment is not overwritten; the resume's is added
     assert json.loads((rd.path / "env.json").read_text()) == {"host": "first"}
-    assert [json.loads(x) for x in (rd.path / "env-resumes.jsonl").read_text().splitlines()] == [{"host": "second"}]
+    assert [json.loads(x) for x in (rd.path / "env-resumes.jsonl").read_text().splitlines()] == [
+        {"host": "second"}
+    ]
 
 
 def test_a_new_run_in_the_same_place_keeps_the_earlier_one(tmp_path: Path):
@@ -69,8 +71,19 @@ def test_a_new_run_in_the_same_place_keeps_the_earlier_one(tmp_path: Path):
     assert kept == ["x", "y"]
 
 
-@pytest.mark.parametrize("line", ["null", "[]", "42", '"text"', '{"cell_id": 7}', '{"cell_id": "a", "cell": null}',
-                                  '{"cell_id": "a", "cell": {"engine": {}}}', "not json at all"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "null",
+        "[]",
+        "42",
+        '"text"',
+        '{"cell_id": 7}',
+        '{"cell_id": "a", "cell": null}',
+        '{"cell_id": "a", "cell": {"engine": {}}}',
+        "not json at all",
+    ],
+)
 def test_a_damaged_line_in_cells_jsonl_is_skipped_with_a_message_not_a_traceback(tmp_path: Path, line: str):
     rd = RunDir(tmp_path / "run")
     rd.start(_m(), {}, {}, resume=False)
@@ -88,12 +101,20 @@ def test_commands_reading_a_null_line_say_so_and_go_on(tmp_path: Path):
     rd.append(_rec(0))
     with open(rd.cells_file, "a") as f:
         f.write("null\n")
-    p = subprocess.run([sys.executable, "-m", "repro_matrix", "report", str(rd.path)], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "repro_matrix", "report", str(rd.path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     assert "line 2 is not a cell record (null)" in (rd.path / "report.md").read_text()
-    p = subprocess.run([sys.executable, "-m", "repro_matrix", "bisect", str(rd.path)], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "repro_matrix", "bisect", str(rd.path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Traceback" not in p.stderr and "line 2 is not a cell record" in p.stderr, p.stderr
 
 
@@ -101,7 +122,11 @@ def test_a_damaged_matrix_json_is_a_message(tmp_path: Path):
     rd = RunDir(tmp_path / "run")
     rd.start(_m(), {}, {}, resume=False)
     (rd.path / "matrix.json").write_bytes(b"\xff\xfe{")
-    p = subprocess.run([sys.executable, "-m", "repro_matrix", "report", str(rd.path)], capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "repro_matrix", "report", str(rd.path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "matrix.json cannot be read" in p.stderr and "damaged" in p.stderr

@@ -28,18 +28,39 @@ model C:\\Users\\carol\\models\\m.gguf and d:/Users/dave/strata, but C:\\Users\\
 """
 
 SECRETS = [
-    "10.20.30.40", "build-box-7", "/home/al", "alice", "/home/alice", "/Users/bob", "bob",
-    "sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
-    "abc.def-1234567890TOKENVALUE", "s3cr3t-key-value", "quoted-secret-99",
-    "ghp_0123456789abcdefghijABCDEFGHIJ012345", "fe80::1ff:fe23:4567:890a", "2001:db8:85a3::8a2e:370:7334",
-    "alice.smith@example.org", "192.168.1.23", "/root", "corp.example",
-    "pa55word", "10.0.0.1", "deploy-user", "carol", "dave",
+    "10.20.30.40",
+    "build-box-7",
+    "/home/al",
+    "alice",
+    "/home/alice",
+    "/Users/bob",
+    "bob",
+    "sk-proj-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c",
+    "hf_AbCdEfGhIjKlMnOpQrStUvWxYz012345",
+    "abc.def-1234567890TOKENVALUE",
+    "s3cr3t-key-value",
+    "quoted-secret-99",
+    "ghp_0123456789abcdefghijABCDEFGHIJ012345",
+    "fe80::1ff:fe23:4567:890a",
+    "2001:db8:85a3::8a2e:370:7334",
+    "alice.smith@example.org",
+    "192.168.1.23",
+    "/root",
+    "corp.example",
+    "pa55word",
+    "10.0.0.1",
+    "deploy-user",
+    "carol",
+    "dave",
 ]
 
 
 def _scrubber() -> Scrubber:
-    return Scrubber(homes=["/home/al", "/home/alice"], users=["al", "alice"], hosts=["build-box-7.corp.example",
-                                                                                      "build-box-7"])
+    return Scrubber(
+        homes=["/home/al", "/home/alice"],
+        users=["al", "alice"],
+        hosts=["build-box-7.corp.example", "build-box-7"],
+    )
 
 
 def test_nothing_planted_survives():
@@ -49,7 +70,13 @@ def test_nothing_planted_survives():
     kinds = {r.kind for r in removed}
     assert kinds == {"home", "key", "ip", "email", "user", "host"}
     # what is not private stays
-    for kept in ("127.0.0.1", "14:52:47", "1.2.3", "9861c794dd6d0123456789abcdef0123456789ab", "qwen3-30b-a3b"):
+    for kept in (
+        "127.0.0.1",
+        "14:52:47",
+        "1.2.3",
+        "9861c794dd6d0123456789abcdef0123456789ab",
+        "qwen3-30b-a3b",
+    ):
         assert kept in clean
 
 
@@ -78,49 +105,105 @@ def test_report_of_a_run_with_planted_logs_is_scrubbed(tmp_path: Path, monkeypat
     monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-ABCDEFGH12345678")
     out = tmp_path / "run"
     out.mkdir()
-    (out / "matrix.json").write_text(json.dumps({"name": "t", "model": "/home/alice/m/tiny.gguf",
-                                                 "axes": {"expert_cache": [40, 48]}}))
-    (out / "env.json").write_text(json.dumps({"python": {"version": "3.11", "executable": "/home/alice/venv/bin/python"},
-                                              "os": {"kernel": "6.1"}}))
+    (out / "matrix.json").write_text(
+        json.dumps({"name": "t", "model": "/home/alice/m/tiny.gguf", "axes": {"expert_cache": [40, 48]}})
+    )
+    (out / "env.json").write_text(
+        json.dumps(
+            {
+                "python": {"version": "3.11", "executable": "/home/alice/venv/bin/python"},
+                "os": {"kernel": "6.1"},
+            }
+        )
+    )
     recs = []
     for i, ec in enumerate(("40", "48")):
         failing = i == 1
-        req = ({"prompt": 0, "status": "error", "error_code": "engine_exited", "http_status": 500,
+        req = (
+            {
+                "prompt": 0,
+                "status": "error",
+                "error_code": "engine_exited",
+                "http_status": 500,
                 "error_message": "the engine stopped unexpectedly (exit code 134) at /home/al/strata/x.c on "
-                                 "build-box-7 10.20.30.40 key tok-ABCDEFGH12345678"}
-               if failing else {"prompt": 0, "status": "ok", "tokens": [1], "margins": [1.0]})
-        recs.append({"cell_id": f"c{i}", "cell": {"engine": {"expert_cache": ec}, "request": {
-            "temperature": 0.0, "seed": 0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "max_tokens": 1}},
-            "model": "/home/alice/m/tiny.gguf", "model_spec": "/home/alice/m/tiny.gguf",
-            "prompts": [{"index": 0, "length": 100, "chunk": None}],
-            "starts": [{"start": 0, "requests": [req], "log_tail": "alice@build-box-7 /home/alice sk-" + "x" * 30}]})
+                "build-box-7 10.20.30.40 key tok-ABCDEFGH12345678",
+            }
+            if failing
+            else {"prompt": 0, "status": "ok", "tokens": [1], "margins": [1.0]}
+        )
+        recs.append(
+            {
+                "cell_id": f"c{i}",
+                "cell": {
+                    "engine": {"expert_cache": ec},
+                    "request": {
+                        "temperature": 0.0,
+                        "seed": 0,
+                        "top_k": 0,
+                        "top_p": 1.0,
+                        "min_p": 0.0,
+                        "max_tokens": 1,
+                    },
+                },
+                "model": "/home/alice/m/tiny.gguf",
+                "model_spec": "/home/alice/m/tiny.gguf",
+                "prompts": [{"index": 0, "length": 100, "chunk": None}],
+                "starts": [
+                    {
+                        "start": 0,
+                        "requests": [req],
+                        "log_tail": "alice@build-box-7 /home/alice sk-" + "x" * 30,
+                    }
+                ],
+            }
+        )
     (out / "cells.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    path, text, removed = write_report(out, scrubber=Scrubber.for_this_machine(
-        extra_homes=["/home/al", "/home/alice"], extra_users=["alice"], extra_hosts=["build-box-7"]))
+    path, text, removed = write_report(
+        out,
+        scrubber=Scrubber.for_this_machine(
+            extra_homes=["/home/al", "/home/alice"], extra_users=["alice"], extra_hosts=["build-box-7"]
+        ),
+    )
     saved = path.read_text()
     assert saved == text and "engine exits, 1 of 1 starts (exit code 134)" in saved
-    for s in ("/home/al", "alice", "build-box-7", "10.20.30.40", "tok-ABCDEFGH12345678", "sk-xxxx",
-              os.path.expanduser("~") + "/"):
+    for s in (
+        "/home/al",
+        "alice",
+        "build-box-7",
+        "10.20.30.40",
+        "tok-ABCDEFGH12345678",
+        "sk-xxxx",
+        os.path.expanduser("~") + "/",
+    ):
         assert s not in saved, f"{s!r} survived"
     assert {r.kind for r in removed} >= {"home", "user", "host", "ip", "key"}
 
 
 def test_url_credentials_and_windows_homes():
-    clean, removed = Scrubber().scrub("http://bob:pa55word@10.0.0.1/ x C:\\Users\\carol\\m.gguf y C:\\Users\\Public\\z")
+    clean, removed = Scrubber().scrub(
+        "http://bob:pa55word@10.0.0.1/ x C:\\Users\\carol\\m.gguf y C:\\Users\\Public\\z"
+    )
     assert clean == "http://<user>:<secret>@<ip>/ x <home>\\m.gguf y C:\\Users\\Public\\z", clean
-    assert {("user", "bob"), ("key", "pa55word"), ("home", "C:\\Users\\carol")} <= {(r.kind, r.original) for r in removed}
+    assert {("user", "bob"), ("key", "pa55word"), ("home", "C:\\Users\\carol")} <= {
+        (r.kind, r.original) for r in removed
+    }
 
 
 def test_macos_homes_through_their_volumes_and_tilde_paths():
-    text = ("/System/Volumes/Data/Users/frank/m.gguf, /Volumes/Macintosh HD/Users/gina/x and ~hank/.cache; "
-            "/Users/Shared/models stays, and so do ~/x and 'about ~half of it'")
+    text = (
+        "/System/Volumes/Data/Users/frank/m.gguf, /Volumes/Macintosh HD/Users/gina/x and ~hank/.cache; "
+        "/Users/Shared/models stays, and so do ~/x and 'about ~half of it'"
+    )
     clean, removed = Scrubber().scrub(text)
     for name in ("frank", "gina", "hank"):
         assert name not in clean, clean
     assert clean.startswith("<home>/m.gguf, <home>/x and <home>/.cache;")
     assert "/Users/Shared/models" in clean and "~/x" in clean and "~half of" in clean
     assert {r.original for r in removed if r.kind == "home"} == {
-        "/System/Volumes/Data/Users/frank", "/Volumes/Macintosh HD/Users/gina", "~hank"}
+        "/System/Volumes/Data/Users/frank",
+        "/Volumes/Macintosh HD/Users/gina",
+        "~hank",
+    }
 
 
 def test_this_machines_names_in_any_case():

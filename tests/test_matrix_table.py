@@ -15,22 +15,45 @@ from repro_matrix._table import _ranges, build_table, markdown_table, summarize
 
 
 def _record(cell: Cell, *, fail: bool, slots: int) -> dict:
-    req = ({"prompt": 0, "status": "error", "error_code": "lend_failed",
-            "error_message": "lending the prompt path its slots failed: prefill: ..."} if fail else
-           {"prompt": 0, "status": "ok", "tokens": [3, 1, 4], "margins": [2.0, 2.0, 2.0]})
-    return {"cell_id": cell.cell_id, "cell": cell.to_dict(),
-            "plan": {"n_slots": slots, "auto_chunk": 4096, "auto_ring_slots": 32, "auto_loan_slots": 1338,
-                     "max_lend_slots": slots // 2},
-            "layouts": {"layouts": {"2048": {"slots_needed": 1935, "ring_slots": 1286},
-                                    "4096": {"slots_needed": 1338, "ring_slots": 32}}},
-            "prompts": [{"index": 0, "length": 2008, "chunk": 2048}],
-            "starts": [{"start": i, "requests": [req]} for i in range(3)]}
+    req = (
+        {
+            "prompt": 0,
+            "status": "error",
+            "error_code": "lend_failed",
+            "error_message": "lending the prompt path its slots failed: prefill: ...",
+        }
+        if fail
+        else {"prompt": 0, "status": "ok", "tokens": [3, 1, 4], "margins": [2.0, 2.0, 2.0]}
+    )
+    return {
+        "cell_id": cell.cell_id,
+        "cell": cell.to_dict(),
+        "plan": {
+            "n_slots": slots,
+            "auto_chunk": 4096,
+            "auto_ring_slots": 32,
+            "auto_loan_slots": 1338,
+            "max_lend_slots": slots // 2,
+        },
+        "layouts": {
+            "layouts": {
+                "2048": {"slots_needed": 1935, "ring_slots": 1286},
+                "4096": {"slots_needed": 1338, "ring_slots": 32},
+            }
+        },
+        "prompts": [{"index": 0, "length": 2008, "chunk": 2048}],
+        "starts": [{"start": i, "requests": [req]} for i in range(3)],
+    }
 
 
 def _matrix() -> Matrix:
-    return Matrix.from_dict({"axes": {"expert_cache": [3840, 4352, 4864, 5376], "lend_policy": ["legacy", "current"]},
-                             "reference": {"lend_policy": "current", "expert_cache": "auto"},
-                             "expect_fail": [{"lend_policy": "legacy"}]})
+    return Matrix.from_dict(
+        {
+            "axes": {"expert_cache": [3840, 4352, 4864, 5376], "lend_policy": ["legacy", "current"]},
+            "reference": {"lend_policy": "current", "expert_cache": "auto"},
+            "expect_fail": [{"lend_policy": "legacy"}],
+        }
+    )
 
 
 def _records(m: Matrix) -> list[dict]:
@@ -52,7 +75,10 @@ def test_table_groups_by_cache_size_and_names_policy_and_verdict():
     assert list(body["lend_policy"])[:2] == ["legacy", "current"]
     failing = body[body["failing"]]
     assert set(failing["expert_cache"]) == {"4352", "4864"} and set(failing["lend_policy"]) == {"legacy"}
-    assert all(failing["expected"]) and (failing["what happened"] == "lend failed, 3 of 3 starts (prompt 0)").all()
+    assert (
+        all(failing["expected"])
+        and (failing["what happened"] == "lend failed, 3 of 3 starts (prompt 0)").all()
+    )
     assert (body["short chunk needs"] == "2048: 1935 (ring 1286)").all()
     md = markdown_table(df)
     head = md.splitlines()[0]
@@ -82,7 +108,9 @@ def test_ranges():
 
 
 def test_env_command_prints_the_setup_scrubbed():
-    p = subprocess.run([sys.executable, "-m", "repro_matrix", "env"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "repro_matrix", "env"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     for part in ("**strata**", "**GPU**", "**CPU**", "**RAM**", "**OS**", "**Python**"):
         assert part in p.stdout

@@ -6,8 +6,13 @@ from repro_matrix import first_difference, judge
 
 
 def _ok(k, tokens, margins=None, halvings=0):
-    return {"prompt": k, "status": "ok", "tokens": tokens, "margins": margins or [5.0] * len(tokens),
-            "halvings": halvings}
+    return {
+        "prompt": k,
+        "status": "ok",
+        "tokens": tokens,
+        "margins": margins or [5.0] * len(tokens),
+        "halvings": halvings,
+    }
 
 
 def _err(k, code, msg="", exit_code=None):
@@ -15,8 +20,13 @@ def _err(k, code, msg="", exit_code=None):
 
 
 def _rec(cid, *starts, reference=False):
-    return {"cell_id": cid, "cell": {"engine": {}, "request": {}, "reference": reference},
-            "starts": [{"start": i, "start_error": None, "requests": list(reqs)} for i, reqs in enumerate(starts)]}
+    return {
+        "cell_id": cid,
+        "cell": {"engine": {}, "request": {}, "reference": reference},
+        "starts": [
+            {"start": i, "start_error": None, "requests": list(reqs)} for i, reqs in enumerate(starts)
+        ],
+    }
 
 
 REF = _rec("ref", [_ok(0, [1, 2, 3, 4], [9.0, 0.0004, 3.0, 2.0]), _ok(1, [5, 6, 7])], reference=True)
@@ -52,7 +62,10 @@ def test_lend_failures_and_exits_are_counted_per_start():
     rec = _rec(
         "legacy",
         [_ok(0, [1, 2, 3, 4]), _err(1, "lend_failed", "lending the prompt path its slots failed: ...")],
-        [_ok(0, [1, 2, 3, 4]), _err(1, "engine_exited", "the engine stopped unexpectedly (exit code 134)", 134)],
+        [
+            _ok(0, [1, 2, 3, 4]),
+            _err(1, "engine_exited", "the engine stopped unexpectedly (exit code 134)", 134),
+        ],
         [_ok(0, [1, 2, 3, 4]), _ok(1, [5, 6, 7])],
     )
     v = judge(rec, REF)
@@ -83,8 +96,11 @@ def test_halving_is_reported_but_not_a_failure():
 
 
 def test_an_engine_that_never_starts():
-    rec = {"cell_id": "s", "cell": {}, "starts": [{"start": 0, "start_error": "budget too small: 3 MiB missing",
-                                                   "requests": []}]}
+    rec = {
+        "cell_id": "s",
+        "cell": {},
+        "starts": [{"start": 0, "start_error": "budget too small: 3 MiB missing", "requests": []}],
+    }
     v = judge(rec, REF)
     assert v.label == "engine start failed" and v.failing and "budget too small" in v.errors[0]
 

@@ -56,7 +56,10 @@ def test_plan_lines_and_non_monotonic_layout(tiny: Path) -> None:
         plan_line = [ln for ln in lines if ln.startswith("plan: budget") and "auto chunk" in ln]
         assert len(plan_line) == 1 and f"{p.n_slots} slots" in plan_line[0]
         # the fixed part and the cache add up to the budget
-        assert p.resident_bytes + p.kv_bytes + p.scratch_bytes + p.reserve_bytes + p.n_slots * p.slot_bytes <= p.budget_bytes
+        assert (
+            p.resident_bytes + p.kv_bytes + p.scratch_bytes + p.reserve_bytes + p.n_slots * p.slot_bytes
+            <= p.budget_bytes
+        )
         assert p.slot_bytes % 256 == 0 and p.slot_bytes >= eng.info.expert_bytes
         assert p.max_lend_slots <= min(p.n_slots - p.lend_floor, p.n_slots // 2)
         # the small pick gets the deep ring, the auto chunk the shallow one: a smaller chunk needs more
@@ -144,7 +147,7 @@ def test_refill_restores_the_residency_table_exactly(tiny: Path) -> None:
             assert len(lent) == 1
             k, t = int(lent[0].group(1)), int(lent[0].group(2))
             assert t == request_chunk(p.auto_chunk, n) and k == eng.layout(t).slots_needed
-            displaced = int(((before >= p.n_slots - k)).sum())
+            displaced = int((before >= p.n_slots - k).sum())
             assert displaced > 0
             assert f"refilled {k} slots ({displaced} experts copied back)" in lines
             st = eng.stats()
@@ -227,7 +230,9 @@ def test_bad_input_is_a_clear_error_and_the_engine_stays_usable(tiny: Path, tmp_
         Engine(tiny, EngineConfig(threads=1, vram_budget=1 << 20))
     with pytest.raises(BudgetError, match=r"context is too long.*--max-context"):
         Engine(tiny, EngineConfig(threads=1, vram_budget=16 << 20, max_context=65536))
-    with pytest.raises(BudgetError, match=r"--expert-cache 100000 slots.*lower --expert-cache to at most \d+"):
+    with pytest.raises(
+        BudgetError, match=r"--expert-cache 100000 slots.*lower --expert-cache to at most \d+"
+    ):
         Engine(tiny, EngineConfig(threads=1, vram_budget=64 << 20, expert_cache="100000"))
     with pytest.raises(ModelFileError, match=r"cannot read .*nope\.txt"):
         Engine(tiny, EngineConfig(threads=1, expert_profile=str(tmp_path / "nope.txt")))
@@ -303,8 +308,14 @@ def test_fixed_prefill_is_halved_at_open_until_it_fits(tiny: Path) -> None:
     eng, lines = open_traced(tiny, expert_cache="100", prefill="2048")
     with eng:
         p = eng.plan
-        halved = [re.match(r"^plan: --prefill (\d+) halved to (\d+): it needs (\d+) slots, the cache lends at most (\d+)$", ln)
-                  for ln in lines if "halved" in ln]
+        halved = [
+            re.match(
+                r"^plan: --prefill (\d+) halved to (\d+): it needs (\d+) slots, the cache lends at most (\d+)$",
+                ln,
+            )
+            for ln in lines
+            if "halved" in ln
+        ]
         assert halved and all(halved)
         steps = [(int(m.group(1)), int(m.group(2))) for m in halved]  # type: ignore[union-attr]
         assert steps[0][0] == 2048 and all(b == a // 2 for a, b in steps)

@@ -60,7 +60,9 @@ def engine_settings(draw: st.DrawFn) -> tuple[dict[str, object], list[int]]:
         "threads": 1,
         "max_context": ctx,
         "kv": draw(st.sampled_from(["f16", "int8"])),
-        "prefill": draw(st.sampled_from(["auto", "auto", "auto", "auto:512", "auto:1024", "64", "200", "1000"])),
+        "prefill": draw(
+            st.sampled_from(["auto", "auto", "auto", "auto:512", "auto:1024", "64", "200", "1000"])
+        ),
         "lend_policy": draw(st.sampled_from(["current", "legacy"])),
         "expert_cache": draw(st.sampled_from(["auto", "n", "n", "n", "n"])),
     }
@@ -145,7 +147,9 @@ def check_requests(eng: Engine, lengths: list[int], lines: list[str]) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(engine_settings())
-def test_every_request_is_served_with_its_own_layout(tiny: Path, setting: tuple[dict[str, object], list[int]]) -> None:
+def test_every_request_is_served_with_its_own_layout(
+    tiny: Path, setting: tuple[dict[str, object], list[int]]
+) -> None:
     cfg, lengths = setting
     lines: list[str] = []
     eng = open_engine(tiny, EngineConfig(**cfg), lines.append)  # type: ignore[arg-type]
@@ -170,7 +174,10 @@ def _replies(eng: Engine) -> list[tuple[list[int], np.ndarray]]:
         eng.kv_reset()
         steps: list[np.ndarray] = []
         r = eng.generate(
-            _prompt(n, 100 + i), max_tokens=N_GEN, stop_at_eos=False, on_token=lambda _t, lg, s=steps: s.append(lg.copy())
+            _prompt(n, 100 + i),
+            max_tokens=N_GEN,
+            stop_at_eos=False,
+            on_token=lambda _t, lg, s=steps: s.append(lg.copy()),
         )
         out.append((r.tokens, np.stack(steps)))
     return out

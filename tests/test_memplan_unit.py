@@ -25,7 +25,9 @@ def _compile(tmp_path: pathlib.Path, sanitize: bool) -> pathlib.Path:
     flags = ["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-O1", "-g"]
     if sanitize:
         flags += ["-fsanitize=address,undefined", "-fno-omit-frame-pointer"]
-    srcs = [ROOT / "tests" / "native" / "test_memplan.c"] + [SRC / f for f in ("plan.c", "arena.c", "cache.c", "error.c")]
+    srcs = [ROOT / "tests" / "native" / "test_memplan.c"] + [
+        SRC / f for f in ("plan.c", "arena.c", "cache.c", "error.c")
+    ]
     cmd = [cc, *flags, f"-I{ROOT / 'native' / 'include'}", f"-I{SRC}", *map(str, srcs), "-lm", "-o", str(exe)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0 and sanitize:
@@ -40,4 +42,7 @@ def test_memplan_unit_checks(tmp_path: pathlib.Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checks passed" in r.stdout
     # the legacy bug exists on both the tiny preset's and the real model's dimensions
-    assert "tiny (context 4096): legacy fails" in r.stdout and "qwen3-30b-a3b (context 32768): legacy fails" in r.stdout
+    assert (
+        "tiny (context 4096): legacy fails" in r.stdout
+        and "qwen3-30b-a3b (context 32768): legacy fails" in r.stdout
+    )

@@ -69,7 +69,6 @@ NEAR_TIE = 0.05  # router logits
 MAX_NEAR_TIES = 4
 
 
-
 def _prompt(path: Path, n: int) -> list[int]:
     ids = _gguf_tokenizer(path).encode(PROMPT_TEXT * 4).ids
     return ids[:n]

@@ -31,8 +31,18 @@ MSGS = [{"role": "user", "content": "Tell me about the expert cache."}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Served]:
-    s = Served(ensure_model("tiny"), "--api-key", KEY, "--max-context", str(CTX), "--max-body-mib", "1",
-               "--threads", "2", "--quiet")
+    s = Served(
+        ensure_model("tiny"),
+        "--api-key",
+        KEY,
+        "--max-context",
+        str(CTX),
+        "--max-body-mib",
+        "1",
+        "--threads",
+        "2",
+        "--quiet",
+    )
     yield s
     assert s.stop() == 0
 
@@ -53,8 +63,9 @@ def _extra(obj: Any, key: str) -> Any:
     return (obj.model_extra or {})[key]
 
 
-def test_chat_reply_is_the_engines_and_the_numbers_agree(server: Served, client: openai.OpenAI, tiny_tok: Tokenizer,
-                                                        engine: Engine) -> None:
+def test_chat_reply_is_the_engines_and_the_numbers_agree(
+    server: Served, client: openai.OpenAI, tiny_tok: Tokenizer, engine: Engine
+) -> None:
     before = server.status(KEY)["stats"]
     r = client.chat.completions.create(model="any-name-at-all", messages=MSGS, max_tokens=12, temperature=0)
     after = server.status(KEY)["stats"]
@@ -74,7 +85,9 @@ def test_chat_reply_is_the_engines_and_the_numbers_agree(server: Served, client:
     assert r.usage.total_tokens == len(prompt) + 12
     assert after["prompt_tokens"] - before["prompt_tokens"] == len(prompt)
     assert timings["prompt_ms"] == pytest.approx(after["prompt_ms"] - before["prompt_ms"], rel=1e-6, abs=1e-6)
-    assert timings["predicted_ms"] == pytest.approx(after["decode_ms"] - before["decode_ms"], rel=1e-6, abs=1e-6)
+    assert timings["predicted_ms"] == pytest.approx(
+        after["decode_ms"] - before["decode_ms"], rel=1e-6, abs=1e-6
+    )
     assert timings["predicted_per_second"] == pytest.approx(12 * 1000 / timings["predicted_ms"])
     assert len(st["top2_margins"]) == 12 and all(m >= 0 for m in st["top2_margins"])
     assert st["chunk"] == after["last_chunk"] and st["lookups"] == after["lookups"] - before["lookups"]
@@ -82,8 +95,16 @@ def test_chat_reply_is_the_engines_and_the_numbers_agree(server: Served, client:
 
 def test_streaming_chat_equals_the_whole_reply(client: openai.OpenAI) -> None:
     whole = client.chat.completions.create(model="m", messages=MSGS, max_tokens=10, temperature=0)
-    chunks = list(client.chat.completions.create(model="m", messages=MSGS, max_tokens=10, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=MSGS,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -94,12 +115,16 @@ def test_streaming_chat_equals_the_whole_reply(client: openai.OpenAI) -> None:
     assert _extra(last, "timings")["predicted_n"] == 10
     assert _extra(last, "strata")["token_ids"] == _extra(whole, "strata")["token_ids"]
     # without include_usage there is no usage chunk, and the finishing chunk still carries the timings
-    plain = list(client.chat.completions.create(model="m", messages=MSGS, max_tokens=3, temperature=0, stream=True))
+    plain = list(
+        client.chat.completions.create(model="m", messages=MSGS, max_tokens=3, temperature=0, stream=True)
+    )
     assert all(c.usage is None for c in plain)
     assert _extra(plain[-1], "timings")["predicted_n"] == 3
 
 
-def test_completions_token_ids_strings_and_stop(client: openai.OpenAI, tiny_tok: Tokenizer, engine: Engine) -> None:
+def test_completions_token_ids_strings_and_stop(
+    client: openai.OpenAI, tiny_tok: Tokenizer, engine: Engine
+) -> None:
     ids = tiny_tok.encode("The expert cache keeps")
     r = client.completions.create(model="m", prompt=ids, max_tokens=16, temperature=0)
     st = _extra(r, "strata")
@@ -110,8 +135,8 @@ def test_completions_token_ids_strings_and_stop(client: openai.OpenAI, tiny_tok:
     same = client.completions.create(model="m", prompt="The expert cache keeps", max_tokens=16, temperature=0)
     assert same.choices[0].text == text
     # a stop string cuts the text before it and ends with finish_reason "stop"
-    cut = next(k for k in range(3, len(text) - 2) if text[k:k + 2].strip())
-    stop = text[cut:cut + 2]
+    cut = next(k for k in range(3, len(text) - 2) if text[k : k + 2].strip())
+    stop = text[cut : cut + 2]
     s = client.completions.create(model="m", prompt=ids, max_tokens=16, temperature=0, stop=[stop])
     assert s.choices[0].text == text[: text.index(stop)]
     assert s.choices[0].finish_reason == "stop"
@@ -120,14 +145,18 @@ def test_completions_token_ids_strings_and_stop(client: openai.OpenAI, tiny_tok:
 def test_cached_prompt_prefix_gives_the_same_reply(client: openai.OpenAI) -> None:
     first = [{"role": "user", "content": "Tell me about the expert cache."}]
     r1 = client.chat.completions.create(model="m", messages=first, max_tokens=8, temperature=0)
-    follow = [*first, {"role": "assistant", "content": r1.choices[0].message.content},
-              {"role": "user", "content": "And what about the loan?"}]
+    follow = [
+        *first,
+        {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "And what about the loan?"},
+    ]
     cold = client.chat.completions.create(model="m", messages=follow, max_tokens=8, temperature=0)
     assert cold.usage is not None and cold.usage.prompt_tokens_details.cached_tokens == 0  # type: ignore[union-attr]
     # the first turn again, then the follow-up reuses what the KV cache holds of it
     client.chat.completions.create(model="m", messages=first, max_tokens=8, temperature=0)
-    warm = client.chat.completions.create(model="m", messages=follow, max_tokens=8, temperature=0,
-                                          extra_body={"cache_prompt": True})
+    warm = client.chat.completions.create(
+        model="m", messages=follow, max_tokens=8, temperature=0, extra_body={"cache_prompt": True}
+    )
     assert warm.usage is not None
     cached = warm.usage.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
     assert cached > 10 and cached == _extra(warm, "strata")["cached_tokens"]
@@ -138,8 +167,9 @@ def test_cached_prompt_prefix_gives_the_same_reply(client: openai.OpenAI) -> Non
 
 def test_reasoning_format(client: openai.OpenAI) -> None:
     plain = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0)
-    split = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0,
-                                           extra_body={"reasoning_format": "deepseek"})
+    split = client.chat.completions.create(
+        model="m", messages=MSGS, max_tokens=12, temperature=0, extra_body={"reasoning_format": "deepseek"}
+    )
     raw = plain.choices[0].message.content or ""
     msg = split.choices[0].message
     reasoning = (msg.model_extra or {}).get("reasoning_content") or ""
@@ -147,17 +177,34 @@ def test_reasoning_format(client: openai.OpenAI) -> None:
     assert _extra(split, "strata")["token_ids"] == _extra(plain, "strata")["token_ids"]
     if "<think>" not in raw:
         assert msg.content == raw and reasoning == ""
-    assert (msg.content or "") + reasoning == raw.replace("<think>", "").replace("</think>", "") or "<think>" in raw
-    chunks = list(client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=0, stream=True,
-                                                 extra_body={"reasoning_format": "deepseek"}))
+    assert (msg.content or "") + reasoning == raw.replace("<think>", "").replace(
+        "</think>", ""
+    ) or "<think>" in raw
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=MSGS,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            extra_body={"reasoning_format": "deepseek"},
+        )
+    )
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == msg.content
 
 
 def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> list[int]:
-        r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=12, temperature=1.0, top_p=0.95,
-                                           seed=seed, extra_body={"top_k": 50, "min_p": 0.01})
+        r = client.chat.completions.create(
+            model="m",
+            messages=MSGS,
+            max_tokens=12,
+            temperature=1.0,
+            top_p=0.95,
+            seed=seed,
+            extra_body={"top_k": 50, "min_p": 0.01},
+        )
         return list(_extra(r, "strata")["token_ids"])
 
     a, b, c = sample(7), sample(7), sample(8)
@@ -165,8 +212,9 @@ def test_seeded_sampling_is_reproducible(client: openai.OpenAI) -> None:
 
 
 def test_logprobs(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="m", messages=MSGS, max_tokens=5, temperature=0, logprobs=True,
-                                       top_logprobs=3)
+    r = client.chat.completions.create(
+        model="m", messages=MSGS, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3
+    )
     lp = r.choices[0].logprobs
     assert lp is not None and lp.content is not None and len(lp.content) == 5
     for entry in lp.content:
@@ -184,10 +232,18 @@ def test_models_health_metrics_status(server: Served, client: openai.OpenAI) -> 
     assert httpx.get(f"{server.url}/metrics").status_code == 401  # with --api-key, the key is needed
     m = httpx.get(f"{server.url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert m.status_code == 200 and m.headers["x-strata-server"] == "1"
-    for name in ("strata_requests_total", "strata_prompt_tokens_total", "strata_generated_tokens_total",
-                 "strata_prompt_seconds_total", "strata_decode_seconds_total", "strata_expert_hits_total",
-                 "strata_expert_lookups_total", "strata_expert_swaps_total", "strata_slots_lent",
-                 "strata_engine_restarts_total"):
+    for name in (
+        "strata_requests_total",
+        "strata_prompt_tokens_total",
+        "strata_generated_tokens_total",
+        "strata_prompt_seconds_total",
+        "strata_decode_seconds_total",
+        "strata_expert_hits_total",
+        "strata_expert_lookups_total",
+        "strata_expert_swaps_total",
+        "strata_slots_lent",
+        "strata_engine_restarts_total",
+    ):
         assert f"\n{name}" in m.text or m.text.startswith(name) or f"\n{name}{{" in m.text, name
     st = server.status(KEY)
     assert st["state"] == "idle" and st["model"] == "tiny-q8_0-seed0-v1.gguf"
@@ -201,15 +257,19 @@ def test_models_health_metrics_status(server: Served, client: openai.OpenAI) -> 
 
 
 def test_api_key_is_required_on_v1_only(server: Served) -> None:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0) as bad, \
-            pytest.raises(openai.AuthenticationError) as e:
+    with (
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0) as bad,
+        pytest.raises(openai.AuthenticationError) as e,
+    ):
         bad.chat.completions.create(model="m", messages=MSGS, max_tokens=2)
     assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
     for path in ("/v1/models", "/v1/status"):
         r = httpx.get(f"{server.url}{path}")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert "Authorization: Bearer" in r.json()["error"]["message"]
-    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"})
+    r = httpx.post(
+        f"{server.url}/v1/completions", json={"prompt": "x"}, headers={"Authorization": "Bearer nope"}
+    )
     assert r.status_code == 401 and "not valid" in r.json()["error"]["message"]
     assert httpx.get(f"{server.url}/health").status_code == 200
 
@@ -217,8 +277,22 @@ def test_api_key_is_required_on_v1_only(server: Served) -> None:
 BAD = [
     ("chat", {"messages": "hi"}, 400, "invalid_request", "messages", "list"),
     ("chat", {}, 400, "invalid_request", "messages", "missing"),
-    ("chat", {"messages": [{"role": "robot", "content": "x"}]}, 400, "invalid_request", "messages[0].role", "robot"),
-    ("chat", {"messages": [{"role": "user", "content": 3}]}, 400, "invalid_request", "messages[0].content", "string"),
+    (
+        "chat",
+        {"messages": [{"role": "robot", "content": "x"}]},
+        400,
+        "invalid_request",
+        "messages[0].role",
+        "robot",
+    ),
+    (
+        "chat",
+        {"messages": [{"role": "user", "content": 3}]},
+        400,
+        "invalid_request",
+        "messages[0].content",
+        "string",
+    ),
     ("chat", {"messages": MSGS, "temperature": "hot"}, 400, "invalid_request", "temperature", "number"),
     ("chat", {"messages": MSGS, "temperature": -1}, 400, "invalid_request", "temperature", "between"),
     ("chat", {"messages": MSGS, "max_tokens": 0}, 400, "invalid_request", "max_tokens", "between"),
@@ -230,9 +304,22 @@ BAD = [
     ("chat", {"messages": MSGS, "stop": 5}, 400, "invalid_request", "stop", "string"),
     ("chat", {"messages": MSGS, "stream_options": 1}, 400, "invalid_request", "stream_options", "object"),
     ("chat", {"messages": MSGS, "model": 5}, 400, "invalid_request", "model", "string"),
-    ("chat", {"messages": MSGS, "reasoning_format": "xml"}, 400, "invalid_request", "reasoning_format", "deepseek"),
-    ("chat", {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": "no"}}, 400, "invalid_request",
-     "chat_template_kwargs.enable_thinking", "true or false"),
+    (
+        "chat",
+        {"messages": MSGS, "reasoning_format": "xml"},
+        400,
+        "invalid_request",
+        "reasoning_format",
+        "deepseek",
+    ),
+    (
+        "chat",
+        {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": "no"}},
+        400,
+        "invalid_request",
+        "chat_template_kwargs.enable_thinking",
+        "true or false",
+    ),
     ("completions", {}, 400, "invalid_request", "prompt", "missing"),
     ("completions", {"prompt": [1, 99999]}, 400, "invalid_request", "prompt", "99999"),
     ("completions", {"prompt": [[1, 2], [3, 4]]}, 400, "invalid_request", "prompt", "batches"),
@@ -243,10 +330,14 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize(("endpoint", "body", "status", "code", "param", "words"), BAD,
-                         ids=[f"{b[0]}-{b[4]}-{i}" for i, b in enumerate(BAD)])
-def test_bad_requests_are_named(server: Served, endpoint: str, body: dict, status: int, code: str, param: str,
-                                words: str) -> None:
+@pytest.mark.parametrize(
+    ("endpoint", "body", "status", "code", "param", "words"),
+    BAD,
+    ids=[f"{b[0]}-{b[4]}-{i}" for i, b in enumerate(BAD)],
+)
+def test_bad_requests_are_named(
+    server: Served, endpoint: str, body: dict, status: int, code: str, param: str, words: str
+) -> None:
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     r = httpx.post(f"{server.url}{path}", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert r.status_code == status, r.text
@@ -268,6 +359,7 @@ def test_malformed_and_huge_bodies_then_still_serving(server: Served, client: op
     r = httpx.post(url, content=big, headers=auth, timeout=60)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     assert str(1 << 20) in r.json()["error"]["message"]
+
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit holds while the body streams in
         yield b'{"messages": [{"role": "user", "content": "'
         for _ in range(40):
@@ -285,7 +377,11 @@ def test_malformed_and_huge_bodies_then_still_serving(server: Served, client: op
 
 def test_the_context_bounds_the_reply_by_the_engines_rule(client: openai.OpenAI) -> None:
     # prompt + reply - 1 <= context: the last token is sampled, never stored
-    r = client.completions.create(model="m", prompt=[5] * (CTX - 6), temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="m", prompt=[5] * (CTX - 6), temperature=0, extra_body={"ignore_eos": True}
+    )
     assert r.usage is not None and r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
-    full = client.completions.create(model="m", prompt=[5] * CTX, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(
+        model="m", prompt=[5] * CTX, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert full.usage is not None and full.usage.completion_tokens == 1

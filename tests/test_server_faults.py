@@ -55,13 +55,18 @@ def _metric(server: Served, name: str) -> float:
 
 
 def test_prompt_progress_is_streamed_and_the_server_never_loads_the_engine(server: Served) -> None:
-    body = {"model": "m", "prompt": [(7 * i) % 1500 + 100 for i in range(1000)], "max_tokens": 2,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": "m",
+        "prompt": [(7 * i) % 1500 + 100 for i in range(1000)],
+        "max_tokens": 2,
+        "temperature": 0,
+        "stream": True,
+    }
     reading: list[tuple[int, int]] = []
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
         for line in r.iter_lines():
             if line.startswith(": reading "):
-                done, total = line[len(": reading "):].split("/")
+                done, total = line[len(": reading ") :].split("/")
                 reading.append((int(done), int(total)))
     # chunks of 256 tokens: the engine reports each one, and the client sees it
     assert reading[-1] == (1000, 1000)
@@ -74,8 +79,9 @@ def test_prompt_progress_is_streamed_and_the_server_never_loads_the_engine(serve
 
 def test_engine_killed_mid_stream(server: Served, client: openai.OpenAI) -> None:
     before = server.status()["engine"]
-    stream = client.chat.completions.create(model="m", messages=MSGS, max_tokens=4000, temperature=0,
-                                            stream=True, extra_body=LONG)
+    stream = client.chat.completions.create(
+        model="m", messages=MSGS, max_tokens=4000, temperature=0, stream=True, extra_body=LONG
+    )
     pieces = 0
     with pytest.raises(openai.APIError) as e:
         for c in stream:
@@ -115,12 +121,16 @@ def test_client_disconnect_stops_generation_within_one_token(server: Served, cli
                         # closes the connection
                         os.kill(pid, signal.SIGSTOP)
                         break
-        _wait(lambda: _metric(server, "strata_requests_cancelled_total") == cancelled_before + 1,
-              "the server to notice the client left")
+        _wait(
+            lambda: _metric(server, "strata_requests_cancelled_total") == cancelled_before + 1,
+            "the server to notice the client left",
+        )
     finally:
         os.kill(pid, signal.SIGCONT)
-    last = _wait(lambda: (server.status()["last_request"] or {}).get("seq") == seq and server.status()["last_request"],
-                 "the cancelled request to be accounted")
+    last = _wait(
+        lambda: (server.status()["last_request"] or {}).get("seq") == seq and server.status()["last_request"],
+        "the cancelled request to be accounted",
+    )
     assert last["finish_reason"] == "cancelled"
     ext = last["strata"]
     generated, seen = len(ext["token_ids"]), ext["cancel_seen_at"]
@@ -142,6 +152,7 @@ def test_queued_client_that_leaves_is_dropped(server: Served) -> None:
     async def main() -> None:
         leave = asyncio.Event()
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+
             async def first() -> int:
                 async with http.stream("POST", "/v1/chat/completions", json=body) as r:
                     seq = int(r.headers["x-strata-request-seq"])
@@ -153,21 +164,27 @@ def test_queued_client_that_leaves_is_dropped(server: Served) -> None:
             os.kill(pid, signal.SIGSTOP)  # the engine holds the first request while the second queues
             try:
                 t1 = asyncio.create_task(first())
-                await asyncio.to_thread(_wait, lambda: server.status()["queue"]["running"] is not None, "first")
+                await asyncio.to_thread(
+                    _wait, lambda: server.status()["queue"]["running"] is not None, "first"
+                )
                 async with http.stream("POST", "/v1/chat/completions", json={**body, "max_tokens": 5}) as r2:
                     seq2 = int(r2.headers["x-strata-request-seq"])
                     st = await asyncio.to_thread(server.status)
                     assert [w["position"] for w in st["queue"]["waiting"] if w["seq"] == seq2] == [1]
                 # gone before its turn: it leaves the queue at once and is never run
-                await asyncio.to_thread(_wait, lambda: server.status()["queue"]["length"] == 0, "the queue to empty")
+                await asyncio.to_thread(
+                    _wait, lambda: server.status()["queue"]["length"] == 0, "the queue to empty"
+                )
                 assert server.status()["queue"]["running"] is not None  # the first is still the engine's
                 leave.set()  # and its client leaves too, before the engine can finish it
             finally:
                 os.kill(pid, signal.SIGCONT)
             seq1 = await t1
             last = await asyncio.to_thread(
-                _wait, lambda: (server.status()["last_request"] or {}).get("seq") == seq1 and server.status(),
-                "the first request to end")
+                _wait,
+                lambda: (server.status()["last_request"] or {}).get("seq") == seq1 and server.status(),
+                "the first request to end",
+            )
             assert last["last_request"]["finish_reason"] == "cancelled" and last["state"] == "idle"
             assert seq2 > seq1 and last["queue"]["length"] == 0
 
@@ -184,8 +201,14 @@ def test_twenty_streaming_clients_complete_in_fifo_order(server: Served) -> None
 
     async def one(ac: openai.AsyncOpenAI, k: int, out: dict[int, tuple[str, int, int, int]]) -> None:
         stream = await ac.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": f"Client {k} says hello."}], max_tokens=max_tokens,
-            temperature=0, stream=True, stream_options={"include_usage": True}, extra_body=LONG)
+            model="m",
+            messages=[{"role": "user", "content": f"Client {k} says hello."}],
+            max_tokens=max_tokens,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body=LONG,
+        )
         parts, usage, ext = [], 0, {}
         async for c in stream:
             if c.choices and c.choices[0].delta.content:
@@ -196,8 +219,9 @@ def test_twenty_streaming_clients_complete_in_fifo_order(server: Served) -> None
 
     async def main() -> None:
         out: dict[int, tuple[str, int, int, int]] = {}
-        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                                      timeout=300) as ac:
+        async with openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=300
+        ) as ac:
             # the engine is paused while the clients arrive, so that they all wait in the queue
             os.kill(pid, signal.SIGSTOP)
             try:

@@ -33,8 +33,12 @@ def test_the_chats_server_gets_its_key_through_the_environment(monkeypatch: pyte
         assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401
         ok = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
         assert ok.status_code == 200
-        assert httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer a-key-of-the-users-shell"},
-                         timeout=30).status_code == 401
+        assert (
+            httpx.get(
+                f"{url}/v1/models", headers={"Authorization": "Bearer a-key-of-the-users-shell"}, timeout=30
+            ).status_code
+            == 401
+        )
     finally:
         proc.stop()
 

@@ -29,7 +29,9 @@ def _launcher(tmp_path: Path, body: str) -> str:
 
 def _app(sup: Supervisor) -> httpx.AsyncClient:
     tok = Tokenizer.from_gguf(ensure_model("tiny"))
-    state = ServerState(supervisor=sup, tokenizer=tok, template=ChatTemplate(tok.chat_template), model_name="tiny")
+    state = ServerState(
+        supervisor=sup, tokenizer=tok, template=ChatTemplate(tok.chat_template), model_name="tiny"
+    )
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(state)), base_url="http://strata")
 
 
@@ -47,7 +49,9 @@ def test_health_is_503_while_loading_then_200(tmp_path: Path) -> None:
             assert st["state"] == "loading" and st["plan"] is None and st["stats"] is None
             await start
             assert (await http.get("/health")).status_code == 200
-            r = await http.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0})
+            r = await http.post(
+                "/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2, "temperature": 0}
+            )
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
         await sup.close()
 

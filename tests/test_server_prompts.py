@@ -25,8 +25,26 @@ def _ids(messages: list[dict[str, str]]) -> list[int]:
 
 
 @settings(deadline=None, max_examples=60)
-@given(st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "system", "\n", "hi ", "<think>",
-                                 "</think>", "<|im_", "\U000f0000", "é"]), max_size=12))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "<|im_start|>",
+                "<|im_end|>",
+                "<|endoftext|>",
+                "system",
+                "\n",
+                "hi ",
+                "<think>",
+                "</think>",
+                "<|im_",
+                "\U000f0000",
+                "é",
+            ]
+        ),
+        max_size=12,
+    )
+)
 def test_control_texts_in_a_message_stay_text(pieces: list[str]) -> None:
     content = "".join(pieces)
     msgs = [{"role": "user", "content": content}]
@@ -39,7 +57,10 @@ def test_control_texts_in_a_message_stay_text(pieces: list[str]) -> None:
 
 
 def test_a_prompt_without_control_texts_is_tokenized_as_before() -> None:
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me about <think> tags."}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell me about <think> tags."},
+    ]
     assert _ids(msgs) == TOK.encode(TEMPLATE.render(msgs), parse_special=True)
     p = TEMPLATE.render_prompt(msgs)
     assert p.placeholders == {} and p.text == p.masked
@@ -60,7 +81,9 @@ def test_the_reply_length_follows_the_engines_rule() -> None:
 
 
 def test_the_command_to_the_worker_is_typed() -> None:
-    cmd = GenerateCommand(prompt=[1, 2, 3], max_tokens=4, temperature=0.5, stop_tokens=[9], cache_scope="key0/")
+    cmd = GenerateCommand(
+        prompt=[1, 2, 3], max_tokens=4, temperature=0.5, stop_tokens=[9], cache_scope="key0/"
+    )
     msg = cmd.to_message()
     assert msg["op"] == "generate" and GenerateCommand.from_message(msg) == cmd
     with pytest.raises(ProtocolError, match="unknown fields want_logprobs"):

@@ -22,7 +22,14 @@ from strata.model import ensure_model
 pytestmark = pytest.mark.timeout(240)
 
 MSGS = [{"role": "user", "content": "Keep talking about experts."}]
-LONG = {"model": "m", "messages": MSGS, "max_tokens": 4000, "temperature": 0, "stream": True, "ignore_eos": True}
+LONG = {
+    "model": "m",
+    "messages": MSGS,
+    "max_tokens": 4000,
+    "temperature": 0,
+    "stream": True,
+    "ignore_eos": True,
+}
 
 
 def _wait(cond: Any, what: str, timeout: float = 60.0) -> Any:
@@ -105,10 +112,13 @@ def test_a_stopped_worker_is_noticed_and_a_resumed_one_serves_again() -> None:
     finally:
         os.kill(pid, signal.SIGCONT)
     try:
-        _wait(lambda: httpx.get(f"{s.url}/health", timeout=30).status_code == 200, "the engine to answer again")
+        _wait(
+            lambda: httpx.get(f"{s.url}/health", timeout=30).status_code == 200, "the engine to answer again"
+        )
         # the same engine (not a restart) serves the next request
-        r3 = httpx.post(f"{s.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 0},
-                        timeout=60)
+        r3 = httpx.post(
+            f"{s.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 0}, timeout=60
+        )
         assert r3.status_code == 200 and r3.json()["usage"]["completion_tokens"] == 2
         st = httpx.get(f"{s.url}/v1/status", timeout=30).json()
         assert st["engine"]["pid"] == pid and st["engine"]["restarts"] == 0 and st["state"] == "idle"

@@ -53,8 +53,11 @@ def test_stop_strings_across_pieces() -> None:
     assert _run([], ["a", "b"]) == ("ab", False)
 
 
-@given(st.text(alphabet="abc ", max_size=40), st.text(alphabet="abc", min_size=1, max_size=3),
-       st.lists(st.integers(1, 5), max_size=20))
+@given(
+    st.text(alphabet="abc ", max_size=40),
+    st.text(alphabet="abc", min_size=1, max_size=3),
+    st.lists(st.integers(1, 5), max_size=20),
+)
 def test_stop_matcher_equals_cutting_the_whole_text(text: str, stop: str, cuts: list[int]) -> None:
     pieces, i = [], 0
     for c in cuts:
@@ -83,9 +86,14 @@ def test_think_tags_across_pieces() -> None:
     assert _split(["<think>cut off"]) == ("cut off", "")
 
 
-@given(st.lists(st.sampled_from(["<think>", "</think>", "a", "b ", "<", "</", "think", ">"]), max_size=30),
-       st.lists(st.integers(1, 6), max_size=40), st.booleans())
-def test_think_splitter_equals_splitting_the_whole_text(tokens: list[str], cuts: list[int], inside: bool) -> None:
+@given(
+    st.lists(st.sampled_from(["<think>", "</think>", "a", "b ", "<", "</", "think", ">"]), max_size=30),
+    st.lists(st.integers(1, 6), max_size=40),
+    st.booleans(),
+)
+def test_think_splitter_equals_splitting_the_whole_text(
+    tokens: list[str], cuts: list[int], inside: bool
+) -> None:
     import re
 
     text = "".join(tokens)

@@ -73,7 +73,9 @@ def views(app: StrataChat, role: str | None = None) -> list[MessageView]:
 
 
 async def ready(pilot: Pilot[None], app: StrataChat) -> None:
-    await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None, "connected")
+    await wait_for(
+        pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None, "connected"
+    )
 
 
 async def type_and_send(pilot: Pilot[None], app: StrataChat, text: str) -> None:
@@ -93,8 +95,11 @@ async def setup_greedy(pilot: Pilot[None], app: StrataChat, max_tokens: int) -> 
 async def send_and_wait(pilot: Pilot[None], app: StrataChat, text: str) -> MessageView:
     n = len(views(app, "assistant"))
     await type_and_send(pilot, app, text)
-    await wait_for(pilot, lambda: app.chat is not None and app.chat.reply is None and len(views(app, "assistant")) > n,
-                   "the reply")
+    await wait_for(
+        pilot,
+        lambda: app.chat is not None and app.chat.reply is None and len(views(app, "assistant")) > n,
+        "the reply",
+    )
     return views(app, "assistant")[-1]
 
 
@@ -103,13 +108,20 @@ def status(url: str) -> dict:
 
 
 def completion(url: str, messages: list[dict], max_tokens: int) -> str:
-    r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-        "model": "x", "messages": messages, "temperature": 0, "max_tokens": max_tokens,
-        "chat_template_kwargs": {"enable_thinking": True},
-    })
+    r = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": "x",
+            "messages": messages,
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "chat_template_kwargs": {"enable_thinking": True},
+        },
+    )
     r.raise_for_status()
     msg = r.json()["choices"][0]["message"]
-    return (msg.get("content") or "")
+    return msg.get("content") or ""
 
 
 def test_send_streams_the_servers_reply(server: ServerProcess, tmp_path: Path) -> None:
@@ -129,6 +141,7 @@ def test_send_streams_the_servers_reply(server: ServerProcess, tmp_path: Path) -
             assert views(app, "user")[0].content == "Tell me about experts."
             await pilot.press("f5")  # copy the reply (OSC 52 in a terminal; kept by the app here)
             assert app.clipboard == reply.content
+
     asyncio.run(run())
 
 
@@ -158,10 +171,12 @@ def test_cancel_while_the_prompt_is_read(small_server: ServerProcess, tmp_path: 
             # the engine panel follows the prompt being read (all seen at one moment: no settling)
             await wait_for(
                 pilot,
-                lambda: app.chat.engine.state == "reading"
-                and app.chat.reply is not None
-                and "reading the prompt" in app.chat.reply.view.footer_text
-                and app.chat.query_one("#prompt-bar").display,
+                lambda: (
+                    app.chat.engine.state == "reading"
+                    and app.chat.reply is not None
+                    and "reading the prompt" in app.chat.reply.view.footer_text
+                    and app.chat.query_one("#prompt-bar").display
+                ),
                 "reading",
                 settle=False,
             )
@@ -196,8 +211,16 @@ def test_cancel_while_the_reply_is_written(small_server: ServerProcess, tmp_path
             await type_and_send(pilot, app, "Tell me a long story.")
             # the reply is on the screen and still growing, and the panel says the engine is writing it;
             # Esc at once (no settling: the app is never idle while a reply streams)
-            await wait_for(pilot, lambda: app.chat.reply is not None and len(app.chat.reply.view.content) > 20
-                           and app.chat.engine.state == "generating", "the first words", settle=False)
+            await wait_for(
+                pilot,
+                lambda: (
+                    app.chat.reply is not None
+                    and len(app.chat.reply.view.content) > 20
+                    and app.chat.engine.state == "generating"
+                ),
+                "the first words",
+                settle=False,
+            )
             shown = app.chat.reply.view.content
             received = app.chat.reply.n_pieces  # tokens that reached the chat before Esc
             await pilot.press("escape")
@@ -245,24 +268,36 @@ def test_typing_while_a_reply_streams(small_server: ServerProcess, tmp_path: Pat
             await ready(pilot, app)
             await setup_greedy(pilot, app, 4000)
             await type_and_send(pilot, app, "Tell me a long story.")
-            await wait_for(pilot, lambda: app.chat.reply is not None and app.chat.reply.view.content, "the first words",
-                           settle=False)
+            await wait_for(
+                pilot,
+                lambda: app.chat.reply is not None and app.chat.reply.view.content,
+                "the first words",
+                settle=False,
+            )
             # keys come one at a time while the reply streams: each lands in the box in its order, and what
             # the reply showed stays as more words are added
             assert app.chat.reply is not None
             shown = [app.chat.reply.view.content]
             for i, ch in enumerate(typed):
                 app.post_message(events.Key(ch, ch))
-                await wait_for(pilot, lambda n=i + 1: app.chat.input.text == typed[:n], f"key {i + 1} in the box",
-                               settle=False)
+                await wait_for(
+                    pilot,
+                    lambda n=i + 1: app.chat.input.text == typed[:n],
+                    f"key {i + 1} in the box",
+                    settle=False,
+                )
                 assert app.chat.reply is not None, "the reply ended while the keys came"
                 shown.append(app.chat.reply.view.content)
             for before, after in zip(shown, shown[1:], strict=False):
                 assert after.startswith(before)
             # the stream goes on after the typing: words after the last key, the typed text untouched
             last = shown[-1]
-            await wait_for(pilot, lambda: app.chat.reply is not None and len(app.chat.reply.view.content) > len(last),
-                           "more words after the last key", settle=False)
+            await wait_for(
+                pilot,
+                lambda: app.chat.reply is not None and len(app.chat.reply.view.content) > len(last),
+                "more words after the last key",
+                settle=False,
+            )
             assert app.chat.reply.view.content.startswith(last) and app.chat.input.text == typed
             await pilot.press("escape")
             await wait_for(pilot, lambda: app.chat.reply is None, "the reply to end")
@@ -286,8 +321,15 @@ def test_regenerate_replaces_the_reply(server: ServerProcess, tmp_path: Path) ->
             first_text = first.content
             first_id = first.message_id
             await pilot.press("ctrl+r")
-            await wait_for(pilot, lambda: app.chat.reply is None and views(app, "assistant")
-                           and views(app, "assistant")[-1].message_id not in (None, first_id), "regenerated reply")
+            await wait_for(
+                pilot,
+                lambda: (
+                    app.chat.reply is None
+                    and views(app, "assistant")
+                    and views(app, "assistant")[-1].message_id not in (None, first_id)
+                ),
+                "regenerated reply",
+            )
             # one reply, not two; greedy decoding gives the same text again; the database agrees
             assert [v.role for v in views(app)] == ["user", "assistant"]
             assert views(app, "assistant")[0].content == first_text
@@ -296,6 +338,7 @@ def test_regenerate_replaces_the_reply(server: ServerProcess, tmp_path: Path) ->
         assert [m.role for m in s.messages(conv_id)] == ["user", "assistant"]
         assert s.messages(conv_id)[1].id != first_id
         s.close()
+
     asyncio.run(run())
 
 
@@ -311,8 +354,11 @@ def test_edit_and_resend(server: ServerProcess, tmp_path: Path) -> None:
             assert views(app) == [] and app.chat.input.text == "first version"
             app.chat.input.load_text("second version")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.chat.reply is None and len(views(app, "assistant")) == 1, "reply")
+            await wait_for(
+                pilot, lambda: app.chat.reply is None and len(views(app, "assistant")) == 1, "reply"
+            )
             assert [v.content for v in views(app, "user")] == ["second version"]
+
     asyncio.run(run())
 
 
@@ -328,7 +374,9 @@ def test_new_conversation_persistence_and_export(server: ServerProcess, tmp_path
             reply = await send_and_wait(pilot, app, "Remember this conversation")
             saved["reply"] = reply.content
             await pilot.press("ctrl+n")
-            await wait_for(pilot, lambda: views(app) == [] and app.chat.conv.title == "New conversation", "new conv")
+            await wait_for(
+                pilot, lambda: views(app) == [] and app.chat.conv.title == "New conversation", "new conv"
+            )
             sidebar = app.chat.query_one("#sidebar", ConversationList)
             await wait_for(pilot, lambda: len(sidebar.titles()) == 2, "two conversations listed")
             assert "Remember this conversation" in sidebar.titles()
@@ -360,6 +408,7 @@ def test_new_conversation_persistence_and_export(server: ServerProcess, tmp_path
 
 def test_engine_restart_is_shown_and_recovered(small_server: ServerProcess, tmp_path: Path) -> None:
     server = small_server  # its prompt reading lasts long enough to strike during it
+
     async def run() -> None:
         app = StrataChat(server_url=server.url, db_path=tmp_path / "c.sqlite3")
         async with app.run_test(size=SIZE) as pilot:
@@ -371,7 +420,10 @@ def test_engine_restart_is_shown_and_recovered(small_server: ServerProcess, tmp_
             # strike while the request is in flight: the server's own status is the ground truth (the
             # panel polls it and, on a loaded machine, can miss a short reading window)
             await wait_for(
-                pilot, lambda: status(server.url)["state"] in ("reading", "generating"), "reading", settle=False
+                pilot,
+                lambda: status(server.url)["state"] in ("reading", "generating"),
+                "reading",
+                settle=False,
             )
             pid = status(server.url)["engine"]["pid"]
             assert pid
@@ -381,12 +433,16 @@ def test_engine_restart_is_shown_and_recovered(small_server: ServerProcess, tmp_
             assert "stopped unexpectedly" in err and "restarts with your next message" in err
             assert app.chat.input.text == text  # the input is given back
             # the panel shows the restart
-            await wait_for(pilot, lambda: (app.chat.engine.status.get("engine") or {}).get("restarts", 0) > restarts,
-                           "restart counted")
+            await wait_for(
+                pilot,
+                lambda: (app.chat.engine.status.get("engine") or {}).get("restarts", 0) > restarts,
+                "restart counted",
+            )
             # and the next message is answered
             app.chat.input.clear()
             reply = await send_and_wait(pilot, app, "Hello again")
             assert reply.content and reply.footer_text != "cancelled"
+
     asyncio.run(run())
 
 
@@ -401,7 +457,9 @@ def test_unreachable_server_is_retried_until_it_answers(tmp_path: Path) -> None:
         app = StrataChat(server_url=f"http://127.0.0.1:{port}", db_path=tmp_path / "c.sqlite3")
         async with app.run_test(size=SIZE) as pilot:
             banner = app.chat.query_one("#banner", ConnectionBanner)
-            await wait_for(pilot, lambda: banner.display and "retrying in" in str(banner.render()), "the countdown")
+            await wait_for(
+                pilot, lambda: banner.display and "retrying in" in str(banner.render()), "the countdown"
+            )
             await asyncio.to_thread(proc.start, None, 240)
             await wait_for(pilot, lambda: app.chat.connected and not banner.display, "connected", timeout=60)
             assert app.chat.is_strata and app.chat.engine.display
@@ -418,11 +476,16 @@ def test_chat_starts_and_stops_its_own_server(tmp_path: Path) -> None:
     async def run() -> None:
         app = StrataChat(server_process=proc, db_path=tmp_path / "c.sqlite3")
         async with app.run_test(size=SIZE) as pilot:
-            await wait_for(pilot, lambda: app.chat is not None and app.chat.connected, "own server", timeout=240)
+            await wait_for(
+                pilot, lambda: app.chat is not None and app.chat.connected, "own server", timeout=240
+            )
             assert proc.url and proc.url.startswith("http://127.0.0.1:")
             # the built-in model writes noise: the chat says so at once
-            await wait_for(pilot, lambda: any("built-in test model" in v.content for v in views(app, "note")),
-                           "the note about the built-in model")
+            await wait_for(
+                pilot,
+                lambda: any("built-in test model" in v.content for v in views(app, "note")),
+                "the note about the built-in model",
+            )
             await setup_greedy(pilot, app, 4)
             reply = await send_and_wait(pilot, app, "hi")
             assert reply.content or reply.reasoning
@@ -434,7 +497,9 @@ def test_chat_starts_and_stops_its_own_server(tmp_path: Path) -> None:
     assert proc.exited() is not None
 
 
-def test_a_settings_toast_leaves_no_text_behind_after_the_log_scrolled(server: ServerProcess, tmp_path: Path) -> None:
+def test_a_settings_toast_leaves_no_text_behind_after_the_log_scrolled(
+    server: ServerProcess, tmp_path: Path
+) -> None:
     """The toast that confirms a setting, then a scroll of the log, then the toast expires: the terminal
     (the app's updates replayed, tests/_terminal.py) shows what the screen shows where it was."""
     from _terminal import now_drawn, record
@@ -464,4 +529,5 @@ def test_a_settings_toast_leaves_no_text_behind_after_the_log_scrolled(server: S
             await pilot.pause(0.3)
             assert terminal.text(region) == now_drawn(app).text(region)
             assert "max 3000" not in "".join(terminal.text(region))
+
     asyncio.run(run())

@@ -29,8 +29,11 @@ def test_think_tags_split_reasoning_from_answer() -> None:
 
 
 @settings(deadline=None)  # a loaded CI machine must not turn a slow example into a failure
-@given(st.text(alphabet="ab<>/thinkx", max_size=40), st.text(alphabet="ab<x", max_size=40),
-       st.lists(st.integers(min_value=1, max_value=7), max_size=20))
+@given(
+    st.text(alphabet="ab<>/thinkx", max_size=40),
+    st.text(alphabet="ab<x", max_size=40),
+    st.lists(st.integers(min_value=1, max_value=7), max_size=20),
+)
 def test_any_cut_gives_the_same_split(reasoning: str, answer: str, cuts: list[int]) -> None:
     if "</think>" in reasoning or "<think>" in answer:
         return
@@ -45,7 +48,10 @@ def test_any_cut_gives_the_same_split(reasoning: str, answer: str, cuts: list[in
 
 def test_errors_say_what_to_do() -> None:
     e = ApiError("the engine stopped unexpectedly (exit code 1)", code="engine_exited", status=500)
-    assert friendly_error(e) == "the engine stopped unexpectedly (exit code 1) — it restarts with your next message."
+    assert (
+        friendly_error(e)
+        == "the engine stopped unexpectedly (exit code 1) — it restarts with your next message."
+    )
     e = ApiError("prompt has 5000 tokens, the context holds 4096", code="context_length_exceeded")
     assert "/new" in friendly_error(e) and "5000" in friendly_error(e)
     assert "--api-key" in friendly_error(ApiError("bad key", code="invalid_api_key", status=401))

@@ -22,7 +22,9 @@ def test_full_collections_wait_for_a_quiet_moment_and_settings_come_back() -> No
         qc.start()
         assert qc.active
         assert gc.get_freeze_count() > 0  # what existed at start is no longer walked
-        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**6  # no automatic full runs
+        assert (
+            gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 10**6
+        )  # no automatic full runs
         gc.collect(2)
         assert not qc.due() and not qc.collect_if_due()
         for _ in range(before[2]):  # as many middle-generation runs as make a full one due

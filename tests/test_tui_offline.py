@@ -51,8 +51,11 @@ def test_unreachable_server_is_retried_with_a_countdown(tmp_path: Path) -> None:
             await wait_for(pilot, lambda: chat.conv is not None, "a conversation")
             chat.input.load_text("are you there?")
             await pilot.press("enter")
-            await wait_for(pilot, lambda: chat.reply is None and any(v.role == "error" for v in chat.log_view.messages()),
-                           "the error")
+            await wait_for(
+                pilot,
+                lambda: chat.reply is None and any(v.role == "error" for v in chat.log_view.messages()),
+                "the error",
+            )
             assert chat.input.text == "are you there?"
             assert not chat.connected
 
@@ -83,8 +86,13 @@ def test_conversations_settings_and_commands_work_offline(tmp_path: Path) -> Non
             await slash("/think off")
             await slash("/system You answer in French.")
             await slash("/rename Offline one")
-            assert (first.settings.temperature, first.settings.top_p, first.settings.max_tokens,
-                    first.settings.seed, first.settings.thinking) == (0.4, 0.9, 99, 5, False)
+            assert (
+                first.settings.temperature,
+                first.settings.top_p,
+                first.settings.max_tokens,
+                first.settings.seed,
+                first.settings.thinking,
+            ) == (0.4, 0.9, 99, 5, False)
             await slash("/temp hot")
             errors = [v.content for v in chat.log_view.messages() if v.role == "error"]
             assert errors and "temperature: 'hot' is not a number" in errors[-1]
@@ -98,8 +106,11 @@ def test_conversations_settings_and_commands_work_offline(tmp_path: Path) -> Non
             await pilot.pause(0.3)
             await pilot.press("enter")
             sidebar = chat.query_one("#sidebar", ConversationList)
-            await wait_for(pilot, lambda: chat.conv is not None and chat.conv.id != first.id and len(sidebar.titles()) == 2,
-                           "the new conversation")
+            await wait_for(
+                pilot,
+                lambda: chat.conv is not None and chat.conv.id != first.id and len(sidebar.titles()) == 2,
+                "the new conversation",
+            )
             assert isinstance(app.screen, ChatScreen)
 
             # search narrows the list by title
@@ -120,7 +131,9 @@ def test_conversations_settings_and_commands_work_offline(tmp_path: Path) -> Non
             await pilot.press("f8")
             assert isinstance(app.screen, ConfirmScreen)
             await pilot.press("y")
-            await wait_for(pilot, lambda: chat.conv is not None and chat.conv.id == first.id, "back to the first")
+            await wait_for(
+                pilot, lambda: chat.conv is not None and chat.conv.id == first.id, "back to the first"
+            )
             await wait_for(pilot, lambda: sidebar.titles() == ["Offline one"], "one left")
 
             # the settings dialog shows the conversation's settings and refuses bad values

@@ -21,9 +21,13 @@ def store(tmp_path: Path) -> Store:
 def test_messages_survive_reopening(tmp_path: Path) -> None:
     path = tmp_path / "chat.sqlite3"
     s = Store(path)
-    conv = s.create("first", system_prompt="be brief", settings=Settings(temperature=0.3, seed=7, thinking=False))
+    conv = s.create(
+        "first", system_prompt="be brief", settings=Settings(temperature=0.3, seed=7, thinking=False)
+    )
     s.add_message(conv.id, StoredMessage("user", "hi there"))
-    s.add_message(conv.id, StoredMessage("assistant", "hello", reasoning="greet", meta={"finish_reason": "stop"}))
+    s.add_message(
+        conv.id, StoredMessage("assistant", "hello", reasoning="greet", meta={"finish_reason": "stop"})
+    )
     s.close()
 
     s2 = Store(path)
@@ -31,7 +35,10 @@ def test_messages_survive_reopening(tmp_path: Path) -> None:
     assert got is not None and got.title == "first" and got.system_prompt == "be brief"
     assert (got.settings.temperature, got.settings.seed, got.settings.thinking) == (0.3, 7, False)
     msgs = s2.messages(conv.id)
-    assert [(m.role, m.content, m.reasoning) for m in msgs] == [("user", "hi there", ""), ("assistant", "hello", "greet")]
+    assert [(m.role, m.content, m.reasoning) for m in msgs] == [
+        ("user", "hi there", ""),
+        ("assistant", "hello", "greet"),
+    ]
     assert msgs[1].meta == {"finish_reason": "stop"}
     s2.close()
 
@@ -50,8 +57,10 @@ def test_list_is_most_recent_first_and_search_reads_messages(store: Store) -> No
 
 def test_rename_delete_and_rewind(store: Store) -> None:
     c = store.create()
-    ids = [store.add_message(c.id, StoredMessage(r, t)).id for r, t in
-           [("user", "1"), ("assistant", "2"), ("user", "3"), ("assistant", "4")]]
+    ids = [
+        store.add_message(c.id, StoredMessage(r, t)).id
+        for r, t in [("user", "1"), ("assistant", "2"), ("user", "3"), ("assistant", "4")]
+    ]
     store.delete_messages_from(c.id, ids[2])
     assert [m.content for m in store.messages(c.id)] == ["1", "2"]
     store.rename(c.id, "renamed")
@@ -78,8 +87,13 @@ def test_settings_request_params() -> None:
         "chat_template_kwargs": {"enable_thinking": False}
     }
     p = Settings(temperature=0.0, top_p=0.9, max_tokens=64, seed=3).request_params()
-    assert p == {"temperature": 0.0, "top_p": 0.9, "max_tokens": 64, "seed": 3,
-                 "chat_template_kwargs": {"enable_thinking": True}}
+    assert p == {
+        "temperature": 0.0,
+        "top_p": 0.9,
+        "max_tokens": 64,
+        "seed": 3,
+        "chat_template_kwargs": {"enable_thinking": True},
+    }
 
 
 def test_data_dir_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

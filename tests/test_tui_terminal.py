@@ -64,6 +64,12 @@ def test_every_screen_of_the_chat_repaints_where_a_widget_went() -> None:
     from strata_tui.screens.settings import SettingsScreen
     from strata_tui.store import Settings
 
-    screens = [ChatScreen(), ConfirmScreen("?"), HelpScreen(), PromptScreen("?"), SettingsScreen("", Settings())]
+    screens = [
+        ChatScreen(),
+        ConfirmScreen("?"),
+        HelpScreen(),
+        PromptScreen("?"),
+        SettingsScreen("", Settings()),
+    ]
     for screen in screens:
         assert isinstance(screen._compositor, RepaintingCompositor), type(screen).__name__

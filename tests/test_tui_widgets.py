@@ -40,7 +40,13 @@ async def _stream(view: MessageView, text: str, piece: int = 7, batch: int = 40)
 
 def test_long_reply_streams_in_segments_cut_between_blocks() -> None:
     paragraphs = [" ".join(f"p{j}w{i}" for i in range(60)) for j in range(12)]
-    text = "\n\n".join(paragraphs[:6]) + "\n\n```python\n" + "\n\nx = 1\n" * 10 + "```\n\n" + "\n\n".join(paragraphs[6:])
+    text = (
+        "\n\n".join(paragraphs[:6])
+        + "\n\n```python\n"
+        + "\n\nx = 1\n" * 10
+        + "```\n\n"
+        + "\n\n".join(paragraphs[6:])
+    )
 
     async def run() -> None:
         view = MessageView("assistant", streaming=True)
@@ -237,7 +243,11 @@ def test_one_layout_markdown_lays_out_and_draws_like_textuals_while_it_grows() -
 
     text = (
         "# Title\n\nSome **bold** text that wraps " + "word " * 40 + "\n\n- one\n- two\n  - nested\n\n"
-        "```python\nfor i in range(3):\n    print(i)  # " + "x" * 80 + "\n```\n\n> quoted " + "q " * 30 + "\n\n"
+        "```python\nfor i in range(3):\n    print(i)  # "
+        + "x" * 80
+        + "\n```\n\n> quoted "
+        + "q " * 30
+        + "\n\n"
         "| a | b |\n|---|---|\n| 1 | 2 |\n\nThe end " + "z " * 50
     )
     pieces = [text[i : i + 11] for i in range(0, len(text), 11)]

@@ -49,8 +49,13 @@ class _Api:
 
     def _engine_view(self) -> EngineView:
         sup = self.sup
-        return EngineView(stats=sup.stats, restarts=sup.restarts, queue_length=sup.queue_length,
-                          running=sup.running is not None, ready=sup.ready)
+        return EngineView(
+            stats=sup.stats,
+            restarts=sup.restarts,
+            queue_length=sup.queue_length,
+            running=sup.running is not None,
+            ready=sup.ready,
+        )
 
     async def health(self, request: Request) -> Response:
         sup = self.sup
@@ -71,9 +76,20 @@ class _Api:
             meta.update({k: sup.info.get(k) for k in ("arch", "n_ctx_train", "n_params", "file_bytes")})
         if sup.plan:
             meta["max_context"] = sup.plan.get("max_context")
-        return json_response({"object": "list", "data": [
-            {"id": self.state.model_name, "object": "model", "created": self.state.created, "owned_by": "strata",
-             "meta": meta}]})
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.state.model_name,
+                        "object": "model",
+                        "created": self.state.created,
+                        "owned_by": "strata",
+                        "meta": meta,
+                    }
+                ],
+            }
+        )
 
     async def status(self, request: Request) -> Response:
         client = self.state.authenticate(request)
@@ -81,31 +97,44 @@ class _Api:
         plan, stats, running = sup.plan, sup.stats, sup.running
         budget = None
         if plan:
-            budget = {"device": "cuda" if plan.get("device") == 1 else "cpu",
-                      "budget_bytes": plan.get("budget_bytes"), "slots": plan.get("n_slots"),
-                      "slots_lent_now": (stats or {}).get("slots_lent_now", 0)}
-        return json_response({
-            "model": self.state.model_name,
-            "state": sup.state,
-            "prompt": sup.prompt_progress if sup.state == "reading" else None,
-            "queue": {"length": sup.queue_length,
-                      "waiting": [{"seq": j.seq, "position": k + 1} for k, j in enumerate(sup.waiting())],
-                      "running": running.seq if running is not None else None},
-            "plan": plan,
-            "stats": stats,
-            "info": sup.info,
-            "config": sup.config.to_dict(),
-            "max_context": int((plan or {}).get("max_context") or sup.config.max_context or 0),
-            "last_request": self.state.last_request_for(client),
-            "engine": {"pid": sup.pid, "restarts": sup.restarts, "last_exit_code": sup.last_exit_code,
-                       "error": sup.public_error},
-            "gpu": await asyncio.to_thread(gpu_info),
-            "budget": budget,
-        })
+            budget = {
+                "device": "cuda" if plan.get("device") == 1 else "cpu",
+                "budget_bytes": plan.get("budget_bytes"),
+                "slots": plan.get("n_slots"),
+                "slots_lent_now": (stats or {}).get("slots_lent_now", 0),
+            }
+        return json_response(
+            {
+                "model": self.state.model_name,
+                "state": sup.state,
+                "prompt": sup.prompt_progress if sup.state == "reading" else None,
+                "queue": {
+                    "length": sup.queue_length,
+                    "waiting": [{"seq": j.seq, "position": k + 1} for k, j in enumerate(sup.waiting())],
+                    "running": running.seq if running is not None else None,
+                },
+                "plan": plan,
+                "stats": stats,
+                "info": sup.info,
+                "config": sup.config.to_dict(),
+                "max_context": int((plan or {}).get("max_context") or sup.config.max_context or 0),
+                "last_request": self.state.last_request_for(client),
+                "engine": {
+                    "pid": sup.pid,
+                    "restarts": sup.restarts,
+                    "last_exit_code": sup.last_exit_code,
+                    "error": sup.public_error,
+                },
+                "gpu": await asyncio.to_thread(gpu_info),
+                "budget": budget,
+            }
+        )
 
     async def metrics(self, request: Request) -> Response:
         self.state.authenticate(request)
-        return Response(Metrics.render(self.registry), media_type=CONTENT_TYPE, headers={"x-strata-server": "1"})
+        return Response(
+            Metrics.render(self.registry), media_type=CONTENT_TYPE, headers={"x-strata-server": "1"}
+        )
 
     async def chat(self, request: Request) -> Response:
         return await self._complete(request, chat=True)
@@ -122,16 +151,20 @@ class _Api:
             gen = gen_params(body, chat=chat, cache_prompt=state.cache_prompt)
             ctx = await self._max_context()
             if chat:
-                built = await asyncio.to_thread(chat_prompt, state.tokenizer, state.template, body, ctx=ctx,
-                                                max_tokens=gen.max_tokens)
+                built = await asyncio.to_thread(
+                    chat_prompt, state.tokenizer, state.template, body, ctx=ctx, max_tokens=gen.max_tokens
+                )
             else:
-                built = await asyncio.to_thread(completion_prompt, state.tokenizer, body, ctx=ctx,
-                                                max_tokens=gen.max_tokens)
+                built = await asyncio.to_thread(
+                    completion_prompt, state.tokenizer, body, ctx=ctx, max_tokens=gen.max_tokens
+                )
             max_tokens = fit_max_tokens(len(built.ids), gen.max_tokens, ctx, built.param)
         except ApiError as e:
             state.metrics.request(endpoint, e.status)
             return error_response(e)
-        g = Generation(state, client, built.ids, max_tokens, gen, built.think_open, built.tools, built.grammar)
+        g = Generation(
+            state, client, built.ids, max_tokens, gen, built.think_open, built.tools, built.grammar
+        )
         if gen.stream:
             state.metrics.request(endpoint, 200)
             return Watched(g, stream_chat(g) if chat else stream_completion(g))  # type: ignore[return-value]
@@ -170,11 +203,17 @@ def create_app(state: ServerState) -> Starlette:
     async def unknown(request: Request) -> Response:
         path = request.url.path.rstrip("/") or "/"
         if path in allowed:
-            return error_response(ApiError(
-                405, f"{request.method} is not allowed on {path}: use {allowed[path]}", code="method_not_allowed",
-                headers={"Allow": allowed[path]}))
-        return error_response(ApiError(404, f"no such endpoint: {request.method} {request.url.path}",
-                                       code="not_found"))
+            return error_response(
+                ApiError(
+                    405,
+                    f"{request.method} is not allowed on {path}: use {allowed[path]}",
+                    code="method_not_allowed",
+                    headers={"Allow": allowed[path]},
+                )
+            )
+        return error_response(
+            ApiError(404, f"no such endpoint: {request.method} {request.url.path}", code="not_found")
+        )
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
@@ -182,11 +221,20 @@ def create_app(state: ServerState) -> Starlette:
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         ref = uuid.uuid4().hex[:12]
-        print(f"strata serve: request {ref} failed:\n"
-              + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)), file=sys.stderr, flush=True)
-        return error_response(ApiError(500, f"the server failed on this request (reference {ref} in its log)",
-                                       code="internal_error"))
+        print(
+            f"strata serve: request {ref} failed:\n"
+            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            file=sys.stderr,
+            flush=True,
+        )
+        return error_response(
+            ApiError(
+                500, f"the server failed on this request (reference {ref} in its log)", code="internal_error"
+            )
+        )
 
     routes = [Route(path, getattr(api, name), methods=[method]) for path, name, method in _ROUTES]
-    routes.append(Route("/{path:path}", unknown, methods=["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]))
+    routes.append(
+        Route("/{path:path}", unknown, methods=["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"])
+    )
     return Starlette(routes=routes, exception_handlers={ApiError: api_error, Exception: internal_error})

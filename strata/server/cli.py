@@ -39,24 +39,44 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve a GGUF model over an OpenAI-compatible HTTP API (/v1/chat/completions, "
         "/v1/completions, /v1/models, /v1/status, /health, /metrics).",
     )
-    p.add_argument("--model", type=Path, help="GGUF model file (default: the synthetic tiny model, made once)")
+    p.add_argument(
+        "--model", type=Path, help="GGUF model file (default: the synthetic tiny model, made once)"
+    )
     add_engine_args(p)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    g.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)"
+    )
     g.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 picks a free one)")
-    g.add_argument("--api-key", action="append", metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health; give it once per "
-                        "client (each key is a client of its own). Default: $STRATA_API_KEY (comma-separated), "
-                        "which keeps the keys off the command line")
+    g.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health; give it once per "
+        "client (each key is a client of its own). Default: $STRATA_API_KEY (comma-separated), "
+        "which keeps the keys off the command line",
+    )
     g.add_argument("--model-name", help="model id shown by /v1/models (default: the file name)")
-    g.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY / (1 << 20),
-                   help=f"largest request body in MiB (default {DEFAULT_MAX_BODY >> 20}); a larger one gets 413")
-    g.add_argument("--engine-timeout", type=float, default=DEFAULT_ENGINE_TIMEOUT, metavar="SECONDS",
-                   help=f"seconds without a heartbeat from the engine worker before it counts as unresponsive "
-                        f"(default {DEFAULT_ENGINE_TIMEOUT:g}; 0: never)")
-    g.add_argument("--cache-prompt", action="store_true",
-                   help="reuse the KV cache for the part of a prompt that the same client's previous request "
-                        "shared (requests can also ask with \"cache_prompt\": true)")
+    g.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=DEFAULT_MAX_BODY / (1 << 20),
+        help=f"largest request body in MiB (default {DEFAULT_MAX_BODY >> 20}); a larger one gets 413",
+    )
+    g.add_argument(
+        "--engine-timeout",
+        type=float,
+        default=DEFAULT_ENGINE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"seconds without a heartbeat from the engine worker before it counts as unresponsive "
+        f"(default {DEFAULT_ENGINE_TIMEOUT:g}; 0: never)",
+    )
+    g.add_argument(
+        "--cache-prompt",
+        action="store_true",
+        help="reuse the KV cache for the part of a prompt that the same client's previous request "
+        'shared (requests can also ask with "cache_prompt": true)',
+    )
     g.add_argument("--quiet", action="store_true", help="do not echo the engine log on stderr")
     p.set_defaults(func=run)
     return p
@@ -121,8 +141,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         tokenizer = Tokenizer.from_gguf(model)
-        template = ChatTemplate(tokenizer.chat_template, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token,
-                                control_tokens=tokenizer.control_texts)
+        template = ChatTemplate(
+            tokenizer.chat_template,
+            bos_token=tokenizer.bos_token,
+            eos_token=tokenizer.eos_token,
+            control_tokens=tokenizer.control_texts,
+        )
     except (TokenizerError, ChatTemplateError, ValueError, OSError) as e:
         print(f"strata serve: cannot read the tokenizer of {model}: {e}", file=sys.stderr)
         return 1
@@ -130,8 +154,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         sock = _bind(args.host, args.port)
     except OSError as e:
-        print(f"strata serve: cannot listen on {args.host}:{args.port}: {e.strerror or e} "
-              f"(use another --port, or --port 0 for a free one)", file=sys.stderr)
+        print(
+            f"strata serve: cannot listen on {args.host}:{args.port}: {e.strerror or e} "
+            f"(use another --port, or --port 0 for a free one)",
+            file=sys.stderr,
+        )
         return 1
     return asyncio.run(_serve(args, config, model, tokenizer, template, sock, keys))
 
@@ -142,8 +169,15 @@ def api_keys(given: list[str] | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(k.strip() for k in raw if k.strip()))
 
 
-async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: Any, template: Any,
-                 sock: socket.socket, keys: tuple[str, ...]) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    config: Any,
+    model: Path,
+    tokenizer: Any,
+    template: Any,
+    sock: socket.socket,
+    keys: tuple[str, ...],
+) -> int:
     import uvicorn
 
     from .app import ServerState, create_app
@@ -156,12 +190,19 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
             yield
 
     sup = Supervisor(str(model), config, echo_log=not args.quiet, engine_timeout=args.engine_timeout)
-    state = ServerState(supervisor=sup, tokenizer=tokenizer, template=template,
-                        model_name=args.model_name or model.name, api_keys=keys,
-                        max_body=int(args.max_body_mib * (1 << 20)), cache_prompt=args.cache_prompt)
+    state = ServerState(
+        supervisor=sup,
+        tokenizer=tokenizer,
+        template=template,
+        model_name=args.model_name or model.name,
+        api_keys=keys,
+        max_body=int(args.max_body_mib * (1 << 20)),
+        cache_prompt=args.cache_prompt,
+    )
     app = create_app(state)
-    uconf = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                           timeout_graceful_shutdown=5)
+    uconf = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=5
+    )
     server = _Server(uconf)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -188,8 +229,10 @@ async def _serve(args: argparse.Namespace, config: Any, model: Path, tokenizer: 
             await serve_task
             await sup.close()
             return 1
-        print(f"strata: listening on {_url(args.host if args.host not in ('0.0.0.0', '::') else host, port)}",
-              flush=True)
+        print(
+            f"strata: listening on {_url(args.host if args.host not in ('0.0.0.0', '::') else host, port)}",
+            flush=True,
+        )
         await asyncio.wait({serve_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         # requests in flight get their error event before the connections close
         sup.shutdown()

@@ -26,8 +26,16 @@ HEADERS = {"x-strata-server": "1"}
 class ApiError(Exception):
     """An error answered with OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
-                 type_: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str,
+        param: str | None = None,
+        type_: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -56,18 +64,28 @@ def error_response(e: ApiError) -> JSONResponse:
 def public_message(text: str, model_path: str) -> str:
     """``text`` with the model's path written as its file name alone."""
     name = os.path.basename(model_path)
-    for p in sorted({model_path, os.path.abspath(model_path), os.path.realpath(model_path)}, key=len, reverse=True):
+    for p in sorted(
+        {model_path, os.path.abspath(model_path), os.path.realpath(model_path)}, key=len, reverse=True
+    ):
         if p and p != name:
             text = text.replace(p, name)
     return text
 
 
 # the codes the supervisor puts on the errors it makes, with their HTTP status
-_SUPERVISOR_CODES = {"engine_exited": 500, "engine_start_failed": 503, "engine_unresponsive": 503,
-                     "server_shutting_down": 503, "cancelled": 400}
+_SUPERVISOR_CODES = {
+    "engine_exited": 500,
+    "engine_start_failed": 503,
+    "engine_unresponsive": 503,
+    "server_shutting_down": 503,
+    "cancelled": 400,
+}
 # the engine's exception classes (strata._exceptions), as the worker names them
-_ENGINE_ERRORS = {"LendError": (500, "lend_failed", None), "ContextError": (400, "context_length_exceeded", "messages"),
-                  "InvalidArgumentError": (400, "invalid_request", None)}
+_ENGINE_ERRORS = {
+    "LendError": (500, "lend_failed", None),
+    "ContextError": (400, "context_length_exceeded", "messages"),
+    "InvalidArgumentError": (400, "invalid_request", None),
+}
 
 
 def engine_error(ev: dict[str, Any], model_path: str) -> ApiError:

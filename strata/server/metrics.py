@@ -24,8 +24,16 @@ _ENGINE_COUNTERS = (
     ("lookups", "strata_expert_lookups", "Expert lookups in the expert cache (since the engine started)."),
     ("hits", "strata_expert_hits", "Expert lookups served from the cache (since the engine started)."),
     ("misses", "strata_expert_misses", "Expert lookups not in the cache (since the engine started)."),
-    ("swaps", "strata_expert_swaps", "Experts swapped into the cache by the decode policy (since the engine started)."),
-    ("bytes_streamed", "strata_bytes_streamed", "Expert bytes streamed through the prefill ring (since the engine started)."),
+    (
+        "swaps",
+        "strata_expert_swaps",
+        "Experts swapped into the cache by the decode policy (since the engine started).",
+    ),
+    (
+        "bytes_streamed",
+        "strata_bytes_streamed",
+        "Expert bytes streamed through the prefill ring (since the engine started).",
+    ),
     ("halvings", "strata_halvings", "Prompt chunks halved to fit a loan (since the engine started)."),
     ("refills", "strata_refills", "Loans given back to the expert cache (since the engine started)."),
 )
@@ -80,8 +88,9 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         m = self.m
-        req = CounterMetricFamily("strata_requests", "HTTP requests by endpoint and status code.",
-                                  labels=["endpoint", "status"])
+        req = CounterMetricFamily(
+            "strata_requests", "HTTP requests by endpoint and status code.", labels=["endpoint", "status"]
+        )
         for (endpoint, status), n in sorted(m.requests.items()):
             req.add_metric([endpoint, status], n)
         yield req
@@ -97,12 +106,25 @@ class _Collector:
         s = e.stats or {}
         for key, name, help_ in _ENGINE_COUNTERS:
             yield CounterMetricFamily(name, help_, value=int(s.get(key, 0) or 0))
-        yield GaugeMetricFamily("strata_slots_lent", "Expert-cache slots on loan to the prompt path now.",
-                                value=int(s.get("slots_lent_now", 0) or 0))
-        yield GaugeMetricFamily("strata_last_loan_slots", "Slots lent for the last prompt.",
-                                value=int(s.get("last_loan_slots", 0) or 0))
-        yield CounterMetricFamily("strata_engine_restarts", "Times the engine worker was restarted after exiting.",
-                                  value=e.restarts)
-        yield GaugeMetricFamily("strata_queue_length", "Requests waiting for the engine.", value=e.queue_length)
-        yield GaugeMetricFamily("strata_requests_running", "Requests being served by the engine.", value=int(e.running))
-        yield GaugeMetricFamily("strata_engine_ready", "1 when the engine is loaded and serving.", value=int(e.ready))
+        yield GaugeMetricFamily(
+            "strata_slots_lent",
+            "Expert-cache slots on loan to the prompt path now.",
+            value=int(s.get("slots_lent_now", 0) or 0),
+        )
+        yield GaugeMetricFamily(
+            "strata_last_loan_slots",
+            "Slots lent for the last prompt.",
+            value=int(s.get("last_loan_slots", 0) or 0),
+        )
+        yield CounterMetricFamily(
+            "strata_engine_restarts", "Times the engine worker was restarted after exiting.", value=e.restarts
+        )
+        yield GaugeMetricFamily(
+            "strata_queue_length", "Requests waiting for the engine.", value=e.queue_length
+        )
+        yield GaugeMetricFamily(
+            "strata_requests_running", "Requests being served by the engine.", value=int(e.running)
+        )
+        yield GaugeMetricFamily(
+            "strata_engine_ready", "1 when the engine is loaded and serving.", value=int(e.ready)
+        )

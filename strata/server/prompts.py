@@ -37,8 +37,13 @@ class BuiltPrompt:
 
 
 def _too_long(n: int, ctx: int, param: str, *, at_least: bool = False) -> ApiError:
-    return ApiError(400, f"the prompt has {'at least ' if at_least else ''}{n} tokens; the context holds {ctx} "
-                         f"(shorten the prompt)", code="context_length_exceeded", param=param)
+    return ApiError(
+        400,
+        f"the prompt has {'at least ' if at_least else ''}{n} tokens; the context holds {ctx} "
+        f"(shorten the prompt)",
+        code="context_length_exceeded",
+        param=param,
+    )
 
 
 def _check_bound(tok: Tokenizer, text: str, ctx: int, max_tokens: int | None, param: str) -> None:
@@ -47,8 +52,9 @@ def _check_bound(tok: Tokenizer, text: str, ctx: int, max_tokens: int | None, pa
         fit_max_tokens(tok.min_tokens(text), max_tokens, ctx, param, at_least=True)
 
 
-def chat_prompt(tok: Tokenizer, template: ChatTemplate, body: dict[str, Any], *, ctx: int,
-                max_tokens: int | None) -> BuiltPrompt:
+def chat_prompt(
+    tok: Tokenizer, template: ChatTemplate, body: dict[str, Any], *, ctx: int, max_tokens: int | None
+) -> BuiltPrompt:
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise bad("chat_template_kwargs", "must be an object")
@@ -64,19 +70,26 @@ def chat_prompt(tok: Tokenizer, template: ChatTemplate, body: dict[str, Any], *,
     if grammar:
         problem = grammars_for(tok).check(grammar)
         if problem:
-            param = "tools" if spec is not None and spec.choice in ("required", "function") else "response_format"
+            param = (
+                "tools" if spec is not None and spec.choice in ("required", "function") else "response_format"
+            )
             raise bad(param, f"the grammar library rejects this schema: {problem}")
     if "messages" not in body:
         raise bad("messages", "missing: send a list of {role, content} messages")
     messages, tools = prepare_messages(body["messages"], spec, template)
     try:
-        prompt = template.render_prompt(messages, tools=tools, enable_thinking=thinking,
-                                        reasoning_effort=effort, extra=kwargs)
+        prompt = template.render_prompt(
+            messages, tools=tools, enable_thinking=thinking, reasoning_effort=effort, extra=kwargs
+        )
     except ChatTemplateError as e:
         msg = str(e)
         param = msg.split(":", 1)[0] if msg.startswith("messages") else "messages"
-        raise ApiError(400, msg if msg.startswith("messages") else f"messages: {msg}",
-                       code="invalid_request", param=param) from None
+        raise ApiError(
+            400,
+            msg if msg.startswith("messages") else f"messages: {msg}",
+            code="invalid_request",
+            param=param,
+        ) from None
     text = prompt.text
     _check_bound(tok, text, ctx, max_tokens, "messages")
     ids = tok.encode(prompt.masked, add_special=False, parse_special=True, placeholders=prompt.placeholders)
@@ -87,7 +100,9 @@ def chat_prompt(tok: Tokenizer, template: ChatTemplate, body: dict[str, Any], *,
     return BuiltPrompt(ids, "messages", text.rstrip().endswith(THINK_OPEN), spec, grammar)
 
 
-def completion_prompt(tok: Tokenizer, body: dict[str, Any], *, ctx: int, max_tokens: int | None) -> BuiltPrompt:
+def completion_prompt(
+    tok: Tokenizer, body: dict[str, Any], *, ctx: int, max_tokens: int | None
+) -> BuiltPrompt:
     if "prompt" not in body:
         raise bad("prompt", "missing: send a string or a list of token ids")
     p = body["prompt"]
@@ -102,8 +117,11 @@ def completion_prompt(tok: Tokenizer, body: dict[str, Any], *, ctx: int, max_tok
         if not p:
             raise bad("prompt", "is empty")
         if not is_token_ids(p):
-            raise bad("prompt", "must be a string or a list of token ids (integers); batches of several "
-                                "prompts are not supported")
+            raise bad(
+                "prompt",
+                "must be a string or a list of token ids (integers); batches of several "
+                "prompts are not supported",
+            )
         out_of_range = next((t for t in p if not 0 <= t < tok.n_vocab), None)
         if out_of_range is not None:
             raise bad("prompt", f"token id {out_of_range} is outside the vocabulary (0..{tok.n_vocab - 1})")
@@ -111,7 +129,9 @@ def completion_prompt(tok: Tokenizer, body: dict[str, Any], *, ctx: int, max_tok
     raise bad("prompt", f"must be a string or a list of token ids (got {type(p).__name__})")
 
 
-def fit_max_tokens(n_prompt: int, max_tokens: int | None, ctx: int, param: str, *, at_least: bool = False) -> int:
+def fit_max_tokens(
+    n_prompt: int, max_tokens: int | None, ctx: int, param: str, *, at_least: bool = False
+) -> int:
     """The reply's length limit: ``max_tokens`` as asked, or all the context leaves after the prompt
     (``strata._config.generation_room``, the engine's own rule); a 400 when the two do not fit.
     ``at_least``: ``n_prompt`` is a lower bound on the prompt's length, and the messages say so."""
@@ -125,7 +145,12 @@ def fit_max_tokens(n_prompt: int, max_tokens: int | None, ctx: int, param: str, 
     if max_tokens is None:
         return room
     if max_tokens > room:
-        raise ApiError(400, f"the prompt ({'at least ' if at_least else ''}{n_prompt} tokens) plus max_tokens ({max_tokens}) needs "
-                            f"{n_prompt + max_tokens - 1} tokens of context; the context holds {ctx}. Shorten the "
-                            f"prompt or ask for at most {room} tokens", code="context_length_exceeded", param=param)
+        raise ApiError(
+            400,
+            f"the prompt ({'at least ' if at_least else ''}{n_prompt} tokens) plus max_tokens ({max_tokens}) needs "
+            f"{n_prompt + max_tokens - 1} tokens of context; the context holds {ctx}. Shorten the "
+            f"prompt or ask for at most {room} tokens",
+            code="context_length_exceeded",
+            param=param,
+        )
     return max_tokens

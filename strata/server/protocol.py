@@ -28,8 +28,16 @@ import struct
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-__all__ = ["MAX_FRAME", "GenerateCommand", "ProtocolError", "decode_frame", "encode_frame", "frame_length",
-           "read_frame", "write_frame"]
+__all__ = [
+    "MAX_FRAME",
+    "GenerateCommand",
+    "ProtocolError",
+    "decode_frame",
+    "encode_frame",
+    "frame_length",
+    "read_frame",
+    "write_frame",
+]
 
 MAX_FRAME = 256 << 20  # no message is near this; a larger length means the stream is corrupt
 _HEADER = struct.Struct(">I")
@@ -91,7 +99,9 @@ def decode_frame(data: bytes) -> dict[str, Any]:
 def frame_length(header: bytes) -> int:
     (n,) = _HEADER.unpack(header)
     if n > MAX_FRAME:
-        raise ProtocolError(f"frame of {n} bytes is larger than the limit ({MAX_FRAME}); the stream is corrupt")
+        raise ProtocolError(
+            f"frame of {n} bytes is larger than the limit ({MAX_FRAME}); the stream is corrupt"
+        )
     return int(n)
 
 

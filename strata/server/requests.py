@@ -36,14 +36,22 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     """The request's JSON object (raises ApiError: 413 past ``limit`` bytes, 400 for anything else)."""
     cl = request.headers.get("content-length")
     if cl is not None and cl.isdigit() and int(cl) > limit:
-        raise ApiError(413, f"the request body is {int(cl)} bytes; this server accepts at most {limit} "
-                            f"(strata serve --max-body-mib raises the limit)", code="request_too_large")
+        raise ApiError(
+            413,
+            f"the request body is {int(cl)} bytes; this server accepts at most {limit} "
+            f"(strata serve --max-body-mib raises the limit)",
+            code="request_too_large",
+        )
     buf = bytearray()
     async for chunk in request.stream():
         buf += chunk
         if len(buf) > limit:
-            raise ApiError(413, f"the request body is larger than {limit} bytes, the most this server accepts "
-                                f"(strata serve --max-body-mib raises the limit)", code="request_too_large")
+            raise ApiError(
+                413,
+                f"the request body is larger than {limit} bytes, the most this server accepts "
+                f"(strata serve --max-body-mib raises the limit)",
+                code="request_too_large",
+            )
     return await asyncio.to_thread(parse_body, bytes(buf))
 
 
@@ -54,8 +62,9 @@ def parse_body(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
     except RecursionError:
-        raise ApiError(400, f"the request body is nested too deeply (at most {MAX_DEPTH} levels)",
-                       code="invalid_request") from None
+        raise ApiError(
+            400, f"the request body is nested too deeply (at most {MAX_DEPTH} levels)", code="invalid_request"
+        ) from None
     except ValueError as e:
         raise ApiError(400, f"the request body is not valid JSON ({e})", code="invalid_request") from None
     if not isinstance(body, dict):
@@ -69,8 +78,12 @@ def _check_tree(body: dict[str, Any]) -> None:
     while stack:
         v, where, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise ApiError(400, f"the request body is nested more than {MAX_DEPTH} levels deep (at {where})",
-                           code="invalid_request", param=where.split(".")[0].split("[")[0] or None)
+            raise ApiError(
+                400,
+                f"the request body is nested more than {MAX_DEPTH} levels deep (at {where})",
+                code="invalid_request",
+                param=where.split(".")[0].split("[")[0] or None,
+            )
         if isinstance(v, str):
             _check_text(v, where)
         elif isinstance(v, dict):
@@ -90,9 +103,14 @@ def _check_text(s: str, where: str) -> None:
     except UnicodeEncodeError as e:
         where = where.encode("utf-8", "backslashreplace").decode("utf-8")  # a key can hold one too
         param = where.split(".")[0].split("[")[0] or None
-        raise ApiError(400, f"{where or 'the request body'}: holds a lone surrogate (U+{ord(s[e.start]):04X}) "
-                            f"at character {e.start}, which is not text: send valid UTF-8 (or a complete "
-                            f"\\uXXXX\\uXXXX pair)", code="invalid_request", param=param) from None
+        raise ApiError(
+            400,
+            f"{where or 'the request body'}: holds a lone surrogate (U+{ord(s[e.start]):04X}) "
+            f"at character {e.start}, which is not text: send valid UTF-8 (or a complete "
+            f"\\uXXXX\\uXXXX pair)",
+            code="invalid_request",
+            param=param,
+        ) from None
 
 
 # ---- the generation fields ---------------------------------------------------------------------
@@ -225,6 +243,8 @@ def gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False) 
 def _reasoning_format(body: dict[str, Any]) -> str:
     v = body.get("reasoning_format", "none")
     if v not in ("none", "deepseek"):
-        raise bad("reasoning_format", "must be 'none' (reasoning stays in the content) or 'deepseek' "
-                                      "(it goes to reasoning_content)")
+        raise bad(
+            "reasoning_format",
+            "must be 'none' (reasoning stays in the content) or 'deepseek' (it goes to reasoning_content)",
+        )
     return str(v)

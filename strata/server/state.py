@@ -59,8 +59,12 @@ class ServerState:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise ApiError(401, "this server needs an API key: send 'Authorization: Bearer KEY'",
-                           code="invalid_api_key", type_="authentication_error")
+            raise ApiError(
+                401,
+                "this server needs an API key: send 'Authorization: Bearer KEY'",
+                code="invalid_api_key",
+                type_="authentication_error",
+            )
         given = token.strip().encode()
         found = ""
         for k, key in enumerate(self.api_keys):
@@ -68,8 +72,12 @@ class ServerState:
             if hmac.compare_digest(given, key.encode()):
                 found = f"key{k}"
         if not found:
-            raise ApiError(401, "the API key is not valid for this server", code="invalid_api_key",
-                           type_="authentication_error")
+            raise ApiError(
+                401,
+                "the API key is not valid for this server",
+                code="invalid_api_key",
+                type_="authentication_error",
+            )
         return found
 
     def record(self, client: str, summary: dict[str, Any]) -> None:

@@ -79,8 +79,17 @@ class Piece:
 class Generation:
     """One request's run through the FIFO: text pieces as they come, then the result."""
 
-    def __init__(self, state: ServerState, client: str, prompt: list[int], max_tokens: int, gen: GenParams,
-                 think_open: bool = False, tools: ToolSpec | None = None, grammar: str = "") -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        client: str,
+        prompt: list[int],
+        max_tokens: int,
+        gen: GenParams,
+        think_open: bool = False,
+        tools: ToolSpec | None = None,
+        grammar: str = "",
+    ) -> None:
         self.state = state
         self.tools = tools if tools is not None and tools.active else None
         self.n_calls = 0  # tool calls found in the reply (set by the writer)
@@ -207,8 +216,12 @@ class Generation:
         # the worker reuses only a prefix that this client's scope wrote (see strata.server.state)
         cached = int((self.result or {}).get("cached_tokens") or 0)
         n = len(self.prompt)
-        return {"prompt_tokens": n, "completion_tokens": t["predicted_n"], "total_tokens": n + t["predicted_n"],
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        return {
+            "prompt_tokens": n,
+            "completion_tokens": t["predicted_n"],
+            "total_tokens": n + t["predicted_n"],
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     def extension(self) -> dict[str, Any]:
         r = self.result or {}
@@ -235,9 +248,15 @@ class Generation:
     def _account(self, ev: dict[str, Any]) -> None:
         t = self.timings()
         self.state.metrics.completed(t["prompt_n"], t["predicted_n"], t["prompt_ms"], t["predicted_ms"])
-        self.state.record(self.client, {
-            "timings": t, "finish_reason": ev.get("finish_reason"), "seq": self.job.seq,
-            "strata": {k: v for k, v in self.extension().items() if k != "prompt_token_ids"}})
+        self.state.record(
+            self.client,
+            {
+                "timings": t,
+                "finish_reason": ev.get("finish_reason"),
+                "seq": self.job.seq,
+                "strata": {k: v for k, v in self.extension().items() if k != "prompt_token_ids"},
+            },
+        )
 
 
 # ---- the answer --------------------------------------------------------------------------------
@@ -276,8 +295,16 @@ class _Chunks:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def sse(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        return _sse({"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                     "choices": choices, **extra})
+        return _sse(
+            {
+                "id": self.id,
+                "object": self.object,
+                "created": self.created,
+                "model": self.model,
+                "choices": choices,
+                **extra,
+            }
+        )
 
 
 async def _ended(g: Generation, c: _Chunks, body: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
@@ -318,7 +345,9 @@ async def _chat_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]
 
     def deltas(d: dict[str, Any], events: list[tuple[str, str | ToolCall]]) -> list[dict[str, Any]]:
         # the content of ``d`` goes through the tool-call parser: content deltas and call deltas
-        out: list[dict[str, Any]] = [{k: v for k, v in d.items() if k != "content"}] if "reasoning_content" in d else []
+        out: list[dict[str, Any]] = (
+            [{k: v for k, v in d.items() if k != "content"}] if "reasoning_content" in d else []
+        )
         for _kind, x in events:
             if isinstance(x, ToolCall):
                 out.extend(_call_deltas(g.n_calls, x))
@@ -364,11 +393,21 @@ async def _chat_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]
 
 def _call_deltas(index: int, call: ToolCall, piece: int = 32) -> list[dict[str, Any]]:
     """One call as OpenAI streams it: the id and name first, then the arguments in pieces."""
-    head = {"tool_calls": [{"index": index, "id": call.id, "type": "function",
-                            "function": {"name": call.name, "arguments": ""}}]}
+    head = {
+        "tool_calls": [
+            {
+                "index": index,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+        ]
+    }
     args = call.arguments
-    return [head] + [{"tool_calls": [{"index": index, "function": {"arguments": args[i:i + piece]}}]}
-                     for i in range(0, len(args), piece)]
+    return [head] + [
+        {"tool_calls": [{"index": index, "function": {"arguments": args[i : i + piece]}}]}
+        for i in range(0, len(args), piece)
+    ]
 
 
 async def _completion_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]:
@@ -378,7 +417,9 @@ async def _completion_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes,
     async for p in g.pieces():
         if isinstance(p, Piece):
             if p.text or p.logprob is not None:
-                yield chunk(p.text, None, completion_logprobs(g.state.tokenizer, [p]) if g.gen.logprobs else None)
+                yield chunk(
+                    p.text, None, completion_logprobs(g.state.tokenizer, [p]) if g.gen.logprobs else None
+                )
         elif (note := _note(p)) is not None:
             yield note
     yield chunk("", g.finish_reason, timings=g.timings(), strata=g.extension())
@@ -402,7 +443,11 @@ async def reply(g: Generation, *, chat: bool) -> tuple[int, dict[str, Any]]:
             sp = ThinkSplitter(g.think_open)
             r1, c1 = sp.feed(text)
             r2, c2 = sp.flush()
-            choice["message"] = {"role": "assistant", "content": c1 + c2, "reasoning_content": (r1 + r2) or None}
+            choice["message"] = {
+                "role": "assistant",
+                "content": c1 + c2,
+                "reasoning_content": (r1 + r2) or None,
+            }
         if g.tools is not None:
             content, calls = parse_calls(choice["message"]["content"], g.tools)
             if calls:
@@ -429,8 +474,12 @@ class Watched:
     """An ASGI response that cancels the generation as soon as the client disconnects: a stream
     (``body``) or one JSON answer (``make_json``); ``on_status`` is told the status it ends with."""
 
-    def __init__(self, g: Generation, body: AsyncIterator[bytes] | None,
-                 make_json: Callable[[], Awaitable[tuple[int, dict[str, Any]]]] | None = None) -> None:
+    def __init__(
+        self,
+        g: Generation,
+        body: AsyncIterator[bytes] | None,
+        make_json: Callable[[], Awaitable[tuple[int, dict[str, Any]]]] | None = None,
+    ) -> None:
         self.g = g
         self.body = body
         self.make_json = make_json
@@ -459,8 +508,12 @@ class Watched:
 
     async def _stream(self, send: Send) -> None:
         assert self.body is not None
-        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                   (b"x-strata-server", b"1"), (b"x-strata-request-seq", str(self.g.job.seq).encode())]
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-strata-server", b"1"),
+            (b"x-strata-request-seq", str(self.g.job.seq).encode()),
+        ]
         body = self.body
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -502,8 +555,9 @@ def completion_logprobs(tok: Tokenizer, pieces: list[Piece]) -> dict[str, Any]:
         text = tok.token_bytes(p.token).decode("utf-8", "replace")
         out["tokens"].append(text)
         out["token_logprobs"].append(p.logprob)
-        out["top_logprobs"].append({tok.token_bytes(int(i)).decode("utf-8", "replace"): float(lp)
-                                    for i, lp in (p.top or [])})
+        out["top_logprobs"].append(
+            {tok.token_bytes(int(i)).decode("utf-8", "replace"): float(lp) for i, lp in (p.top or [])}
+        )
         out["text_offset"].append(offset)
         offset += len(p.text)
     return out

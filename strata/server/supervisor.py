@@ -250,16 +250,32 @@ class Supervisor:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         beat = min(1.0, self.engine_timeout / 4) if self.engine_timeout > 0 else 0.0
-        cmd = [self.python, "-m", "strata.server.worker", "--model", self.model_path,
-               "--config", json.dumps(self.config.to_dict()), "--heartbeat", repr(beat)]
+        cmd = [
+            self.python,
+            "-m",
+            "strata.server.worker",
+            "--model",
+            self.model_path,
+            "--config",
+            json.dumps(self.config.to_dict()),
+            "--heartbeat",
+            repr(beat),
+        ]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                preexec_fn=_set_pdeathsig, start_new_session=True,
+                *cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                preexec_fn=_set_pdeathsig,
+                start_new_session=True,
             )
         except OSError as e:
             self.state = "failed"
-            self.start_error = self.public_error = f"cannot start the engine worker ({self.python}): {e.strerror or e}"
+            self.start_error = self.public_error = (
+                f"cannot start the engine worker ({self.python}): {e.strerror or e}"
+            )
             raise EngineStartError(self.start_error) from e
         w = _Worker(proc)
         self._worker = w
@@ -338,9 +354,11 @@ class Supervisor:
 
     def unresponsive_message(self) -> str:
         since = self.unresponsive_since or time.monotonic()
-        return (f"the engine has not answered for {time.monotonic() - since:.0f} s (its process is stopped or "
-                f"frozen); the request was not served. The server keeps waiting for it: when it answers again, "
-                f"requests are served; when it exits, a fresh engine is started")
+        return (
+            f"the engine has not answered for {time.monotonic() - since:.0f} s (its process is stopped or "
+            f"frozen); the request was not served. The server keeps waiting for it: when it answers again, "
+            f"requests are served; when it exits, a fresh engine is started"
+        )
 
     def _on_event(self, w: _Worker, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
@@ -367,8 +385,11 @@ class Supervisor:
             elapsed = time.monotonic() - (job.started or time.monotonic())
             done = int(msg.get("done", 0))
             self.state = "reading"
-            self.prompt_progress = {"done": done, "total": int(msg.get("total", 0)),
-                                    "tokens_per_second": done / elapsed if elapsed > 0 else 0.0}
+            self.prompt_progress = {
+                "done": done,
+                "total": int(msg.get("total", 0)),
+                "tokens_per_second": done / elapsed if elapsed > 0 else 0.0,
+            }
         elif ev == "token":
             self.state = "generating"
             self.prompt_progress = None
@@ -385,8 +406,12 @@ class Supervisor:
             w.watchdog.cancel()
         was_ready = w.ready.done() and w.ready.exception() is None
         if not w.ready.done():
-            w.ready.set_exception(EngineStartError(f"the engine stopped while starting (exit code {code}); the server's log says why",
-                                                   self.log_tail()))
+            w.ready.set_exception(
+                EngineStartError(
+                    f"the engine stopped while starting (exit code {code}); the server's log says why",
+                    self.log_tail(),
+                )
+            )
         if w is not self._worker:
             return
         self.last_exit_code = code
@@ -395,13 +420,18 @@ class Supervisor:
             return
         self._log(f"engine worker exited with code {code}")
         if not self.echo_log and was_ready:
-            print(f"engine: the worker exited with code {code}; the last lines of its log:\n{self.log_tail()}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"engine: the worker exited with code {code}; the last lines of its log:\n{self.log_tail()}",
+                file=sys.stderr,
+                flush=True,
+            )
         job = self._current
         if job is not None and was_ready:
             how = f" It was killed by {_signal_name(code)}." if code < 0 else ""
-            message = (f"the engine stopped unexpectedly (exit code {code}).{how} The server's log says more; "
-                       f"the next request gets a fresh engine")
+            message = (
+                f"the engine stopped unexpectedly (exit code {code}).{how} The server's log says more; "
+                f"the next request gets a fresh engine"
+            )
             self._finish(job, {"ev": "error", "code": "engine_exited", "message": message, "exit_code": code})
         if was_ready:
             # it had been running: start a fresh one for the requests that follow
@@ -416,9 +446,13 @@ class Supervisor:
         """Queue a generation; read its events from ``job.events`` until ``done`` or ``error``."""
         job = Job(seq=next(self._seq), command=command, _sup=self)
         if self._closing:
-            self._finish(job, {"ev": "error", "code": "server_shutting_down", "message": "the server is shutting down"})
+            self._finish(
+                job, {"ev": "error", "code": "server_shutting_down", "message": "the server is shutting down"}
+            )
         elif self.unresponsive_since is not None:
-            self._finish(job, {"ev": "error", "code": "engine_unresponsive", "message": self.unresponsive_message()})
+            self._finish(
+                job, {"ev": "error", "code": "engine_unresponsive", "message": self.unresponsive_message()}
+            )
         else:
             self._queue.append(job)
             self._wakeup.set()
@@ -451,8 +485,14 @@ class Supervisor:
                 w.send({"op": "cancel"})
         elif job in self._queue:
             self._queue.remove(job)
-            self._finish(job, {"ev": "error", "code": "cancelled",
-                               "message": "the request was cancelled before the engine started it"})
+            self._finish(
+                job,
+                {
+                    "ev": "error",
+                    "code": "cancelled",
+                    "message": "the request was cancelled before the engine started it",
+                },
+            )
 
     def _finish(self, job: Job, event: dict[str, Any] | None) -> None:
         if event is not None and not job.abandoned:
@@ -481,12 +521,24 @@ class Supervisor:
                 try:
                     w = await self._ensure_worker()
                 except EngineStartError as e:
-                    self._finish(job, {"ev": "error", "code": "engine_start_failed",
-                                       "message": public_message(e.message, self.model_path)})
+                    self._finish(
+                        job,
+                        {
+                            "ev": "error",
+                            "code": "engine_start_failed",
+                            "message": public_message(e.message, self.model_path),
+                        },
+                    )
                     continue
                 except Exception as e:
-                    self._finish(job, {"ev": "error", "code": "engine_start_failed",
-                                       "message": f"the engine worker did not start ({type(e).__name__})"})
+                    self._finish(
+                        job,
+                        {
+                            "ev": "error",
+                            "code": "engine_start_failed",
+                            "message": f"the engine worker did not start ({type(e).__name__})",
+                        },
+                    )
                     continue
                 job.started = time.monotonic()
                 job.run_index = next(self._runs)
@@ -496,8 +548,14 @@ class Supervisor:
                 if not w.send(job.command.to_message()):
                     # the worker is going away; its exit path ends the job (or it is already gone)
                     if w.exit_code is not None:
-                        self._finish(job, {"ev": "error", "code": "engine_exited",
-                                           "message": f"the engine stopped unexpectedly (exit code {w.exit_code})"})
+                        self._finish(
+                            job,
+                            {
+                                "ev": "error",
+                                "code": "engine_exited",
+                                "message": f"the engine stopped unexpectedly (exit code {w.exit_code})",
+                            },
+                        )
                 elif job.cancelled:
                     w.send({"op": "cancel"})
                 await job.finished.wait()

@@ -29,8 +29,18 @@ from ..chat_template import ChatTemplate
 from ..grammar import GrammarError, json_lark, json_schema_grammar, lark_grammar
 from .errors import bad
 
-__all__ = ["FORMATS", "ToolCall", "ToolFormat", "ToolSpec", "ToolStream", "format_for", "grammar_for",
-           "parse_calls", "prepare_messages", "tool_spec"]
+__all__ = [
+    "FORMATS",
+    "ToolCall",
+    "ToolFormat",
+    "ToolSpec",
+    "ToolStream",
+    "format_for",
+    "grammar_for",
+    "parse_calls",
+    "prepare_messages",
+    "tool_spec",
+]
 
 
 @dataclass(frozen=True)
@@ -73,10 +83,12 @@ def _json_parse(inner: str) -> tuple[str, Any] | None:
 
 def _json_system(tools: list[dict[str, Any]]) -> str:
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nThese functions are available; call any of them when it helps to answer. Their "
-            "signatures are inside <tools></tools>:\n<tools>\n" + lines + "\n</tools>\n\nTo call one, write "
-            "a JSON object with its name and arguments between <tool_call></tool_call> tags:\n<tool_call>\n"
-            '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    return (
+        "# Tools\n\nThese functions are available; call any of them when it helps to answer. Their "
+        "signatures are inside <tools></tools>:\n<tools>\n" + lines + "\n</tools>\n\nTo call one, write "
+        "a JSON object with its name and arguments between <tool_call></tool_call> tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
 
 FORMATS: dict[str, ToolFormat] = {
@@ -125,7 +137,11 @@ def tool_spec(body: dict[str, Any], fmt: ToolFormat) -> ToolSpec | None:
     seen: set[str] = set()
     for i, t in enumerate(tools):
         where = f"tools[{i}]"
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+        if (
+            not isinstance(t, dict)
+            or t.get("type", "function") != "function"
+            or not isinstance(t.get("function"), dict)
+        ):
             raise bad(where, 'must be {"type": "function", "function": {"name": ..., "parameters": {...}}}')
         fn = t["function"]
         name = fn.get("name")
@@ -145,19 +161,29 @@ def tool_spec(body: dict[str, Any], fmt: ToolFormat) -> ToolSpec | None:
         choice = "auto"
     elif choice_v in ("auto", "none", "required"):
         choice = str(choice_v)
-    elif isinstance(choice_v, dict) and choice_v.get("type") == "function" and isinstance(choice_v.get("function"), dict):
+    elif (
+        isinstance(choice_v, dict)
+        and choice_v.get("type") == "function"
+        and isinstance(choice_v.get("function"), dict)
+    ):
         named = choice_v["function"].get("name")
         if named not in seen:
-            raise bad("tool_choice", f"names the function {named!r}, which is not in tools "
-                                     f"({', '.join(sorted(seen))})")
+            raise bad(
+                "tool_choice",
+                f"names the function {named!r}, which is not in tools ({', '.join(sorted(seen))})",
+            )
         choice = "function"
     else:
-        raise bad("tool_choice", "must be 'auto', 'none', 'required' or "
-                                 '{"type": "function", "function": {"name": ...}}')
+        raise bad(
+            "tool_choice",
+            'must be \'auto\', \'none\', \'required\' or {"type": "function", "function": {"name": ...}}',
+        )
     return ToolSpec([dict(t, type="function") for t in tools], choice, parallel, named, fmt)
 
 
-def prepare_messages(messages: Any, spec: ToolSpec | None, template: ChatTemplate) -> tuple[Any, list[Any] | None]:
+def prepare_messages(
+    messages: Any, spec: ToolSpec | None, template: ChatTemplate
+) -> tuple[Any, list[Any] | None]:
     """The messages and tool list the template gets: written into the turns by the format where the
     template does not render tools (or past calls) itself."""
     if not isinstance(messages, list):
@@ -180,8 +206,12 @@ def prepare_messages(messages: Any, spec: ToolSpec | None, template: ChatTemplat
                 out[i]["content"] = "\n".join(x for x in [text, *blocks] if x)
     if tools and not renders_tools:
         addition = fmt.system(tools)
-        if out and isinstance(out[0], dict) and out[0].get("role") in ("system", "developer") \
-                and isinstance(out[0].get("content"), str):
+        if (
+            out
+            and isinstance(out[0], dict)
+            and out[0].get("role") in ("system", "developer")
+            and isinstance(out[0].get("content"), str)
+        ):
             out[0] = dict(out[0], content=out[0]["content"] + "\n\n" + addition)
         else:
             out.insert(0, {"role": "system", "content": addition})
@@ -195,8 +225,12 @@ def prepare_messages(messages: Any, spec: ToolSpec | None, template: ChatTemplat
 def _call_schema(t: dict[str, Any]) -> dict[str, Any]:
     fn = t["function"]
     params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-            "required": ["name", "arguments"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def grammar_for(body: dict[str, Any], spec: ToolSpec | None) -> str:
@@ -208,14 +242,19 @@ def grammar_for(body: dict[str, Any], spec: ToolSpec | None) -> str:
         schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         o, c, sep = (json.dumps(x) for x in (spec.fmt.open + "\n", "\n" + spec.fmt.close, spec.fmt.separator))
         many = spec.parallel and spec.choice == "required"
-        lark = (f"start: call{f' ({sep} call)*' if many else ''}\ncall: {o} body {c}\nbody: {json_lark(schema)}\n")
+        lark = (
+            f"start: call{f' ({sep} call)*' if many else ''}\ncall: {o} body {c}\nbody: {json_lark(schema)}\n"
+        )
         return lark_grammar(lark)
     rf = body.get("response_format")
     if rf is None:
         return ""
     if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-        raise bad("response_format", "must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                                     "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}")
+        raise bad(
+            "response_format",
+            'must be {"type": "text"}, {"type": "json_object"} or '
+            '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+        )
     if rf["type"] == "text":
         return ""
     if rf["type"] == "json_object":
@@ -226,7 +265,9 @@ def grammar_for(body: dict[str, Any], spec: ToolSpec | None) -> str:
     try:
         return json_schema_grammar(js.get("schema") or {"type": "object"})
     except GrammarError as e:
-        raise bad("response_format.json_schema.schema", f"is not a schema the grammar library accepts: {e}") from None
+        raise bad(
+            "response_format.json_schema.schema", f"is not a schema the grammar library accepts: {e}"
+        ) from None
 
 
 # ---- the reply ---------------------------------------------------------------------------------
@@ -239,7 +280,11 @@ class ToolCall:
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
 
     def message(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 def _to_call(spec: ToolSpec, inner: str) -> ToolCall | None:
@@ -280,11 +325,21 @@ class ToolStream:
             if not self.inside:
                 i = -1 if self._done_calling() else self.buf.find(o)
                 if i < 0:
-                    keep = 0 if self._done_calling() else next(
-                        (n for n in range(min(len(o) - 1, len(self.buf)), 0, -1) if o.startswith(self.buf[-n:])), 0)
+                    keep = (
+                        0
+                        if self._done_calling()
+                        else next(
+                            (
+                                n
+                                for n in range(min(len(o) - 1, len(self.buf)), 0, -1)
+                                if o.startswith(self.buf[-n:])
+                            ),
+                            0,
+                        )
+                    )
                     if len(self.buf) > keep:
                         out.append(("content", self.buf[: len(self.buf) - keep]))
-                    self.buf = self.buf[len(self.buf) - keep:]
+                    self.buf = self.buf[len(self.buf) - keep :]
                     return out
                 if i > 0:
                     out.append(("content", self.buf[:i]))
@@ -293,14 +348,14 @@ class ToolStream:
             j = self.buf.find(c, len(o))
             if j < 0:
                 return out
-            block, self.buf = self.buf[: j + len(c)], self.buf[j + len(c):]
+            block, self.buf = self.buf[: j + len(c)], self.buf[j + len(c) :]
             self.inside = False
             out.append(self._finish(block))
         return out
 
     def _finish(self, block: str) -> tuple[str, str | ToolCall]:
         o, c = self.spec.fmt.open, self.spec.fmt.close
-        inner = block[len(o):]
+        inner = block[len(o) :]
         inner = inner[: -len(c)] if inner.endswith(c) else inner
         call = _to_call(self.spec, inner)
         if call is None:

@@ -45,7 +45,9 @@ class _Channel:
         self._lock = threading.Lock()
         self.commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.cancel = threading.Event()
-        self.closed = threading.Event()  # no more commands: the pipe closed (the server is gone) or shutdown came
+        self.closed = (
+            threading.Event()
+        )  # no more commands: the pipe closed (the server is gone) or shutdown came
         self.n_generated = 0
         self.cancel_seen_at: int | None = None
         self.context: list[int] = []  # the tokens in the engine's KV cache, in order
@@ -91,13 +93,28 @@ def _asdict(obj: Any) -> dict[str, Any]:
 
 
 def _error_event(e: BaseException) -> dict[str, Any]:
-    return {"error": type(e).__name__, "status": int(getattr(e, "status", 0) or 0), "message": str(e) or type(e).__name__}
+    return {
+        "error": type(e).__name__,
+        "status": int(getattr(e, "status", 0) or 0),
+        "message": str(e) or type(e).__name__,
+    }
 
 
 _TOKENIZER: dict[str, Any] = {}  # the model's tokenizer, for grammars (built on the first that needs it)
 
-_DELTA_FIELDS = ("lookups", "hits", "misses", "swaps", "halvings", "refills", "bytes_streamed", "bytes_copied",
-                 "host_expert_runs", "prompt_tokens", "decode_tokens")
+_DELTA_FIELDS = (
+    "lookups",
+    "hits",
+    "misses",
+    "swaps",
+    "halvings",
+    "refills",
+    "bytes_streamed",
+    "bytes_copied",
+    "host_expert_runs",
+    "prompt_tokens",
+    "decode_tokens",
+)
 
 
 def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "") -> None:
@@ -193,25 +210,30 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "") -> 
     if ch.cancel.is_set():
         finish = "cancelled"
     # under a grammar the runner-up may be a forbidden token (-inf): no margin then
-    margins = [float(t[0][1] - t[1][1]) if len(t) >= 2 and math.isfinite(t[0][1] - t[1][1]) else None
-               for t in r.top]
-    ch.send({
-        "ev": "done",
-        "tokens": r.tokens,
-        "finish_reason": finish,
-        "prompt_tokens": r.prompt_tokens,
-        "prompt_ms": r.prompt_ms,
-        "decode_ms": r.decode_ms,
-        "margins": margins,
-        "stats": after,
-        "delta": {k: after[k] - before[k] for k in _DELTA_FIELDS if k in after and k in before},
-        "cancel_seen_at": ch.cancel_seen_at,
-        "cached_tokens": reuse,
-        "closed_early": bool(constraint is not None and constraint.closed_early),
-    })
+    margins = [
+        float(t[0][1] - t[1][1]) if len(t) >= 2 and math.isfinite(t[0][1] - t[1][1]) else None for t in r.top
+    ]
+    ch.send(
+        {
+            "ev": "done",
+            "tokens": r.tokens,
+            "finish_reason": finish,
+            "prompt_tokens": r.prompt_tokens,
+            "prompt_ms": r.prompt_ms,
+            "decode_ms": r.decode_ms,
+            "margins": margins,
+            "stats": after,
+            "delta": {k: after[k] - before[k] for k in _DELTA_FIELDS if k in after and k in before},
+            "cancel_seen_at": ch.cancel_seen_at,
+            "cached_tokens": reuse,
+            "closed_early": bool(constraint is not None and constraint.closed_early),
+        }
+    )
 
 
-def serve(model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes], heartbeat_s: float = 1.0) -> int:
+def serve(
+    model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes], heartbeat_s: float = 1.0
+) -> int:
     ch = _Channel(out, inp)
     try:
         from strata import Engine, EngineConfig
@@ -222,13 +244,21 @@ def serve(model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes], he
         print(f"engine start failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         ch.send({"ev": "start_failed", **_error_event(e)})
         return 3
-    ch.send({"ev": "ready", "pid": os.getpid(), "info": _asdict(eng.info), "plan": _asdict(eng.plan),
-             "stats": _asdict(eng.stats())})
+    ch.send(
+        {
+            "ev": "ready",
+            "pid": os.getpid(),
+            "info": _asdict(eng.info),
+            "plan": _asdict(eng.plan),
+            "stats": _asdict(eng.stats()),
+        }
+    )
     reader = threading.Thread(target=ch.read_loop, name="strata-worker-commands", daemon=True)
     reader.start()
     if heartbeat_s > 0:
-        threading.Thread(target=ch.heartbeat_loop, args=(heartbeat_s,), name="strata-worker-heartbeat",
-                         daemon=True).start()
+        threading.Thread(
+            target=ch.heartbeat_loop, args=(heartbeat_s,), name="strata-worker-heartbeat", daemon=True
+        ).start()
     try:
         while True:
             cmd = ch.commands.get()
@@ -242,8 +272,14 @@ def serve(model: str, config: dict[str, Any], out: IO[bytes], inp: IO[bytes], he
                     continue
                 _generate(eng, ch, command, model)
             else:
-                ch.send({"ev": "error", "error": "ProtocolError", "status": 0,
-                         "message": f"unknown command {cmd.get('op')!r}"})
+                ch.send(
+                    {
+                        "ev": "error",
+                        "error": "ProtocolError",
+                        "status": 0,
+                        "message": f"unknown command {cmd.get('op')!r}",
+                    }
+                )
     finally:
         ch.closed.set()  # stops the heartbeat
         eng.close()

@@ -101,7 +101,9 @@ class _Pending:
 class _Reply:
     """The reply in flight."""
 
-    def __init__(self, rid: int, view: MessageView, user: StoredMessage | None, user_view: MessageView | None) -> None:
+    def __init__(
+        self, rid: int, view: MessageView, user: StoredMessage | None, user_view: MessageView | None
+    ) -> None:
         self.rid = rid
         self.view = view
         self.user = user
@@ -197,6 +199,7 @@ class ChatScreen(RepaintingScreen[None]):
         if proc is not None and (proc.url is None or proc.exited() is not None):
             self.post_message(ServerStarting("starting strata serve…"))
             try:
+
                 def on_line(line: str) -> None:
                     self.post_message(ServerStarting(line))
 
@@ -212,7 +215,9 @@ class ChatScreen(RepaintingScreen[None]):
         while True:
             if proc is not None and proc.exited() is not None:
                 tail = "\n".join(list(proc.log)[-10:])
-                self.post_message(ServerDown(f"strata serve stopped (exit code {proc.exited()}):\n{tail}", None))
+                self.post_message(
+                    ServerDown(f"strata serve stopped (exit code {proc.exited()}):\n{tail}", None)
+                )
                 return
             client = app.client
             assert client is not None
@@ -299,7 +304,9 @@ class ChatScreen(RepaintingScreen[None]):
         if self.reply is not None and not self.reply.view.content and not self.reply.view.reasoning:
             p = status.get("prompt") or {}
             if self._status_state == "reading" and p.get("total"):
-                self.reply.view.set_footer(f"reading the prompt: {p.get('done', 0):,} / {p['total']:,} tokens")
+                self.reply.view.set_footer(
+                    f"reading the prompt: {p.get('done', 0):,} / {p['total']:,} tokens"
+                )
                 self.log_view.follow()
             elif self._status_state == "restarting":
                 self.reply.view.set_footer("the engine is restarting…")
@@ -315,7 +322,11 @@ class ChatScreen(RepaintingScreen[None]):
         try:
             convs = await self.chat_app.run_db(store.list)
             conv = None
-            if convs and convs[0].title == _NEW_TITLE and not await self.chat_app.run_db(store.messages, convs[0].id):
+            if (
+                convs
+                and convs[0].title == _NEW_TITLE
+                and not await self.chat_app.run_db(store.messages, convs[0].id)
+            ):
                 conv = convs[0]
             if conv is None:
                 conv = await self.chat_app.run_db(store.create, _NEW_TITLE)
@@ -389,13 +400,17 @@ class ChatScreen(RepaintingScreen[None]):
         log.scroll_end(animate=False)
         self._show_conv_title()
         last = next((m for m in reversed(msg.messages) if m.role == "assistant"), None)
-        self.engine.set_live(context_used=_context_used(msg.messages), ttft_s=_ttft(last.meta) if last else None)
+        self.engine.set_live(
+            context_used=_context_used(msg.messages), ttft_s=_ttft(last.meta) if last else None
+        )
 
     def _show_conv_title(self) -> None:
         if self.conv is None:
             return
         sys = " · system prompt set" if self.conv.system_prompt else ""
-        self.query_one("#conv-title", Static).update(f"{self.conv.title} — {self.conv.settings.describe()}{sys}")
+        self.query_one("#conv-title", Static).update(
+            f"{self.conv.title} — {self.conv.settings.describe()}{sys}"
+        )
 
     @on(ConversationList.Picked)
     def _picked(self, msg: ConversationList.Picked) -> None:
@@ -425,7 +440,10 @@ class ChatScreen(RepaintingScreen[None]):
             return
         if self.reply is not None:
             self.input.give_back(text)
-            self.notify("A reply is still streaming: Esc cancels it. Your message stays in the box.", severity="warning")
+            self.notify(
+                "A reply is still streaming: Esc cancels it. Your message stays in the box.",
+                severity="warning",
+            )
             return
         if self.conv is None or self.chat_app.client is None:
             self.input.give_back(text)
@@ -444,7 +462,9 @@ class ChatScreen(RepaintingScreen[None]):
             self._db(self.chat_app.store.rename, self.conv.id, title)
         await self._start_reply(user, user_view)
 
-    async def _start_reply(self, user: StoredMessage | None, user_view: MessageView | None, drop_from: int | None = None) -> None:
+    async def _start_reply(
+        self, user: StoredMessage | None, user_view: MessageView | None, drop_from: int | None = None
+    ) -> None:
         assert self.conv is not None
         self._rid += 1
         view = MessageView("assistant", streaming=True, footer="waiting for the server…")
@@ -469,7 +489,11 @@ class ChatScreen(RepaintingScreen[None]):
             if user is not None and user.id is None:
                 user.id = (await app.run_db(store.add_message, conv.id, user)).id
             messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-            messages += [{"role": m.role, "content": m.content} for m in self.history if m.role in ("user", "assistant")]
+            messages += [
+                {"role": m.role, "content": m.content}
+                for m in self.history
+                if m.role in ("user", "assistant")
+            ]
             client = app.client
             if client is None:
                 raise Unreachable("the server has not started yet")
@@ -512,7 +536,12 @@ class ChatScreen(RepaintingScreen[None]):
                     pass
                 user.id = None
             self.post_message(
-                ReplyFailed(rid, friendly_error(e), user.content if user else "", unreachable=isinstance(e, Unreachable))
+                ReplyFailed(
+                    rid,
+                    friendly_error(e),
+                    user.content if user else "",
+                    unreachable=isinstance(e, Unreachable),
+                )
             )
 
     async def _post_pending_every(self, rid: int, pending: _Pending) -> None:
@@ -596,8 +625,11 @@ class ChatScreen(RepaintingScreen[None]):
         if fin is not None:
             t = fin.timings or {}
             tps = t.get("predicted_per_second")
-            self.engine.set_live(tps=float(tps) if tps else None, ttft_s=_ttft(msg.message.meta if msg.message else {}),
-                                 context_used=_context_used(self.history))
+            self.engine.set_live(
+                tps=float(tps) if tps else None,
+                ttft_s=_ttft(msg.message.meta if msg.message else {}),
+                context_used=_context_used(self.history),
+            )
         self._list()
 
     async def on_reply_failed(self, msg: ReplyFailed) -> None:
@@ -693,7 +725,9 @@ class ChatScreen(RepaintingScreen[None]):
             if self.history[idx].role != "user":
                 idx = None
         else:
-            idx = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"), None)
+            idx = next(
+                (i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"), None
+            )
         if idx is None:
             self.notify("No message of yours to edit.", severity="warning")
             return
@@ -736,11 +770,17 @@ class ChatScreen(RepaintingScreen[None]):
 
     @work(group="export", exclusive=True)
     async def _export(self, conv: Conversation, history: list[StoredMessage], path: str | None) -> None:
-        target = Path(path).expanduser() if path else Path.cwd() / f"strata-chat-{_slug(conv.title)}-{conv.id}.md"
+        target = (
+            Path(path).expanduser() if path else Path.cwd() / f"strata-chat-{_slug(conv.title)}-{conv.id}.md"
+        )
         try:
             await asyncio.to_thread(_write_text, target, to_markdown(conv, history))
         except OSError as e:
-            self.post_message(WorkFailed(f"could not export to {target}: {e.strerror or e} — give another path: /export FILE"))
+            self.post_message(
+                WorkFailed(
+                    f"could not export to {target}: {e.strerror or e} — give another path: /export FILE"
+                )
+            )
             return
         self.post_message(Exported(str(target)))
 
@@ -889,7 +929,12 @@ class ChatScreen(RepaintingScreen[None]):
                 self.action_settings()
             else:
                 self._set_system("" if arg.lower() in ("off", "clear", "none") else arg)
-                await self._note("note", "system prompt cleared" if not self.conv.system_prompt else f"system prompt: {self.conv.system_prompt}")
+                await self._note(
+                    "note",
+                    "system prompt cleared"
+                    if not self.conv.system_prompt
+                    else f"system prompt: {self.conv.system_prompt}",
+                )
         elif name in ("/temp", "/temperature"):
             self._set_settings(temperature=parse_optional(_need(arg, name), float, "temperature", 0.0, 5.0))
         elif name in ("/top-p", "/top_p", "/topp"):

@@ -22,7 +22,9 @@ class SettingsResult:
     settings: Settings
 
 
-def parse_optional(text: str, kind: type, name: str, lo: float | None = None, hi: float | None = None) -> float | int | None:
+def parse_optional(
+    text: str, kind: type, name: str, lo: float | None = None, hi: float | None = None
+) -> float | int | None:
     """``""`` or ``default`` -> None; otherwise a number of ``kind`` in [lo, hi], or ValueError naming the field."""
     t = text.strip().lower()
     if t in ("", "default", "none", "off"):

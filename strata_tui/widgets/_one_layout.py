@@ -37,7 +37,9 @@ class OneLayout(Widget):
 
     if _SUPPORTED:
 
-        def _size_updated(self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True) -> bool:
+        def _size_updated(
+            self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+        ) -> bool:
             bars = (self.show_vertical_scrollbar, self.show_horizontal_scrollbar)
             changed = super()._size_updated(size, virtual_size, container_size, layout=False)
             if changed and (self.show_vertical_scrollbar, self.show_horizontal_scrollbar) != bars:

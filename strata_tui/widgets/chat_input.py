@@ -20,7 +20,9 @@ class ChatInput(TextArea):
         chat_input: ChatInput
         text: str
 
-    def __init__(self, *, newline_keys: tuple[str, ...] = ("ctrl+j", "shift+enter", "alt+enter"), **kw: object) -> None:
+    def __init__(
+        self, *, newline_keys: tuple[str, ...] = ("ctrl+j", "shift+enter", "alt+enter"), **kw: object
+    ) -> None:
         super().__init__(soft_wrap=True, show_line_numbers=False, tab_behavior="focus", **kw)  # type: ignore[arg-type]
         self.newline_keys = newline_keys
         self.last_sent = ""

@@ -85,7 +85,9 @@ class EnginePanel(Vertical):
         self.detail = ""
         self.refresh_view()
 
-    def set_live(self, *, tps: float | None = None, ttft_s: float | None = None, context_used: int | None = None) -> None:
+    def set_live(
+        self, *, tps: float | None = None, ttft_s: float | None = None, context_used: int | None = None
+    ) -> None:
         if tps is not None:
             self.live_tps = tps
         if ttft_s is not None:
@@ -164,7 +166,9 @@ class EnginePanel(Vertical):
         eng = s.get("engine") or {}
         if eng.get("restarts"):
             code = eng.get("last_exit_code")
-            lines.append(("restarts", f"{eng['restarts']}" + (f" (last exit {code})" if code is not None else "")))
+            lines.append(
+                ("restarts", f"{eng['restarts']}" + (f" (last exit {code})" if code is not None else ""))
+            )
         q = (s.get("queue") or {}).get("length")
         if q:
             lines.append(("queue", str(q)))

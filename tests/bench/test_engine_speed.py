@@ -86,7 +86,9 @@ def test_decode(benchmark, opened) -> None:  # type: ignore[no-untyped-def]
 
     benchmark.pedantic(run, rounds=5, warmup_rounds=1)
     dense, layer_experts, embd_row = _weight_bytes(path)
-    per_token = dense + embd_row + eng.info.n_layer * eng.info.n_expert_used * layer_experts // eng.info.n_expert
+    per_token = (
+        dense + embd_row + eng.info.n_layer * eng.info.n_expert_used * layer_experts // eng.info.n_expert
+    )
     ms = eng.stats().decode_ms / DECODE  # the last round's decode time per token
     benchmark.extra_info.update(
         preset=preset,

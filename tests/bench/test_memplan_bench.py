@@ -69,11 +69,15 @@ def test_decode_hit_rate_adaptive_vs_lru(benchmark, small: str, miss: str) -> No
             rows.append({"share": share, "policy": policy, "miss": miss, **r})
     benchmark.extra_info["rows"] = rows
     benchmark.pedantic(lambda: None, rounds=1)
-    print(f"\ndecode on the small preset, {THREADS} threads, miss={miss}, {MEASURE} tokens after {WARMUP} warm-up")
+    print(
+        f"\ndecode on the small preset, {THREADS} threads, miss={miss}, {MEASURE} tokens after {WARMUP} warm-up"
+    )
     print("| experts cached | policy | slots | tok/s | hit rate | swaps |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['share']:.0%} | {r['policy']} | {r['slots']} | {r['tok_s']:.1f} | {r['hit_rate']:.1%} | {r['swaps']:.0f} |")
+        print(
+            f"| {r['share']:.0%} | {r['policy']} | {r['slots']} | {r['tok_s']:.1f} | {r['hit_rate']:.1%} | {r['swaps']:.0f} |"
+        )
     for share in (0.25, 0.5):
         a = next(r for r in rows if r["share"] == share and r["policy"] == "adaptive")
         lru = next(r for r in rows if r["share"] == share and r["policy"] == "lru")
@@ -86,7 +90,9 @@ def test_prefill_speed_against_chunk(benchmark, small: str) -> None:
     rows = []
     n = 2048
     for chunk in (64, 128, 256, 512, 1024, 2048):
-        with engine_mod.Engine(small, EngineConfig(threads=THREADS, prefill=str(chunk), max_context=4096)) as eng:
+        with engine_mod.Engine(
+            small, EngineConfig(threads=THREADS, prefill=str(chunk), max_context=4096)
+        ) as eng:
             prompt = np.random.default_rng(2).integers(0, eng.info.n_vocab, n).tolist()
             eng.prefill(prompt[:64])  # warm-up
             samples = []
@@ -95,7 +101,9 @@ def test_prefill_speed_against_chunk(benchmark, small: str) -> None:
                 t0 = time.perf_counter()
                 eng.prefill(prompt)
                 samples.append(n / (time.perf_counter() - t0))
-            rows.append({"chunk": eng.stats().last_chunk, "tok_s": float(np.median(samples)), "samples": samples})
+            rows.append(
+                {"chunk": eng.stats().last_chunk, "tok_s": float(np.median(samples)), "samples": samples}
+            )
     benchmark.extra_info["rows"] = rows
     benchmark.pedantic(lambda: None, rounds=1)
     print(f"\nprompt of {n} tokens on the small preset, {THREADS} threads, every expert cached (median of 3)")

@@ -89,5 +89,8 @@ def test_generate_server(benchmark, http: httpx.Client, prompt: list[int], strea
             assert r.json()["usage"]["completion_tokens"] == N
 
     benchmark.pedantic(run, rounds=7, warmup_rounds=1)
-    benchmark.extra_info.update(path="server-sse" if stream else "server", tokens=N,
-                                tokens_per_second=N / benchmark.stats.stats.median)
+    benchmark.extra_info.update(
+        path="server-sse" if stream else "server",
+        tokens=N,
+        tokens_per_second=N / benchmark.stats.stats.median,
+    )

@@ -51,7 +51,9 @@ class _Probe:
 
     def __init__(self, app: StrataChat) -> None:
         self.app = app
-        self.pending: dict[str, tuple[float, int]] = {}  # text the box will hold -> (time sent, frames begun then)
+        self.pending: dict[
+            str, tuple[float, int]
+        ] = {}  # text the box will hold -> (time sent, frames begun then)
         self.latencies_ms: list[float] = []
         self.frames_to_show: list[int] = []  # frames begun after the key was sent, up to the one showing it
         self.frames = 0  # frames begun
@@ -202,18 +204,28 @@ def test_typing_while_streaming(benchmark: Any, server: ServerProcess, tmp_path:
     load_before = os.getloadavg()
     benchmark.pedantic(run, rounds=1, iterations=1)
     load = [round(x, 2) for x in (*load_before, *os.getloadavg())]
-    benchmark.extra_info.update({"frame_ms": FRAME_MS, "model": str(server.model), "loadavg_before_after": load, **{f"{k}_{m}": v for k in ("idle", "streaming")
-                                                           for m, v in results[k].items()},
-                                 "pieces_streamed": results["info"]["pieces"],
-                                 "streaming_share": results["info"]["streaming_share"]})
+    benchmark.extra_info.update(
+        {
+            "frame_ms": FRAME_MS,
+            "model": str(server.model),
+            "loadavg_before_after": load,
+            **{f"{k}_{m}": v for k in ("idle", "streaming") for m, v in results[k].items()},
+            "pieces_streamed": results["info"]["pieces"],
+            "streaming_share": results["info"]["streaming_share"],
+        }
+    )
     for k in ("idle", "streaming"):
         s = results[k]
-        print(f"\n{Path(str(server.model)).name}: key-to-frame latency, {k}: n={s['n']} median {s['median_ms']:.1f} ms, "
-              f"p90 {s['p90_ms']:.1f} ms, p95 {s['p95_ms']:.1f} ms, max {s['max_ms']:.1f} ms, "
-              f"within {FRAME_MS:.1f} ms: {100 * s['within_one_frame']:.0f}%, within {2 * FRAME_MS:.1f} ms: "
-              f"{100 * s['within_two_frames']:.0f}%; shown by the next frame begun: {100 * s['in_next_frame']:.0f}% "
-              f"(worst: {s['max_frames']} frames); event loop late by p99 {s['loop_lag_p99_ms']:.1f} ms, "
-              f"max {s['loop_lag_max_ms']:.1f} ms")
-    print(f"replies streamed {100 * results['info']['streaming_share']:.0f}% of the time, "
-          f"{results['info']['pieces']} pieces in {results['info']['replies'] + 1} replies; load average before {load[:3]}, after {load[3:]}")
+        print(
+            f"\n{Path(str(server.model)).name}: key-to-frame latency, {k}: n={s['n']} median {s['median_ms']:.1f} ms, "
+            f"p90 {s['p90_ms']:.1f} ms, p95 {s['p95_ms']:.1f} ms, max {s['max_ms']:.1f} ms, "
+            f"within {FRAME_MS:.1f} ms: {100 * s['within_one_frame']:.0f}%, within {2 * FRAME_MS:.1f} ms: "
+            f"{100 * s['within_two_frames']:.0f}%; shown by the next frame begun: {100 * s['in_next_frame']:.0f}% "
+            f"(worst: {s['max_frames']} frames); event loop late by p99 {s['loop_lag_p99_ms']:.1f} ms, "
+            f"max {s['loop_lag_max_ms']:.1f} ms"
+        )
+    print(
+        f"replies streamed {100 * results['info']['streaming_share']:.0f}% of the time, "
+        f"{results['info']['pieces']} pieces in {results['info']['replies'] + 1} replies; load average before {load[:3]}, after {load[3:]}"
+    )
     assert results["streaming"]["n"] >= 10, "too few keys landed while the reply streamed"

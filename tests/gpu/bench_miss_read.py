@@ -26,12 +26,21 @@ def prompt(n: int, seed: int) -> list[int]:
 
 
 def run(model: str, budget: str, miss: str) -> dict:
-    cfg = EngineConfig(device="cuda", vram_budget=(12 << 30) if budget == "12GiB" else None, miss=miss, threads=8,
-                       max_context=8192)
+    cfg = EngineConfig(
+        device="cuda",
+        vram_budget=(12 << 30) if budget == "12GiB" else None,
+        miss=miss,
+        threads=8,
+        max_context=8192,
+    )
     t0 = time.perf_counter()
     with Engine(model, cfg) as eng:
-        r: dict = {"budget": budget, "miss": miss, "open_s": round(time.perf_counter() - t0, 2),
-                   "slots": eng.plan.n_slots}
+        r: dict = {
+            "budget": budget,
+            "miss": miss,
+            "open_s": round(time.perf_counter() - t0, 2),
+            "slots": eng.plan.n_slots,
+        }
         for n in (512, 4096):
             eng.kv_reset()
             eng.prefill(prompt(n, 3))
@@ -64,12 +73,16 @@ def main() -> int:
         r["same_reply"] = r["toks"] == rows[0]["toks"] if rows else True
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items() if k != "toks"}), flush=True)
-    print("| budget | miss | slots | tg128 | hit | bus reads/tok | host runs/tok | first steps after 512 (ms) "
-          "| after 4096 | same reply | peak GiB |")
+    print(
+        "| budget | miss | slots | tg128 | hit | bus reads/tok | host runs/tok | first steps after 512 (ms) "
+        "| after 4096 | same reply | peak GiB |"
+    )
     for r in rows:
-        print(f"| {r['budget']} | {r['miss']} | {r['slots']} | {r['tg128']} | {r['hit']} | {r['bus_reads_per_tok']} "
-              f"| {r['host_runs_per_tok']} | {r['first_ms_512']} | {r['first_ms_4096']} | {r['same_reply']} "
-              f"| {r['peak_gib']} |")
+        print(
+            f"| {r['budget']} | {r['miss']} | {r['slots']} | {r['tg128']} | {r['hit']} | {r['bus_reads_per_tok']} "
+            f"| {r['host_runs_per_tok']} | {r['first_ms_512']} | {r['first_ms_4096']} | {r['same_reply']} "
+            f"| {r['peak_gib']} |"
+        )
     return 0
 
 

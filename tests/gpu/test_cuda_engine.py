@@ -86,9 +86,16 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
     # cache sizes from all experts down to the smallest whose loan the plan accepts on this model
     for cache in ["auto", str(n_experts - 8), str(n_experts * 13 // 16), str(n_experts * 3 // 4)]:
         for prefill in ["auto", "16", "100"]:
-            for miss, policy in [("copy", "adaptive"), ("host", "adaptive"), ("auto", "adaptive"),
-                                 ("read", "adaptive"), ("read", "lru")]:
-                cfg = EngineConfig(device="cuda", expert_cache=cache, prefill=prefill, miss=miss, cache_policy=policy)
+            for miss, policy in [
+                ("copy", "adaptive"),
+                ("host", "adaptive"),
+                ("auto", "adaptive"),
+                ("read", "adaptive"),
+                ("read", "lru"),
+            ]:
+                cfg = EngineConfig(
+                    device="cuda", expert_cache=cache, prefill=prefill, miss=miss, cache_policy=policy
+                )
                 tok, first, top, stats = _run(path, cfg, prompt, 24)
                 got = (tok, first.tobytes(), [[v for _, v in step] for step in top])
                 if ref is None:

@@ -73,8 +73,9 @@ def test_every_request_is_served_with_its_own_layout_on_the_device(
 def _reply(eng: Engine, n: int, gen: int = 24) -> tuple[list[int], np.ndarray]:
     eng.kv_reset()
     steps: list[np.ndarray] = []
-    r = eng.generate(_prompt(n, 5), max_tokens=gen, stop_at_eos=False,
-                     on_token=lambda _t, lg, s=steps: s.append(lg.copy()))
+    r = eng.generate(
+        _prompt(n, 5), max_tokens=gen, stop_at_eos=False, on_token=lambda _t, lg, s=steps: s.append(lg.copy())
+    )
     return r.tokens, np.stack(steps)
 
 
@@ -135,8 +136,15 @@ def test_cache_policies_and_profiles_work_on_the_device(tiny: Path, tmp_path: Pa
     replies = {}
     stats = {}
     for policy in ("adaptive", "lru"):
-        with _cuda(tiny, max_context=1024, expert_cache="40", cache_policy=policy, miss="copy",
-                   adapt_every=4, adapt_swaps=4) as eng:
+        with _cuda(
+            tiny,
+            max_context=1024,
+            expert_cache="40",
+            cache_policy=policy,
+            miss="copy",
+            adapt_every=4,
+            adapt_swaps=4,
+        ) as eng:
             r = eng.generate(prompt, max_tokens=48, stop_at_eos=False)
             replies[policy] = r.tokens
             stats[policy] = eng.stats()

@@ -31,8 +31,13 @@ def idle_status(**over: Any) -> dict[str, Any]:
         "queue": {"length": 0},
         "plan": {"n_slots": 96, "auto_chunk": 512, "max_context": 4096},
         "stats": {
-            "lookups": 2000, "hits": 1744, "misses": 256, "slots_lent_now": 0, "last_chunk": 512,
-            "n_past": 311, "state": 0,
+            "lookups": 2000,
+            "hits": 1744,
+            "misses": 256,
+            "slots_lent_now": 0,
+            "last_chunk": 512,
+            "n_past": 311,
+            "state": 0,
         },
         "info": {"name": "fake-moe"},
         "config": {},
@@ -68,7 +73,11 @@ class FakeServer:
         hold: bool = False,
     ) -> None:
         self.strata = strata
-        self.reply = reply if reply is not None else ["Hello", "! Here is ", "**bold** text and code:\n\n", "```python\nprint('hi')\n```\n"]
+        self.reply = (
+            reply
+            if reply is not None
+            else ["Hello", "! Here is ", "**bold** text and code:\n\n", "```python\nprint('hi')\n```\n"]
+        )
         self.reasoning = reasoning or []
         self.chunk_delay = chunk_delay
         self.status = status or idle_status()
@@ -85,7 +94,9 @@ class FakeServer:
         return {"x-strata-server": "1"} if self.strata else {}
 
     async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake-moe", "object": "model"}]}, headers=self._headers())
+        return JSONResponse(
+            {"object": "list", "data": [{"id": "fake-moe", "object": "model"}]}, headers=self._headers()
+        )
 
     async def _status(self, request: Request) -> Response:
         return JSONResponse(self.status, headers=self._headers())
@@ -102,8 +113,14 @@ class FakeServer:
 
         async def events() -> AsyncIterator[str]:
             def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-                c = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "fake-moe",
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+                c = {
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": "fake-moe",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                    **extra,
+                }
                 return f"data: {json.dumps(c)}\n\n"
 
             try:
@@ -119,9 +136,19 @@ class FakeServer:
                 while self.hold:
                     await asyncio.sleep(0.05)
                 n = len(self.reply)
-                yield chunk({}, "stop", usage={"prompt_tokens": 20, "completion_tokens": n, "total_tokens": 20 + n},
-                            timings={"prompt_n": 20, "prompt_ms": 20.0, "prompt_per_second": 1000.0,
-                                     "predicted_n": n, "predicted_ms": 100.0, "predicted_per_second": 40.0})
+                yield chunk(
+                    {},
+                    "stop",
+                    usage={"prompt_tokens": 20, "completion_tokens": n, "total_tokens": 20 + n},
+                    timings={
+                        "prompt_n": 20,
+                        "prompt_ms": 20.0,
+                        "prompt_per_second": 1000.0,
+                        "predicted_n": n,
+                        "predicted_ms": 100.0,
+                        "predicted_per_second": 40.0,
+                    },
+                )
                 yield "data: [DONE]\n\n"
                 self.finished.set()
             except asyncio.CancelledError:
@@ -131,12 +158,14 @@ class FakeServer:
         return StreamingResponse(events(), media_type="text/event-stream", headers=self._headers())
 
     def start(self) -> FakeServer:
-        app = Starlette(routes=[
-            Route("/v1/models", self._models),
-            Route("/v1/status", self._status),
-            Route("/health", self._health),
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-        ])
+        app = Starlette(
+            routes=[
+                Route("/v1/models", self._models),
+                Route("/v1/status", self._status),
+                Route("/health", self._health),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            ]
+        )
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -52,16 +52,27 @@ def test_main_screen(snap_compare, fake: FakeServer, tmp_path: Path) -> None:
     store = Store(tmp_path / "chat.sqlite3")
     conv = store.create("Show me some code", settings=Settings(temperature=0.2, max_tokens=256))
     store.add_message(conv.id, StoredMessage("user", "Show me some code"))
-    store.add_message(conv.id, StoredMessage(
-        "assistant", "Here is **bold** text and code:\n\n```python\nfor i in range(3):\n    print(i)\n```\n",
-        reasoning="The user wants a short example.",
-        meta={"ttft_s": 0.21, "timings": {"predicted_n": 18, "predicted_per_second": 40.0},
-              "usage": {"total_tokens": 38}, "finish_reason": "stop"}))
+    store.add_message(
+        conv.id,
+        StoredMessage(
+            "assistant",
+            "Here is **bold** text and code:\n\n```python\nfor i in range(3):\n    print(i)\n```\n",
+            reasoning="The user wants a short example.",
+            meta={
+                "ttft_s": 0.21,
+                "timings": {"predicted_n": 18, "predicted_per_second": 40.0},
+                "usage": {"total_tokens": 38},
+                "finish_reason": "stop",
+            },
+        ),
+    )
     store.close()
     app = make_app(fake, tmp_path)
 
     async def run_before(pilot: Pilot[None]) -> None:
-        await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None)
+        await wait_for(
+            pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None
+        )
         sidebar = app.chat.query_one("#sidebar", ConversationList)
         await wait_for(pilot, lambda: len(sidebar.titles()) == 2)
         sidebar.query_one("#conversations").focus()
@@ -76,10 +87,18 @@ def test_engine_panel_reading_prompt(snap_compare, tmp_path: Path) -> None:
     app = make_app(fs, tmp_path)
 
     async def run_before(pilot: Pilot[None]) -> None:
-        await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None)
+        await wait_for(
+            pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None
+        )
         await pilot.press(*"Summarise this long document", "enter")
-        await wait_for(pilot, lambda: app.chat is not None and app.chat.reply is not None
-                       and "reading the prompt" in app.chat.reply.view.footer_text)
+        await wait_for(
+            pilot,
+            lambda: (
+                app.chat is not None
+                and app.chat.reply is not None
+                and "reading the prompt" in app.chat.reply.view.footer_text
+            ),
+        )
 
     try:
         assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
@@ -88,13 +107,19 @@ def test_engine_panel_reading_prompt(snap_compare, tmp_path: Path) -> None:
 
 
 def test_error_in_conversation(snap_compare, tmp_path: Path) -> None:
-    err = {"message": "the engine stopped unexpectedly (exit code 1)", "type": "server_error",
-           "param": None, "code": "engine_exited"}
+    err = {
+        "message": "the engine stopped unexpectedly (exit code 1)",
+        "type": "server_error",
+        "param": None,
+        "code": "engine_exited",
+    }
     fs = FakeServer(error=(500, err)).start()
     app = make_app(fs, tmp_path)
 
     async def run_before(pilot: Pilot[None]) -> None:
-        await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None)
+        await wait_for(
+            pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None
+        )
         await pilot.press(*"Hello?", "enter")
         await wait_for(pilot, lambda: "error" in roles(app))
         # the words a person can act on, and the text given back to the input
@@ -113,7 +138,9 @@ def test_help_screen(snap_compare, fake: FakeServer, tmp_path: Path) -> None:
     app = make_app(fake, tmp_path)
 
     async def run_before(pilot: Pilot[None]) -> None:
-        await wait_for(pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None)
+        await wait_for(
+            pilot, lambda: app.chat is not None and app.chat.connected and app.chat.conv is not None
+        )
         await pilot.press("f1")
         await pilot.pause()
 
