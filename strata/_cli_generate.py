@@ -8,14 +8,15 @@ engines can be compared with it.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from ._config import add_engine_args, config_from_args
-from ._exceptions import StrataError
+from ._failure import UserError
+from ._model_path import model_path_problem
+from .tokenizer import Tokenizer
 
 __all__ = ["add_parser", "parse_ids", "run"]
 
@@ -57,36 +58,20 @@ def parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _default_model() -> Path:
-    try:
-        model = importlib.import_module("strata.model")
-    except ModuleNotFoundError:
-        model = None
-    ensure = getattr(model, "ensure_model", None)
-    if ensure is None:
-        raise StrataError(
-            "no --model given, and this build cannot make the default model yet; pass --model FILE"
-        )
-    return Path(ensure("tiny"))
+def _model_path(args: argparse.Namespace) -> Path:
+    """The model file to run: ``--model`` (checked before anything opens it) or the tiny default."""
+    if not args.model:
+        from .model import default_model
 
-
-def _tokenizer(model_path: Path) -> Any:
-    """The model's tokenizer (strata.tokenizer), or None when that module is not available."""
-    try:
-        mod = importlib.import_module("strata.tokenizer")
-    except ModuleNotFoundError:
-        return None
-    for name in ("load_tokenizer", "from_gguf"):
-        fn = getattr(mod, name, None)
-        if fn is not None:
-            return fn(model_path)
-    cls = getattr(mod, "Tokenizer", None)
-    if cls is not None and hasattr(cls, "from_gguf"):
-        return cls.from_gguf(model_path)
-    return None
+        return Path(default_model())
+    problem = model_path_problem(args.model)
+    if problem is not None:
+        raise UserError(problem)
+    return Path(args.model)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Failures raise (StrataError, UserError, a refused file): ``strata.cli`` prints them in one paragraph."""
     from ._engine import Engine
 
     try:
@@ -94,86 +79,75 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"strata generate: {e}", file=sys.stderr)
         return 2
-    try:
-        model_path = Path(args.model) if args.model else _default_model()
-        tok = None
-        if args.prompt is not None:
-            tok = _tokenizer(model_path)
-            if tok is None:
-                print(
-                    "strata generate: text prompts need the tokenizer module (strata.tokenizer), which this "
-                    "build does not have yet; pass token ids with --prompt-ids 1,2,3",
-                    file=sys.stderr,
-                )
-                return 2
-            prompt_ids = list(tok.encode(args.prompt))
-        else:
-            prompt_ids = list(args.prompt_ids)
-        with Engine(model_path, config) as eng:
-            streamed: list[int] = []
-            printed = [""]
+    model_path = _model_path(args)
+    tok = None
+    if args.prompt is not None:
+        tok = Tokenizer.from_gguf(model_path)
+        prompt_ids = list(tok.encode(args.prompt))
+    else:
+        prompt_ids = list(args.prompt_ids)
+    with Engine(model_path, config) as eng:
+        streamed: list[int] = []
+        printed = [""]
 
-            def on_token(token: int, _logits: Any) -> bool:
-                streamed.append(token)
-                if args.json:
-                    return False
-                if tok is not None:
-                    text = tok.decode(streamed)
-                    if text.endswith("\ufffd"):
-                        return False  # a character split across tokens: wait for its other bytes
-                    sys.stdout.write(text[len(printed[0]) :])
-                    printed[0] = text
-                else:
-                    sys.stdout.write(f"{token} ")
-                sys.stdout.flush()
-                return False
-
-            res = eng.generate(
-                prompt_ids,
-                max_tokens=args.max_tokens,
-                temperature=args.temperature,
-                top_k=args.top_k,
-                top_p=args.top_p,
-                min_p=args.min_p,
-                seed=args.seed,
-                on_token=on_token,
-                top_logits=_TOP_N if args.json else 0,
-            )
-            timings = {
-                "prompt_n": res.prompt_tokens,
-                "prompt_ms": res.prompt_ms,
-                "prompt_per_second": res.prompt_tokens / (res.prompt_ms / 1e3) if res.prompt_ms > 0 else 0.0,
-                "predicted_n": len(res.tokens),
-                "predicted_ms": res.decode_ms,
-                # the first generated token comes from the prompt's logits: decode steps = n - 1
-                "predicted_per_second": (max(0, len(res.tokens) - 1)) / (res.decode_ms / 1e3)
-                if res.decode_ms > 0
-                else 0.0,
-            }
+        def on_token(token: int, _logits: Any) -> bool:
+            streamed.append(token)
             if args.json:
-                out = {
-                    "model": str(model_path),
-                    "prompt_ids": prompt_ids,
-                    "generated_ids": res.tokens,
-                    "finish_reason": res.finish_reason,
-                    "top": [[[i, v] for i, v in step] for step in res.top],
-                    "timings": timings,
-                    "config": config.to_dict(),
-                }
-                print(json.dumps(out))
+                return False
+            if tok is not None:
+                text = tok.decode(streamed)
+                if text.endswith("\ufffd"):
+                    return False  # a character split across tokens: wait for its other bytes
+                sys.stdout.write(text[len(printed[0]) :])
+                printed[0] = text
             else:
-                if tok is not None:
-                    sys.stdout.write(tok.decode(streamed)[len(printed[0]) :])
-                sys.stdout.write("\n")
-                sys.stdout.flush()  # the text first, then the speeds on stderr
-                print(
-                    f"prompt: {timings['prompt_n']} tokens in {timings['prompt_ms']:.1f} ms "
-                    f"({timings['prompt_per_second']:.1f} tokens/s); decode: {timings['predicted_n']} tokens in "
-                    f"{timings['predicted_ms']:.1f} ms ({timings['predicted_per_second']:.1f} tokens/s); "
-                    f"finish: {res.finish_reason}",
-                    file=sys.stderr,
-                )
-    except StrataError as e:
-        print(f"strata generate: {e}", file=sys.stderr)
-        return 1
+                sys.stdout.write(f"{token} ")
+            sys.stdout.flush()
+            return False
+
+        res = eng.generate(
+            prompt_ids,
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.seed,
+            on_token=on_token,
+            top_logits=_TOP_N if args.json else 0,
+        )
+        timings = {
+            "prompt_n": res.prompt_tokens,
+            "prompt_ms": res.prompt_ms,
+            "prompt_per_second": res.prompt_tokens / (res.prompt_ms / 1e3) if res.prompt_ms > 0 else 0.0,
+            "predicted_n": len(res.tokens),
+            "predicted_ms": res.decode_ms,
+            # the first generated token comes from the prompt's logits: decode steps = n - 1
+            "predicted_per_second": (max(0, len(res.tokens) - 1)) / (res.decode_ms / 1e3)
+            if res.decode_ms > 0
+            else 0.0,
+        }
+        if args.json:
+            out = {
+                "model": str(model_path),
+                "prompt_ids": prompt_ids,
+                "generated_ids": res.tokens,
+                "finish_reason": res.finish_reason,
+                "top": [[[i, v] for i, v in step] for step in res.top],
+                "timings": timings,
+                "config": config.to_dict(),
+            }
+            print(json.dumps(out))
+        else:
+            if tok is not None:
+                sys.stdout.write(tok.decode(streamed)[len(printed[0]) :])
+            sys.stdout.write("\n")
+            sys.stdout.flush()  # the text first, then the speeds on stderr
+            print(
+                f"prompt: {timings['prompt_n']} tokens in {timings['prompt_ms']:.1f} ms "
+                f"({timings['prompt_per_second']:.1f} tokens/s); decode: {timings['predicted_n']} tokens in "
+                f"{timings['predicted_ms']:.1f} ms ({timings['predicted_per_second']:.1f} tokens/s); "
+                f"finish: {res.finish_reason}",
+                file=sys.stderr,
+            )
     return 0

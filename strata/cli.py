@@ -1,36 +1,54 @@
-"""The ``strata`` command: generate, model, serve, chat, profile.
+"""The ``strata`` command: generate, model, serve, profile, and the commands other packages add.
 
 Each subcommand lives in its own module, which provides ``add_parser(subparsers)`` and sets
-``func`` on its parser; nothing heavy is imported until a subcommand runs.
+``func`` on its parser. The core's own commands are imported here; a package built on top of the
+core (the terminal chat, ``strata chat``) adds its command through the ``strata.commands`` entry-point
+group of its distribution, so the core never names the layers above it.
+
+A failure is printed as one paragraph that says what to do (``strata._failure``); ``--debug`` (before
+or after the command's name) or ``STRATA_DEBUG=1`` prints the traceback as well.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from importlib.metadata import entry_points
+from typing import Any
 
-# subcommand modules, in the order `strata --help` lists them
-_COMMANDS = [
-    "strata._cli_generate",  # strata generate
-    "strata.model.cli",  # strata model make|info
-    "strata.server.cli",  # strata serve
-    "strata_tui.cli",  # strata chat
-    "strata._cli_profile",  # strata profile save
-]
+from . import _cli_generate, _cli_profile
+from ._failure import DEBUG_HELP, run_reporting
+from .model import cli as _model_cli
+from .server import cli as _server_cli
+
+__all__ = ["build_parser", "main"]
+
+COMMAND_GROUP = "strata.commands"
+
+# the core's subcommands, in the order `strata --help` lists them (added commands come after them)
+_CORE_COMMANDS: list[Any] = [_cli_generate, _model_cli, _server_cli, _cli_profile]
+
+
+def _added_commands() -> list[Any]:
+    """The modules that installed packages register under the ``strata.commands`` entry points."""
+    return [ep.load() for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name)]
+
+
+def _add_debug(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    # on a subcommand the flag must not reset what the top level parsed (SUPPRESS: no default there)
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS, help=DEBUG_HELP)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _add_debug(sub, top=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata", description="Run MoE language models bigger than the GPU.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for mod_name in _COMMANDS:
-        try:
-            mod = importlib.import_module(mod_name)
-        except ModuleNotFoundError as e:
-            if e.name == mod_name:
-                continue  # subcommand not built yet
-            raise
+    for mod in [*_CORE_COMMANDS, *_added_commands()]:
         mod.add_parser(sub)
+    _add_debug(p, top=True)
     return p
 
 
@@ -40,11 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         p.print_help()
         return 2
-    try:
-        rc = args.func(args)
-    except KeyboardInterrupt:
-        return 130
-    return int(rc or 0)
+    return run_reporting(f"strata {args.command}", lambda: args.func(args), debug=args.debug)
 
 
 if __name__ == "__main__":

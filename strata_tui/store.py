@@ -18,7 +18,9 @@ from typing import Any
 
 import platformdirs
 
-__all__ = ["Conversation", "Settings", "Store", "StoredMessage", "data_dir", "default_db_path"]
+from strata._failure import UserError
+
+__all__ = ["Conversation", "Settings", "Store", "StoreError", "StoredMessage", "data_dir", "default_db_path"]
 
 _list = list  # Store.list shadows the builtin inside the class body
 
@@ -42,6 +44,13 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+
+
+_TABLES = {"conversations", "messages", "sqlite_sequence"}
+
+
+class StoreError(UserError):
+    """The database file cannot be used (damaged, or another program's); the message says what to do."""
 
 
 def data_dir() -> Path:
@@ -132,10 +141,27 @@ class Store:
             os.close(fd)
         # one worker thread uses the connection at a time (the app serialises calls)
         self._db = sqlite3.connect(self.path, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._db.executescript(_SCHEMA)
-        self._db.commit()
+        try:
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA foreign_keys = ON")
+            tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            foreign = sorted(tables - _TABLES)
+            if foreign:  # another program's database: never add tables to it
+                raise StoreError(
+                    f"{self.path} is not a strata chat database (it has the tables {', '.join(foreign[:5])}): "
+                    "give another file with --db, or leave --db out for the default one"
+                )
+            self._db.executescript(_SCHEMA)
+            self._db.commit()
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise StoreError(
+                f"{self.path} cannot be used as the chat database ({e}): it is damaged or not a strata chat "
+                "database; move it away (a new one is made in its place) or give another file with --db"
+            ) from None
+        except StoreError:
+            self._db.close()
+            raise
 
     def close(self) -> None:
         self._db.close()

@@ -1,0 +1,86 @@
+"""How a command-line entry point ends on an error: one paragraph that says what to do, no traceback.
+
+Every entry point (``strata`` and its subcommands, ``strata chat``) runs its body through
+``run_reporting``. An expected failure (a ``StrataError``, an ``OSError`` on a file the user named, a
+``ValueError`` from input) is printed as ``PROG: message``; anything else is a bug and says so, with how
+to see where it happened. ``--debug`` or ``STRATA_DEBUG=1`` prints the traceback as well.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import traceback
+from collections.abc import Callable
+
+from ._exceptions import StrataError
+
+__all__ = ["DEBUG_HELP", "UserError", "debug_from_env", "describe", "run_reporting"]
+
+DEBUG_HELP = "print the traceback of a failure as well (also STRATA_DEBUG=1)"
+
+
+class UserError(Exception):
+    """A failure whose message is written for the user already (what went wrong and what to do)."""
+
+
+def debug_from_env() -> bool:
+    """True when ``STRATA_DEBUG`` is set to something other than empty, 0, no, off or false."""
+    return os.environ.get("STRATA_DEBUG", "").strip().lower() not in ("", "0", "no", "off", "false")
+
+
+def describe(exc: BaseException) -> str:
+    """One paragraph for ``exc``: what went wrong and, where it is known, what to do."""
+    if isinstance(exc, (UserError, StrataError)):
+        return _one_paragraph(str(exc))
+    if isinstance(exc, sqlite3.DatabaseError):
+        return _one_paragraph(
+            f"the database could not be read ({exc}): it is damaged or not a strata database; "
+            "move it away or give another one"
+        )
+    if isinstance(exc, OSError):
+        what = exc.strerror or str(exc)
+        where = f": {exc.filename}" if exc.filename else ""
+        return _one_paragraph(f"{what}{where}")
+    if isinstance(exc, ValueError) and _is_input_error(exc):
+        return _one_paragraph(str(exc))
+    return _one_paragraph(
+        f"unexpected error ({type(exc).__name__}: {exc}). This is a bug in strata: run the command again "
+        "with --debug (or STRATA_DEBUG=1) to see where it happened, and report it with that output"
+    )
+
+
+def _is_input_error(exc: ValueError) -> bool:
+    """A model file or vocabulary the reader refused (its message names the file and the fault)."""
+    from ._gguf_meta import GGUFMetadataError
+    from .tokenizer import TokenizerError
+
+    return isinstance(exc, (GGUFMetadataError, TokenizerError))
+
+
+def _one_paragraph(text: str) -> str:
+    return " ".join(text.split()) or "failed (no details)"
+
+
+def run_reporting(prog: str, body: Callable[[], int | None], *, debug: bool = False) -> int:
+    """Run ``body`` and return its exit code; a failure is printed as one paragraph (exit 1)."""
+    debug = debug or debug_from_env()
+    try:
+        return int(body() or 0)
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit:
+        raise
+    except BrokenPipeError:
+        # the reader went away (``strata generate ... | head``): nothing left to say
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so that the exit's flush does not fail again
+        except OSError:
+            pass
+        return 1
+    except Exception as e:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: {describe(e)}", file=sys.stderr)
+        return 1
