@@ -23,13 +23,30 @@ from strata.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(300)
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-           "required": ["city", "days"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "add", "parameters": {
-             "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-             "required": ["a", "b"], "additionalProperties": False}}}]
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "The forecast", "parameters": WEATHER},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 QWEN = FORMATS["qwen3"]
 
@@ -42,17 +59,23 @@ def _spec(**body: Any) -> Any:
 
 
 def test_calls_parse_and_what_does_not_parse_stays_content() -> None:
-    text = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
-            '</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    text = (
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    )
     content, calls = parse_calls(text, _spec())
     assert content == "Let me look."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris", "days": 2}),
-                                                                   ("add", {"a": 1, "b": 2})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2}),
+        ("add", {"a": 1, "b": 2}),
+    ]
     assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
     # broken JSON, an unknown function and an unclosed block are content, as written
-    for bad_block in ('<tool_call>\n{"name": "add", "arguments": {"a": 1,\n</tool_call>',
-                      '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>',
-                      '<tool_call>\n{"name": "add", "argu'):
+    for bad_block in (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1,\n</tool_call>',
+        '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "add", "argu',
+    ):
         content, calls = parse_calls("ok " + bad_block, _spec())
         assert calls == [] and content == ("ok " + bad_block).strip()
     # parallel calls off: the first call is the call, the second stays text
@@ -61,28 +84,45 @@ def test_calls_parse_and_what_does_not_parse_stays_content() -> None:
 
 
 def test_the_stream_parser_gives_the_whole_parse_in_any_pieces() -> None:
-    text = ('Hi <tool_c <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
-            '<tool_call>{"bad"}</tool_call> bye')
+    text = (
+        'Hi <tool_c <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+        '<tool_call>{"bad"}</tool_call> bye'
+    )
     whole_content, whole = parse_calls(text, _spec())
     for size in (1, 2, 3, 7, 50):
         s = ToolStream(_spec())
         events = []
         for i in range(0, len(text), size):
-            events += s.feed(text[i:i + size])
+            events += s.feed(text[i : i + size])
         events += s.flush()
         content = "".join(x for k, x in events if k == "content" and isinstance(x, str))
         assert content.strip() == whole_content
         assert [(c.name, c.arguments) for c in s.calls] == [(c.name, c.arguments) for c in whole]
+    # eager (a grammar makes every call parse): the name as soon as it is known, then argument pieces
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 12, "b": {"c": "}"}}}\n</tool_call>'
+    _, whole = parse_calls(text, _spec())
+    assert whole[0].arguments == '{"a": 12, "b": {"c": "}"}}'  # as the model wrote it
+    for size in (1, 2, 5, 100):
+        s = ToolStream(_spec(), eager=True)
+        events = []
+        for i in range(0, len(text), size):
+            events += s.feed(text[i : i + size])
+        events += s.flush()
+        kinds = [k for k, _ in events]
+        assert kinds[0] == "start" and set(kinds[1:]) <= {"args"} and (size == 100 or len(kinds) > 2)
+        assert "".join(x for k, x in events if k == "args") == whole[0].arguments
 
 
 def test_tool_fields_are_checked() -> None:
-    for body, param in [({"tools": "f"}, "tools"), ({"tools": [{"type": "function"}]}, "tools[0]"),
-                        ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
-                        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-                         "tool_choice"),
-                        ({"tool_choice": "required"}, "tool_choice"),
-                        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-                        ({"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name")]:
+    for body, param in [
+        ({"tools": "f"}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"tools": TOOLS + TOOLS[:1]}, "tools[2].function.name"),
+    ]:
         with pytest.raises(ApiError) as e:
             tool_spec(body, QWEN)
         assert e.value.status == 400 and e.value.param == param, (body, e.value.param)
@@ -94,13 +134,28 @@ def test_tool_fields_are_checked() -> None:
 def test_tools_calls_and_results_go_through_the_template() -> None:
     tok = Tokenizer.from_gguf(ensure_model("tiny"))
     t = ChatTemplate(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
-    msgs = [*MSGS, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    msgs = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
     messages, tools = prepare_messages(msgs, _spec(), t)
     text = t.render(messages, tools=tools)
     assert '"name": "get_weather"' in text and "<tools>" in text  # the tool list, in the system turn
-    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>' in text
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}\n</tool_call>'
+        in text
+    )
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
     # tool_choice none: no tools in the prompt
     messages, tools = prepare_messages(MSGS, _spec(tool_choice="none"), t)
@@ -129,8 +184,13 @@ def test_a_constraint_on_the_engine_gives_schema_valid_json_deterministically(to
         replies = []
         for _ in range(2):
             c = g.constraint(json_schema_grammar(WEATHER), 60)
-            r = e.generate(prompt, max_tokens=60, stop_tokens=stops, logits_processor=c.mask,
-                           on_token=lambda t, x, c=c: not c.accept(t))
+            r = e.generate(
+                prompt,
+                max_tokens=60,
+                stop_tokens=stops,
+                logits_processor=c.mask,
+                on_token=lambda t, x, c=c: not c.accept(t),
+            )
             e.kv_reset()
             replies.append(r.tokens)
         value = json.loads(tok.decode(replies[0]))
@@ -170,11 +230,20 @@ def _stream(client: openai.OpenAI, **kw: Any) -> tuple[str, dict[int, dict[str, 
     return content, calls, finish
 
 
-@pytest.mark.parametrize("fmt", [{"type": "json_schema", "json_schema": {"name": "weather", "strict": True, "schema": WEATHER}},
-                                 {"type": "json_object"}])
-def test_response_format_gives_valid_json_streamed_and_not(client: openai.OpenAI, fmt: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        {"type": "json_schema", "json_schema": {"name": "weather", "strict": True, "schema": WEATHER}},
+        {"type": "json_object"},
+    ],
+)
+def test_response_format_gives_valid_json_streamed_and_not(
+    client: openai.OpenAI, fmt: dict[str, Any]
+) -> None:
     jsonschema = pytest.importorskip("jsonschema")
-    r = client.chat.completions.create(model="m", messages=MSGS, temperature=0, max_tokens=60, response_format=fmt)
+    r = client.chat.completions.create(
+        model="m", messages=MSGS, temperature=0, max_tokens=60, response_format=fmt
+    )
     text = r.choices[0].message.content or ""
     value = json.loads(text)
     jsonschema.validate(value, fmt.get("json_schema", {}).get("schema", {"type": "object"}))
@@ -202,9 +271,21 @@ def test_tool_choice_required_and_named_give_tool_calls_streamed_and_not(client:
 
 
 def test_a_conversation_with_tool_results_is_served(client: openai.OpenAI) -> None:
-    msgs = [*MSGS, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    msgs = [
+        *MSGS,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
     r = client.chat.completions.create(model="m", messages=msgs, tools=TOOLS, temperature=0, max_tokens=8)
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
@@ -214,9 +295,18 @@ def test_a_schema_the_library_rejects_is_a_400_naming_it(client: openai.OpenAI) 
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=MSGS, max_tokens=8, response_format=bad_schema)
     assert "strin" in str(e.value) and "response_format" in str(e.value)
-    bad_tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "x"}}}]
+    bad_tool = [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object", "minProperties": "x"}},
+        }
+    ]
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="m", messages=MSGS, max_tokens=8, tools=bad_tool, tool_choice="required")
+        client.chat.completions.create(
+            model="m", messages=MSGS, max_tokens=8, tools=bad_tool, tool_choice="required"
+        )
     assert "tools" in str(e.value)
     # and the server keeps serving
-    assert client.chat.completions.create(model="m", messages=MSGS, max_tokens=2).choices[0].message is not None
+    assert (
+        client.chat.completions.create(model="m", messages=MSGS, max_tokens=2).choices[0].message is not None
+    )

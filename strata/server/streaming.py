@@ -116,6 +116,9 @@ class Generation:
         )
         self.job: Job = state.supervisor.submit(command)
         self.decoder = tok.stream_decoder()
+        # a family whose tool-call tags are control tokens: their text is kept for the parser
+        marks = (self.tools.fmt.open, self.tools.fmt.close) if self.tools is not None else ()
+        self.keep_ids = {i for i in (tok.token_id(m) for m in marks) if i is not None and tok.is_special(i)}
         self.stopper = StopMatcher(gen.stop)
         self.tokens: list[int] = []
         self.result: dict[str, Any] | None = None
@@ -145,7 +148,13 @@ class Generation:
                     self.tokens.append(tid)
                     if self.stopper.hit:
                         continue
-                    text = self.stopper.feed(self.decoder.feed(tid))
+                    if tid in self.keep_ids:  # a control token that spells the tool-call syntax stays text
+                        raw = self.decoder.flush() + self.state.tokenizer.token_bytes(tid).decode(
+                            "utf-8", "replace"
+                        )
+                        text = self.stopper.feed(raw)
+                    else:
+                        text = self.stopper.feed(self.decoder.feed(tid))
                     if self.stopper.hit:
                         self.job.cancel()  # the rest is not wanted; the worker stops within a token
                     yield Piece(text, tid, ev.get("logprob"), ev.get("top_logprobs"))
@@ -341,17 +350,21 @@ async def _chat_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]
 
     yield chunk({"role": "assistant", "content": ""})
     splitter = ThinkSplitter(g.think_open) if g.gen.split_reasoning else None
-    calls = ToolStream(g.tools) if g.tools is not None else None
+    calls = (
+        ToolStream(g.tools, eager=g.tools.choice in ("required", "function")) if g.tools is not None else None
+    )
 
     def deltas(d: dict[str, Any], events: list[tuple[str, str | ToolCall]]) -> list[dict[str, Any]]:
         # the content of ``d`` goes through the tool-call parser: content deltas and call deltas
         out: list[dict[str, Any]] = (
             [{k: v for k, v in d.items() if k != "content"}] if "reasoning_content" in d else []
         )
-        for _kind, x in events:
+        for kind, x in events:
             if isinstance(x, ToolCall):
-                out.extend(_call_deltas(g.n_calls, x))
+                out.extend(_call_deltas(g.n_calls, x) if kind == "call" else _call_deltas(g.n_calls, x)[:1])
                 g.n_calls += 1
+            elif kind == "args":
+                out.append({"tool_calls": [{"index": g.n_calls - 1, "function": {"arguments": x}}]})
             elif x and not (g.n_calls and not x.strip()):  # the separator between calls is no content
                 out.append({"content": x})
         return out

@@ -54,6 +54,8 @@ class ToolFormat:
     system: Callable[[list[dict[str, Any]]], str]  # the tool list, as the system message's addition
     call: Callable[[str, Any], str]  # one call (name, arguments) as the model writes it
     parse: Callable[[str], tuple[str, Any] | None]  # the text between open and close -> (name, arguments)
+    head: re.Pattern[str]  # a call's text from after ``open`` up to its arguments (group 1: the name)
+    tail: re.Pattern[str]  # what follows the arguments up to ``close``
 
     def block(self, name: str, arguments: Any) -> str:
         return self.open + self.call(name, arguments) + self.close
@@ -92,7 +94,17 @@ def _json_system(tools: list[dict[str, Any]]) -> str:
 
 
 FORMATS: dict[str, ToolFormat] = {
-    "qwen3": ToolFormat("qwen3", "<tool_call>", "</tool_call>", "\n", _json_system, _json_call, _json_parse),
+    "qwen3": ToolFormat(
+        "qwen3",
+        "<tool_call>",
+        "</tool_call>",
+        "\n",
+        _json_system,
+        _json_call,
+        _json_parse,
+        re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*'),
+        re.compile(r"\s*\}\s*(</tool_call>)?\s*$"),
+    ),
 }
 
 
@@ -292,7 +304,19 @@ def _to_call(spec: ToolSpec, inner: str) -> ToolCall | None:
     if got is None or got[0] not in spec.names:
         return None
     name, args = got
-    return ToolCall(name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+    if isinstance(args, str):
+        return ToolCall(name, args)
+    # the arguments as the model wrote them, where they can be cut out of the call (as a stream sends them)
+    inner = inner.strip()
+    m, t = spec.fmt.head.match(inner), spec.fmt.tail.search(inner)
+    if m is not None and t is not None and m.end() <= t.start():
+        raw = inner[m.end() : t.start()]
+        try:
+            if json.loads(raw) == args:
+                return ToolCall(name, raw)
+        except ValueError:
+            pass
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
 
 
 def parse_calls(text: str, spec: ToolSpec) -> tuple[str, list[ToolCall]]:
@@ -304,14 +328,22 @@ def parse_calls(text: str, spec: ToolSpec) -> tuple[str, list[ToolCall]]:
 
 
 class ToolStream:
-    """Splits streamed text into content and calls: ``feed`` and ``flush`` return ("content", text) and
-    ("call", ToolCall) events. Text that could open a call is held until it is known; a call is held
-    until it closes (or the reply ends), then parsed."""
+    """Splits streamed text into content and calls. ``feed`` and ``flush`` return events: ("content",
+    text), ("call", ToolCall) for a whole call, and, when ``eager``, ("start", ToolCall) as soon as a
+    call's name is known and ("args", text) for each piece of its arguments after it.
 
-    def __init__(self, spec: ToolSpec) -> None:
+    Text that could open a call is held until it is known. Without ``eager`` a call is held until it
+    closes (or the reply ends) and then parsed, so that one that does not parse can go out as content.
+    ``eager`` is for replies whose grammar makes every call parse (tool_choice required or named): the
+    arguments then stream as the model writes them, as OpenAI streams them."""
+
+    def __init__(self, spec: ToolSpec, *, eager: bool = False) -> None:
         self.spec = spec
+        self.eager = eager
         self.buf = ""
         self.inside = False
+        self.started: ToolCall | None = None  # eager: the call whose arguments are streaming
+        self.sent = 0  # eager: how much of buf has gone out as arguments
         self.calls: list[ToolCall] = []
 
     def _done_calling(self) -> bool:
@@ -346,11 +378,45 @@ class ToolStream:
                 self.buf = self.buf[i:]
                 self.inside = True
             j = self.buf.find(c, len(o))
+            if self.eager:
+                out.extend(self._eager(j))
             if j < 0:
                 return out
             block, self.buf = self.buf[: j + len(c)], self.buf[j + len(c) :]
             self.inside = False
-            out.append(self._finish(block))
+            if self.started is not None:
+                self.started, self.sent = None, 0
+            else:
+                out.append(self._finish(block))
+        return out
+
+    def _eager(self, j: int) -> list[tuple[str, str | ToolCall]]:
+        """Start the call once its name is known; send its arguments up to what could be its end."""
+        fmt = self.spec.fmt
+        out: list[tuple[str, str | ToolCall]] = []
+        if self.started is None:
+            m = fmt.head.match(self.buf, len(fmt.open))
+            if m is None or m.end() >= len(self.buf):
+                return []
+            try:
+                name = json.loads('"' + m.group(1) + '"')
+            except ValueError:
+                return []
+            if name not in self.spec.names:
+                return []
+            self.started = ToolCall(name, "")
+            self.calls.append(self.started)
+            self.sent = m.end()
+            out.append(("start", self.started))
+        end = j if j >= 0 else max(self.sent, len(self.buf) - len(fmt.close) - 8)
+        piece = self.buf[self.sent : end]
+        if j >= 0:
+            t = fmt.tail.search(piece)
+            piece = piece[: t.start()] if t else piece
+        if piece:
+            self.started.arguments += piece
+            out.append(("args", piece))
+        self.sent = max(self.sent, end)
         return out
 
     def _finish(self, block: str) -> tuple[str, str | ToolCall]:
@@ -367,6 +433,12 @@ class ToolStream:
         """What is held at the end: an unclosed call is parsed too (the model may end its turn there)."""
         if not self.buf:
             return []
+        if self.started is not None:  # the reply ended inside a streaming call: the rest of its arguments
+            piece = self.buf[self.sent :]
+            t = self.spec.fmt.tail.search(piece)
+            piece = piece[: t.start()] if t else piece
+            self.buf, self.inside, self.started = "", False, None
+            return [("args", piece)] if piece else []
         block, self.buf = self.buf, ""
         if self.inside:
             self.inside = False
