@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ._enums import CachePolicy, Device, KvType, LendPolicy, MissPolicy, Simd, names
+
 __all__ = ["EngineConfig", "add_engine_args", "config_from_args", "generation_room", "parse_size"]
 
 _UNITS = {
@@ -84,12 +86,12 @@ class EngineConfig:
     def validate(self) -> EngineConfig:
         """Raise ValueError naming the flag when a value is out of range."""
         choices = {
-            "device": ("cpu", "cuda", "auto"),
-            "kv": ("f16", "int8"),
-            "lend_policy": ("current", "legacy"),
-            "miss": ("host", "copy", "read", "auto"),
-            "cache_policy": ("adaptive", "lru"),
-            "simd": ("auto", "scalar", "avx2", "avx512"),
+            "device": names(Device),
+            "kv": names(KvType),
+            "lend_policy": names(LendPolicy),
+            "miss": names(MissPolicy),
+            "cache_policy": names(CachePolicy),
+            "simd": names(Simd),
         }
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -178,9 +180,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adapt-decay", type=float, help="decay of routing counts per adaptation")
     g.add_argument("--expert-profile", help="file of ranked (layer, expert) pairs to fill the cache at start")
     g.add_argument("--host-ram-budget", type=parse_size, help="host RAM the plan may pin or borrow")
-    g.add_argument(
-        "--simd", default="auto", choices=["auto", "scalar", "avx2", "avx512"], help="CPU kernel level"
-    )
+    g.add_argument("--simd", default="auto", choices=names(Simd), help="CPU kernel level")
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _cdefs as C
 from ._config import EngineConfig, generation_room
+from ._enums import CachePolicy, Device, KvType, LendPolicy, MissPolicy, Simd, Status, choice
 from ._exceptions import InvalidArgumentError, ModelFileError, StrataError, error_for_status
 from ._model_path import model_path_problem
 
@@ -41,14 +42,7 @@ __all__ = [
     "type_row_bytes",
 ]
 
-STATUS_CANCELLED = 9
-
-_DEVICE = {"cpu": 0, "cuda": 1, "auto": 2}
-_KV = {"f16": 0, "int8": 1}
-_LEND = {"current": 0, "legacy": 1}
-_MISS = {"auto": 0, "host": 1, "copy": 2, "read": 3}
-_CACHE = {"adaptive": 0, "lru": 1}
-_SIMD = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}
+STATUS_CANCELLED = Status.ERR_CANCELLED.value
 
 
 def _struct_to_dataclass(cls: type[Any], s: ctypes.Structure) -> Any:
@@ -170,27 +164,20 @@ class GenerateResult:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
-def _choice(table: dict[str, int], value: str, flag: str) -> int:
-    try:
-        return table[value]
-    except KeyError:
-        raise ValueError(f"--{flag}: {value!r} is not one of {', '.join(table)}") from None
-
-
 def config_to_params(config: EngineConfig) -> C.StrataParams:
     """The strata_params of an EngineConfig (None fields keep the library's defaults)."""
     cfg = config.validate()
     p = C.strata_default_params()
     if cfg.threads is not None:
         p.n_threads = cfg.threads
-    p.device = _choice(_DEVICE, cfg.device, "device")
+    p.device = choice(Device, cfg.device, "device")
     if cfg.vram_budget is not None:
         p.vram_budget = cfg.vram_budget
     if cfg.vram_reserve_mib is not None:
         p.vram_reserve_mib = cfg.vram_reserve_mib
     if cfg.max_context is not None:
         p.max_context = cfg.max_context
-    p.kv_type = _choice(_KV, cfg.kv, "kv")
+    p.kv_type = choice(KvType, cfg.kv, "kv")
     p.expert_cache = -1 if cfg.expert_cache == "auto" else int(cfg.expert_cache)
     if cfg.prefill == "auto":
         p.prefill_chunk, p.prefill_max = 0, 0
@@ -198,13 +185,13 @@ def config_to_params(config: EngineConfig) -> C.StrataParams:
         p.prefill_chunk, p.prefill_max = 0, int(cfg.prefill[5:])
     else:
         p.prefill_chunk, p.prefill_max = int(cfg.prefill), 0
-    p.lend_policy = _choice(_LEND, cfg.lend_policy, "lend-policy")
+    p.lend_policy = choice(LendPolicy, cfg.lend_policy, "lend-policy")
     if cfg.lend_floor is not None:
         p.lend_floor = cfg.lend_floor
     if cfg.lend_pct is not None:
         p.lend_pct = cfg.lend_pct
-    p.miss_policy = _choice(_MISS, cfg.miss, "miss")
-    p.cache_policy = _choice(_CACHE, cfg.cache_policy, "cache-policy")
+    p.miss_policy = choice(MissPolicy, cfg.miss, "miss")
+    p.cache_policy = choice(CachePolicy, cfg.cache_policy, "cache-policy")
     if cfg.adapt_every is not None:
         p.adapt_every = cfg.adapt_every
     if cfg.adapt_swaps is not None:
@@ -215,7 +202,7 @@ def config_to_params(config: EngineConfig) -> C.StrataParams:
         p.expert_profile = fspath(cfg.expert_profile).encode()
     if cfg.host_ram_budget is not None:
         p.host_ram_budget = cfg.host_ram_budget
-    p.simd = _choice(_SIMD, cfg.simd, "simd")
+    p.simd = choice(Simd, cfg.simd, "simd")
     return p
 
 
@@ -613,18 +600,21 @@ def cuda_available() -> bool:
 
 def simd_set(level: str | int) -> int:
     """Select the kernel level used by dequantize/matvec/matmul; returns the level in use."""
-    lv = _SIMD[level] if isinstance(level, str) else int(level)
+    lv = Simd[level.upper()] if isinstance(level, str) else int(level)
     got = C.strata_simd_set(lv)
     if got < 0:
-        raise error_for_status(1, f"SIMD level {level!r} is not supported by this CPU ({cpu_features()})")
+        raise error_for_status(
+            Status.ERR_INVALID_ARGUMENT,
+            f"SIMD level {level!r} is not supported by this CPU ({cpu_features()})",
+        )
     return int(got)
 
 
 def simd_levels() -> list[str]:
     """The kernel levels this CPU runs, lowest first, as the engine itself checks them (it leaves the
     process-wide level of the kernel entry points at auto)."""
-    out = [name for name in ("scalar", "avx2", "avx512") if C.strata_simd_set(_SIMD[name]) >= 0]
-    C.strata_simd_set(_SIMD["auto"])
+    out = [name for name in ("scalar", "avx2", "avx512") if C.strata_simd_set(Simd[name.upper()]) >= 0]
+    C.strata_simd_set(Simd.AUTO)
     return out
 
 

@@ -19,6 +19,8 @@ Every engine status code maps to one class::
 
 from __future__ import annotations
 
+from ._enums import Status
+
 __all__ = [
     "BudgetError",
     "CancelledError",
@@ -53,62 +55,62 @@ class LibraryNotFoundError(StrataError):
 
 
 class InvalidArgumentError(StrataError):
-    status = 1
+    status = Status.ERR_INVALID_ARGUMENT.value
 
 
 class ModelFileError(StrataError):
-    status = 3
+    status = Status.ERR_FORMAT.value
 
 
 class UnsupportedModelError(ModelFileError):
-    status = 4
+    status = Status.ERR_UNSUPPORTED.value
 
 
 class OutOfMemoryError(StrataError):
-    status = 5
+    status = Status.ERR_OUT_OF_MEMORY.value
 
 
 class BudgetError(StrataError):
-    status = 6
+    status = Status.ERR_BUDGET.value
 
 
 class ContextError(StrataError):
-    status = 7
+    status = Status.ERR_CONTEXT.value
 
 
 class LendError(StrataError):
-    status = 8
+    status = Status.ERR_LEND.value
 
 
 class CancelledError(StrataError):
-    status = 9
+    status = Status.ERR_CANCELLED.value
 
 
 class DeviceError(StrataError):
-    status = 10
+    status = Status.ERR_DEVICE.value
 
 
 class InternalError(StrataError):
-    status = 11
+    status = Status.ERR_INTERNAL.value
 
 
 class EngineStateError(StrataError):
-    status = 12
+    status = Status.ERR_STATE.value
 
 
 _BY_STATUS: dict[int, type[StrataError]] = {
-    1: InvalidArgumentError,
-    2: ModelFileError,
-    3: ModelFileError,
-    4: UnsupportedModelError,
-    5: OutOfMemoryError,
-    6: BudgetError,
-    7: ContextError,
-    8: LendError,
-    9: CancelledError,
-    10: DeviceError,
-    11: InternalError,
-    12: EngineStateError,
+    Status.ERR_INVALID_ARGUMENT: InvalidArgumentError,
+    Status.ERR_IO: ModelFileError,
+    Status.ERR_FORMAT: ModelFileError,
+    Status.ERR_UNSUPPORTED: UnsupportedModelError,
+    Status.ERR_OUT_OF_MEMORY: OutOfMemoryError,
+    Status.ERR_BUDGET: BudgetError,
+    Status.ERR_CONTEXT: ContextError,
+    Status.ERR_LEND: LendError,
+    Status.ERR_CANCELLED: CancelledError,
+    Status.ERR_DEVICE: DeviceError,
+    Status.ERR_INTERNAL: InternalError,
+    Status.ERR_STATE: EngineStateError,
 }
 
 

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._enums import Device
 from ._gpu import gpu_info
 from .errors import ApiError, error_response, json_response
 from .metrics import CONTENT_TYPE, EngineView, Metrics
@@ -98,7 +99,7 @@ class _Api:
         budget = None
         if plan:
             budget = {
-                "device": "cuda" if plan.get("device") == 1 else "cpu",
+                "device": "cuda" if plan.get("device") == Device.CUDA else "cpu",
                 "budget_bytes": plan.get("budget_bytes"),
                 "slots": plan.get("n_slots"),
                 "slots_lent_now": (stats or {}).get("slots_lent_now", 0),
