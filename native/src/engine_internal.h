@@ -128,6 +128,22 @@ typedef enum moe_phase {
  * (device memory on CUDA): the code above only computes with it. */
 typedef struct backend_ops {
     const char *name;
+    /* the backend's device can be used here (the CPU's always); else why not, in words */
+    int32_t (*present)(void);
+    void (*absent_why)(char *buf, size_t len);
+    /* before the plan: the device context, and the device memory the plan may use (*free_bytes; the CPU
+     * leaves it) */
+    strata_status (*init)(strata_engine *e, int64_t *free_bytes, errbuf *err);
+    /* bytes of the decode scratch (the plan's scratch): layout(1) and the decode step's tables */
+    int64_t (*scratch_bytes)(const strata_engine *e);
+    /* after the plan, in its order: resident weights, KV cache, decode scratch, and the slab of the plan's
+     * slots (*slab, for the expert cache) */
+    strata_status (*open)(strata_engine *e, uint8_t **slab, errbuf *err);
+    /* after the expert cache was filled (its copies enqueued since t_fill, engine_now_ms): they are done */
+    strata_status (*ready)(strata_engine *e, double t_fill, errbuf *err);
+    /* the memory the backend holds now and at most since open */
+    void (*mem_held)(const strata_engine *e, int64_t *now, int64_t *peak);
+    void (*close)(strata_engine *e);
     /* bytes of the buffers of a chunk of T tokens: the layout below run against a measuring arena */
     int64_t (*layout_bytes)(const strata_engine *e, int32_t T);
     /* host RAM a chunk of T tokens borrows (staging), or NULL for the plan's default */

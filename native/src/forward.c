@@ -7,6 +7,7 @@
  * pass with T = 1, so a token's logits do not depend on how the prompt was cut into chunks.
  */
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common.h"
 #include "engine_internal.h"
@@ -158,8 +159,74 @@ static void cpu_fail_msg(strata_engine *e, const arena *a, int32_t T, char *buf,
     arena_chunk_fail_msg(a, T, buf, len);
 }
 
+/* The emulated device budget: one block of host memory, handed out from the front in the plan's order. */
+static strata_status cpu_open(strata_engine *e, uint8_t **slab, errbuf *err) {
+    e->dev_len = (size_t)e->plan.budget_bytes;
+    void *m = mmap(NULL, e->dev_len ? e->dev_len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+    if (m == MAP_FAILED) {
+        e->dev_mem = NULL;
+        return err_set(err, STRATA_ERR_OUT_OF_MEMORY,
+                       "cannot reserve %.1f MiB of host memory to stand in for the device budget; lower --vram-budget",
+                       (double)e->plan.budget_bytes / 1048576.0);
+    }
+    e->dev_mem = m;
+    arena_init(&e->dev, e->dev_mem, (int64_t)e->dev_len);
+    const strata_plan *pp = &e->plan;
+    int ok = arena_alloc(&e->dev, pp->resident_bytes, "resident weights") != NULL;
+    ok = ok && arena_alloc(&e->dev, pp->kv_bytes, "KV cache") != NULL;
+    uint8_t *scr = arena_alloc(&e->dev, pp->scratch_bytes, "decode scratch");
+    ok = ok && scr && arena_alloc(&e->dev, pp->reserve_bytes, "reserve") != NULL;
+    if (ok && e->mp.no_cache) {
+        e->own_chunk = arena_alloc(&e->dev, e->mp.own_chunk_bytes, "prompt buffers");
+        ok = e->own_chunk != NULL;
+    }
+    *slab = ok ? arena_alloc(&e->dev, (int64_t)pp->n_slots * pp->slot_bytes, "expert cache") : NULL;
+    STRATA_ASSERT(err, ok && *slab); /* the plan fitted all of these into the budget */
+    arena_init(&e->scratch, scr, pp->scratch_bytes);
+    return STRATA_OK;
+}
+
+static int32_t cpu_present(void) { return 1; }
+
+static void cpu_absent_why(char *buf, size_t len) {
+    if (len) buf[0] = 0;
+}
+
+static strata_status cpu_init(strata_engine *e, int64_t *free_bytes, errbuf *err) {
+    (void)e;
+    (void)free_bytes;
+    (void)err;
+    return STRATA_OK;
+}
+
+static int64_t cpu_scratch_bytes(const strata_engine *e) { return chunk_buffers_bytes(e, 1); }
+
+static strata_status cpu_ready(strata_engine *e, double t_fill, errbuf *err) {
+    (void)e;
+    (void)t_fill;
+    (void)err;
+    return STRATA_OK; /* memcpy is done when it returns */
+}
+
+/* the emulated budget is one block handed out from the front and never given back */
+static void cpu_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) { *now = *peak = e->dev.used; }
+
+static void cpu_close(strata_engine *e) {
+    if (e->dev_mem) munmap(e->dev_mem, e->dev_len ? e->dev_len : 1);
+    e->dev_mem = NULL;
+}
+
 const backend_ops cpu_backend_ops = {
     .name = "cpu",
+    .present = cpu_present,
+    .absent_why = cpu_absent_why,
+    .init = cpu_init,
+    .scratch_bytes = cpu_scratch_bytes,
+    .open = cpu_open,
+    .ready = cpu_ready,
+    .mem_held = cpu_mem_held,
+    .close = cpu_close,
     .layout_bytes = cpu_layout_bytes,
     .host_bytes = NULL,
     .layout = cpu_layout,

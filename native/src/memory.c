@@ -24,11 +24,8 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 
 #include "cache.h"
-#include "cuda_backend.h"
-#include "cuda_forward.h"
 #include "engine_internal.h"
 
 /* ---- open / close ------------------------------------------------------------------------------- */
@@ -50,32 +47,6 @@ static void say(void *ctx, const char *line) { trace_emit(&((strata_engine *)ctx
 /* The CPU backend's device budget: a host block, mapped lazily so that untouched room costs nothing. The
  * resident weights and the KV cache are only accounted in it (the mapped file and the KV allocation hold
  * them); the decode scratch, the slab and everything laid out inside a loan live in the block. */
-static strata_status cpu_memory(strata_engine *e, uint8_t **slab, errbuf *err) {
-    e->dev_len = (size_t)e->plan.budget_bytes;
-    void *m = mmap(NULL, e->dev_len ? e->dev_len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                   -1, 0);
-    if (m == MAP_FAILED) {
-        e->dev_mem = NULL;
-        return err_set(err, STRATA_ERR_OUT_OF_MEMORY,
-                       "cannot reserve %.1f MiB of host memory to stand in for the device budget; lower --vram-budget",
-                       MIB(e->plan.budget_bytes));
-    }
-    e->dev_mem = m;
-    arena_init(&e->dev, e->dev_mem, (int64_t)e->dev_len);
-    const strata_plan *pp = &e->plan;
-    int ok = arena_alloc(&e->dev, pp->resident_bytes, "resident weights") != NULL;
-    ok = ok && arena_alloc(&e->dev, pp->kv_bytes, "KV cache") != NULL;
-    uint8_t *scr = arena_alloc(&e->dev, pp->scratch_bytes, "decode scratch");
-    ok = ok && scr && arena_alloc(&e->dev, pp->reserve_bytes, "reserve") != NULL;
-    if (ok && e->mp.no_cache) {
-        e->own_chunk = arena_alloc(&e->dev, e->mp.own_chunk_bytes, "prompt buffers");
-        ok = e->own_chunk != NULL;
-    }
-    *slab = ok ? arena_alloc(&e->dev, (int64_t)pp->n_slots * pp->slot_bytes, "expert cache") : NULL;
-    STRATA_ASSERT(err, ok && *slab); /* the plan fitted all of these into the budget */
-    arena_init(&e->scratch, scr, pp->scratch_bytes);
-    return STRATA_OK;
-}
 
 strata_status mem_open(strata_engine *e, errbuf *err) {
     const hparams *hp = &e->hp;
@@ -96,21 +67,18 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * hp->n_layer;
     in.kv_bytes = kv_bytes;
     in.device = STRATA_DEVICE_CPU;
-    const int on_gpu = prm.device == STRATA_DEVICE_CUDA || (prm.device == STRATA_DEVICE_AUTO && cuda_device_present());
+    const int on_gpu = prm.device == STRATA_DEVICE_CUDA || (prm.device == STRATA_DEVICE_AUTO && cuda_backend_ops.present());
+    e->be = on_gpu ? &cuda_backend_ops : &cpu_backend_ops;
+    STRATA_TRY(e->be->init(e, &in.device_free, err));
     if (on_gpu) {
         in.device = STRATA_DEVICE_CUDA;
-        if (cuda_forward_init(e, &in.device_free) != STRATA_OK) {
-            memcpy(err, &e->err, sizeof *err);
-            return err->status;
-        }
-        e->be = &cuda_backend_ops;
         if (prm.expert_cache == 0)
             return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
                            "--expert-cache 0 runs every expert from host memory, which only the CPU backend does; "
                            "on --device cuda give the cache at least %d slots (the experts one token uses) or auto",
                            hp->n_expert_used);
     }
-    in.scratch_bytes = on_gpu ? cuda_forward_scratch_bytes(e) : chunk_buffers_bytes(e, 1);
+    in.scratch_bytes = e->be->scratch_bytes(e);
     in.chunk_bytes = layout_bytes;
     in.host_chunk_bytes = e->be->host_bytes ? host_bytes : NULL;
     in.chunk_ctx = e;
@@ -124,14 +92,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     /* the memory itself: the backend's (device memory, or the host block standing in for it) */
     const strata_plan *pp = &e->plan;
     uint8_t *slab = NULL;
-    if (on_gpu) {
-        if (cuda_forward_open(e, &slab) != STRATA_OK) {
-            memcpy(err, &e->err, sizeof *err);
-            return err->status;
-        }
-    } else {
-        STRATA_TRY(cpu_memory(e, &slab, err));
-    }
+    STRATA_TRY(e->be->open(e, &slab, err));
 
     /* the one expert cache, over the backend's slab */
     cache_config cc = {prm.cache_policy, pp->miss_policy, prm.adapt_every, prm.adapt_swaps, prm.adapt_decay};
@@ -143,10 +104,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     } else {
         cache_fill_default(&e->cache);
     }
-    if (on_gpu && cuda_forward_ready(e, t_fill) != STRATA_OK) { /* the fill's copies are done and timed */
-        memcpy(err, &e->err, sizeof *err);
-        return err->status;
-    }
+    STRATA_TRY(e->be->ready(e, t_fill, err)); /* the fill's copies are done (and on the device timed) */
     int32_t resident = cache_resident(&e->cache);
     trace_emit(&e->trace, "expert cache filled: %d of %d experts in %d slots (%s), %.1f MiB copied in %.0f ms", resident,
                pp->n_experts_total, pp->n_slots, prm.expert_profile && prm.expert_profile[0] ? "from the profile" : "even spread",
@@ -161,27 +119,17 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
 }
 
 strata_status mem_check_device(const strata_params *p, errbuf *err) {
-    if (p->device != STRATA_DEVICE_CUDA || cuda_device_present()) return STRATA_OK;
+    if (p->device != STRATA_DEVICE_CUDA || cuda_backend_ops.present()) return STRATA_OK;
     char why[512];
-    cuda_ctx *probe = NULL;
-    cuda_ctx_create(0, &probe, why, sizeof why); /* says why: no CUDA in this build, or no device */
-    cuda_ctx_destroy(probe);
+    cuda_backend_ops.absent_why(why, sizeof why); /* no CUDA in this build, or no device */
     return err_set(err, STRATA_ERR_DEVICE, "--device cuda: %s", why);
 }
 
-void mem_held(const strata_engine *e, int64_t *now, int64_t *peak) {
-    if (e->gpu) {
-        cuda_forward_mem_held(e, now, peak);
-    } else { /* the emulated budget is one block handed out from the front and never given back */
-        *now = *peak = e->dev.used;
-    }
-}
+void mem_held(const strata_engine *e, int64_t *now, int64_t *peak) { e->be->mem_held(e, now, peak); }
 
 void mem_close(strata_engine *e) {
-    cuda_forward_close(e);
+    e->be->close(e);
     cache_free(&e->cache);
-    if (e->dev_mem) munmap(e->dev_mem, e->dev_len ? e->dev_len : 1);
-    e->dev_mem = NULL;
 }
 
 void mem_sync_stats(strata_engine *e) {

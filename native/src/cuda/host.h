@@ -64,7 +64,7 @@
 #include "cache.h"
 #include "common.h"
 #include "cuda_backend.h"
-#include "cuda_forward.h"
+typedef struct cuda_state cuda_state;
 #include "engine_internal.h"
 
 typedef struct dev_layer {

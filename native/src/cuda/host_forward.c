@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "cuda/host.h"
-#include "cuda_forward.h"
 #include "group_dequant.h"
 #include "trace.h"
 
@@ -425,6 +424,35 @@ static int32_t host_share(const cuda_state *g, int32_t n_miss) {
     return best;
 }
 
+/* Time one expert on the host (--miss auto weighs it against a copy, timed by the fill at open; decode
+ * refines it), before the first decode step that routes on the host: a run of expert 0 of layer 0 first
+ * (threads and code warm), then timed runs of experts of the middle layer, whose weights the CPU caches
+ * no longer hold, as a missed expert's are not. It uses host_tmp before the step downloads into it. */
+static void host_rate(strata_engine *e) {
+    cuda_state *g = e->gpu;
+    const int64_t D = e->hp.n_embd;
+    const int32_t K = e->hp.n_expert_used, E = e->hp.n_expert;
+    float *x = g->host_tmp, *out = x + D, *scratch = out + (int64_t)K * D;
+    memset(x, 0, (size_t)D * sizeof(float));
+    gpu_host_expert(e, &e->w.layers[0], 0, x, out, scratch);
+    /* a decode step's host share is a few experts of one layer at once: time two of them together
+     * (other experts each time), the best of three */
+    const int32_t n = K >= 2 && E >= 6 ? 2 : 1;
+    float *outs[2] = {out, out + (n > 1 ? D : 0)};
+    double best = -1.0;
+    for (int32_t r = 0; r < 3; r++) {
+        const int32_t ex[2] = {(2 * r) % E, (2 * r + 1) % E};
+        const double t0 = engine_now_ms();
+        gpu_host_experts(e, &e->w.layers[e->hp.n_layer / 2], ex, n, x, outs, scratch);
+        const double dt = (engine_now_ms() - t0) / n;
+        if (best < 0 || dt < best) best = dt;
+    }
+    g->host_ms = best;
+    trace_emit(&e->trace, "cuda: --miss auto: an expert takes %.3f ms to copy and %.3f ms on the host (%d threads)%s",
+               g->copy_ms, g->host_ms, pool_size(e->pool),
+               g->miss_split >= 0 ? "; STRATA_CUDA_MISS_SPLIT sets the host's share" : "");
+}
+
 /* The routed experts of one layer for T tokens (see the header). Decode with every expert resident runs
  * on the device alone. Otherwise the choices come to the host, which looks every chosen expert up in the
  * cache: a prompt runs the cached ones from their slots and streams the others through the ring in the
@@ -468,6 +496,7 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     const int prompt = !decoding(e);
     /* a decode miss may run on the host (the host mirrors the decode kernel) */
     const int may_host = !prompt && g->miss_policy != STRATA_MISS_COPY;
+    if (may_host && g->miss_policy == STRATA_MISS_AUTO && g->host_ms <= 0) host_rate(e);
     DEV(e, cuda_d2h(g->ctx, sel, g->sel, (size_t)T * K * 4, CUDA_STREAM_COMPUTE));
     /* a miss run on the host needs the normed token: it comes back with the choices */
     if (may_host) DEV(e, cuda_d2h(g->ctx, g->host_tmp, g->xn, (size_t)D * 4, CUDA_STREAM_COMPUTE));

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "cuda/host.h"
-#include "cuda_forward.h"
 #include "group_dequant.h"
 #include "trace.h"
 
@@ -144,7 +143,8 @@ static int64_t decode_tables_bytes(const strata_engine *e) {
            arena_size_of(4);
 }
 
-int64_t cuda_forward_scratch_bytes(const strata_engine *e) {
+/* Device bytes of the decode scratch: layout(1) and the decode step's tables (the plan's scratch). */
+static int64_t cuda_forward_scratch_bytes(const strata_engine *e) {
     const int64_t one = cuda_layout_bytes(e, 1);
     return one < 0 ? -1 : one + decode_tables_bytes(e);
 }
@@ -400,35 +400,11 @@ static void store_open(strata_engine *e) {
                env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
 }
 
-/* Time one expert on the host (--miss auto weighs it against a copy; decode refines it): a run of expert
- * 0 of layer 0 first (threads and code warm), then the timed run of expert 0 of the middle layer, whose
- * weights the fill (or the store) has touched since and that the CPU caches no longer hold, as a missed
- * expert's are not. */
-static void host_rate(strata_engine *e) {
-    cuda_state *g = e->gpu;
-    const int64_t D = e->hp.n_embd;
-    const int32_t K = e->hp.n_expert_used, E = e->hp.n_expert;
-    float *x = g->host_tmp, *out = x + D, *scratch = out + (int64_t)K * D;
-    memset(x, 0, (size_t)D * sizeof(float));
-    gpu_host_expert(e, &e->w.layers[0], 0, x, out, scratch);
-    /* a decode step's host share is a few experts of one layer at once: time two of them together
-     * (other experts each time), the best of three */
-    const int32_t n = K >= 2 && E >= 6 ? 2 : 1;
-    float *outs[2] = {out, out + (n > 1 ? D : 0)};
-    double best = -1.0;
-    for (int32_t r = 0; r < 3; r++) {
-        const int32_t ex[2] = {(2 * r) % E, (2 * r + 1) % E};
-        const double t0 = engine_now_ms();
-        gpu_host_experts(e, &e->w.layers[e->hp.n_layer / 2], ex, n, x, outs, scratch);
-        const double dt = (engine_now_ms() - t0) / n;
-        if (best < 0 || dt < best) best = dt;
-    }
-    g->host_ms = best;
-}
 
 /* ---- open / close ------------------------------------------------------------------------------ */
 
-strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
+/* Create the device context (e->gpu) and report the free device memory the plan may use. */
+static strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     char err[512];
     cuda_state *g = calloc(1, sizeof *g);
     if (!g) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
@@ -457,7 +433,9 @@ strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     return STRATA_OK;
 }
 
-strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
+/* After the plan, in its order: the resident weights, the KV cache, the decode scratch and the slab of the
+ * plan's slots (*slab_out, for the expert cache), and the expert store in host memory. */
+static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     const hparams *hp = &e->hp;
     cuda_state *g = e->gpu;
     const strata_plan *pp = &e->plan;
@@ -582,7 +560,9 @@ strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     return STRATA_OK;
 }
 
-strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
+/* After the expert cache was filled (its copies enqueued since t_fill): wait for them, time them, and
+ * route decode on the device where it can. */
+static strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
     cuda_state *g = e->gpu;
     const hparams *hp = &e->hp;
     const int64_t L = hp->n_layer, E = hp->n_expert;
@@ -598,12 +578,7 @@ strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
     trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", filled,
                (double)e->cache.bytes_copied / 1048576.0, fill_ms,
                fill_ms > 0 ? (double)e->cache.bytes_copied / fill_ms / 1e6 : 0.0);
-    if (g->miss_policy == STRATA_MISS_AUTO && filled < L * E) {
-        host_rate(e);
-        trace_emit(&e->trace, "cuda: --miss auto: an expert takes %.3f ms to copy and %.3f ms on the host (%d threads)%s",
-                   g->copy_ms, g->host_ms, pool_size(e->pool),
-                   g->miss_split >= 0 ? "; STRATA_CUDA_MISS_SPLIT sets the host's share" : "");
-    }
+    /* --miss auto times the host at its first decode step that routes on the host (host_forward.c) */
     STRATA_TRY(gpu_routing_refresh(e));
     g->graph_state = g->ptr_dev && env_cuda_graph() ? 0 : -1;
     DEV(e, cuda_sync(g->ctx));
@@ -616,7 +591,7 @@ strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
     return STRATA_OK;
 }
 
-void cuda_forward_close(strata_engine *e) {
+static void cuda_forward_close(strata_engine *e) {
     cuda_state *g = e->gpu;
     if (!g) return;
     if (g->ctx) {
@@ -664,13 +639,47 @@ void cuda_forward_close(strata_engine *e) {
     e->gpu = NULL;
 }
 
-void cuda_forward_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) {
+/* Device memory the backend holds now and at most since open (0, 0 without a device). */
+static void cuda_forward_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) {
     cuda_mem_held(e->gpu ? e->gpu->ctx : NULL, now, peak);
 }
 
 /* ---- the backend --------------------------------------------------------------------------------- */
 
+/* the backend's errors are in e->err; the plan's caller wants them in err */
+static strata_status into(strata_engine *e, strata_status s, errbuf *err) {
+    if (s != STRATA_OK) memcpy(err, &e->err, sizeof *err);
+    return s;
+}
+
+static strata_status cuda_init(strata_engine *e, int64_t *free_bytes, errbuf *err) {
+    return into(e, cuda_forward_init(e, free_bytes), err);
+}
+
+static strata_status cuda_open(strata_engine *e, uint8_t **slab, errbuf *err) {
+    return into(e, cuda_forward_open(e, slab), err);
+}
+
+static strata_status cuda_ready(strata_engine *e, double t_fill, errbuf *err) {
+    return into(e, cuda_forward_ready(e, t_fill), err);
+}
+
+/* why --device cuda cannot run here: no CUDA in this build, or no usable device (the context says) */
+static void cuda_absent_why(char *buf, size_t len) {
+    cuda_ctx *probe = NULL;
+    cuda_ctx_create(0, &probe, buf, len);
+    cuda_ctx_destroy(probe);
+}
+
 const backend_ops cuda_backend_ops = {
+    .present = cuda_device_present,
+    .absent_why = cuda_absent_why,
+    .init = cuda_init,
+    .scratch_bytes = cuda_forward_scratch_bytes,
+    .open = cuda_open,
+    .ready = cuda_ready,
+    .mem_held = cuda_forward_mem_held,
+    .close = cuda_forward_close,
     .name = "cuda",
     .layout_bytes = cuda_layout_bytes,
     .host_bytes = cuda_host_bytes,
