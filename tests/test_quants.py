@@ -28,13 +28,17 @@ from strata.model import quants
 pytestmark = pytest.mark.asan
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-         "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XS"]  # fmt: skip
+         "IQ4_NL", "IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XS",
+         "IQ2_XXS", "IQ2_S", "IQ1_S", "IQ1_M", "MXFP4"]  # fmt: skip
 
 # Byte offsets of the f16 scales inside one block (facts of the format).
 SCALE_OFFSETS = {
     "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2],
     "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
     "IQ4_NL": [0], "IQ4_XS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XS": [0],
+    "IQ2_XXS": [0], "IQ2_S": [0], "IQ1_S": [0],
+    "IQ1_M": [],  # its f16 is spread over the top nibbles of the four scale words (bytes 48..55)
+    "MXFP4": [],  # an E8M0 exponent byte at 0, no f16
 }  # fmt: skip
 
 # f16 bit patterns at the edges: +-0, smallest subnormal, largest subnormal, smallest normal, 1.0,
@@ -47,7 +51,12 @@ NMSE_BOUND = {
     "Q4_0": 0.012, "Q4_1": 0.010, "Q5_0": 0.0035, "Q5_1": 0.003, "Q8_0": 1e-4,
     "Q2_K": 0.16, "Q3_K": 0.045, "Q4_K": 0.010, "Q5_K": 0.003, "Q6_K": 8e-4,
     "IQ4_NL": 0.010, "IQ4_XS": 0.010, "IQ3_XXS": 0.07, "IQ3_S": 0.045, "IQ2_XS": 0.18,
+    "IQ2_XXS": 0.23, "IQ2_S": 0.14, "IQ1_S": 0.36, "IQ1_M": 0.32, "MXFP4": 0.02,
 }  # fmt: skip
+
+# MXFP4's exponent bytes at the edges: the two subnormal scales 2^-128 and 2^-127, 2^-126, 1/2, 1, and
+# the largest (2^126: the largest value 12 * 2^126 overflows to infinity in float32).
+EXTREME_E8M0 = [0, 1, 2, 127, 128, 254, 255]
 
 
 def _levels() -> list[str]:
@@ -85,10 +94,31 @@ def _worst_block(ref: np.ndarray, got: np.ndarray, bs: int) -> tuple[int, float]
     return worst, float(per_block[worst])
 
 
+def _set_iq1m_d(raw: np.ndarray, rows: np.ndarray | int, h: np.ndarray | int) -> None:
+    """IQ1_M: f16 bits h into the top nibbles of the scale words (bits 4 w .. 4 w + 3 in word w)."""
+    words = raw[:, 48:56].copy().view(np.uint16)  # [n, 4]
+    h16 = np.asarray(h, np.uint16)
+    for w in range(4):
+        words[rows, w] = (words[rows, w] & np.uint16(0x0FFF)) | (((h16 >> np.uint16(4 * w)) & np.uint16(0xF)) << np.uint16(12))
+    raw[:, 48:56] = words.view(np.uint8)
+
+
 def _random_blocks(name: str, seed: int, n_blocks: int, extremes: list[int]) -> np.ndarray:
     bs, ts = _geom(name)
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
+    if name == "MXFP4":
+        raw[:, 0] = rng.integers(100, 156, size=n_blocks)
+        for i, h in enumerate(extremes):
+            raw[i % n_blocks, 0] = EXTREME_E8M0[h % len(EXTREME_E8M0)]
+        return raw
+    if name == "IQ1_M":
+        moderate = rng.integers(0x2000, 0x5000, size=n_blocks).astype(np.uint16)
+        moderate |= rng.integers(0, 2, size=n_blocks).astype(np.uint16) << 15
+        _set_iq1m_d(raw, np.arange(n_blocks), moderate)
+        for i, h in enumerate(extremes):
+            _set_iq1m_d(raw, i % n_blocks, h)
+        return raw
     # Most scales finite and moderate, so the values themselves are compared; then the extremes.
     for off in SCALE_OFFSETS[name]:
         moderate = rng.integers(0x2000, 0x5000, size=n_blocks).astype(np.uint16)
@@ -218,10 +248,10 @@ def test_products_levels_threads_batch(name: str, wide: bool) -> None:
 
 
 def test_unsupported_type_is_refused_by_kernels() -> None:
-    # IQ1_M has blocks in GGUF but no kernels in strata: the binding says so instead of reading garbage.
-    t = int(GGMLQuantizationType.IQ1_M)
-    bs, ts = _geom("IQ1_M")
-    with pytest.raises(Exception, match="IQ1_M"):
+    # TQ1_0 has blocks in GGUF but no kernels in strata: the binding says so instead of reading garbage.
+    t = int(GGMLQuantizationType.TQ1_0)
+    bs, ts = _geom("TQ1_0")
+    with pytest.raises(Exception, match="TQ1_0"):
         _engine.dequantize(t, np.zeros(ts, np.uint8), bs)
 
 
@@ -263,6 +293,12 @@ def test_products_on_raw_blocks_agree_across_levels(name: str) -> None:
         blocks = np.full_like(keep, fill)
         for off in SCALE_OFFSETS[name]:
             blocks[:, off : off + 2] = keep[:, off : off + 2]
+        if name == "MXFP4":
+            blocks[:, 0] = keep[:, 0]
+        elif name == "IQ1_M":  # keep the f16 nibbles, fill the 3-bit scales
+            words = blocks[:, 48:56].copy().view(np.uint16)
+            kw = keep[:, 48:56].copy().view(np.uint16)
+            blocks[:, 48:56] = ((words & np.uint16(0x0FFF)) | (kw & np.uint16(0xF000))).view(np.uint8)
         raw[r] = blocks.reshape(-1)
     cols = n_blocks * bs
     rng = np.random.default_rng(12)

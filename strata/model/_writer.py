@@ -2,7 +2,7 @@
 
 Tensor infos are declared first and tensor data is then streamed one tensor at a time, so even the
 ``qwen3-30b-a3b`` preset never holds more than one tensor in memory. Quantization: F32, F16, BF16,
-Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 through gguf-py; the K- and i-quants through ``strata.model.quants``.
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and MXFP4 through gguf-py; the K- and i-quants through ``strata.model.quants``.
 Norm weights and the router (``ffn_gate_inp``) stay F32, as in llama.cpp's quantized files.
 """
 
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # Bump when the bytes a (preset, quant, seed) makes change: cached files are keyed by it.
-MAKER_VERSION = 1
+MAKER_VERSION = 2
 
 log = logging.getLogger("strata.model")
 
@@ -78,7 +78,10 @@ MIXES: dict[str, tuple[str, str, int]] = {
     "q5_k_m": ("Q5_K", "Q6_K", 17),
 }
 # general.file_type of the mixes that only strata.model.quants defines
-_MIX_FILE_TYPES = {"q3_k_m": 12, "q4_k_s": 14, "q5_k_s": 16}
+_MIX_FILE_TYPES = {
+    "q3_k_s": 11, "q3_k_m": 12, "q3_k_l": 13, "q4_k_s": 14, "q5_k_s": 16, "iq2_xxs": 19, "iq1_s": 24,
+    "iq2_s": 28, "iq2_m": 29, "iq1_m": 31, "mxfp4_moe": 38,
+}  # fmt: skip
 
 
 def _quants_mixes() -> dict[str, Callable[..., str]]:
@@ -106,6 +109,10 @@ _FALLBACK = {
     "IQ3_XXS": "IQ4_NL",
     "IQ3_S": "IQ4_NL",
     "IQ2_XS": "IQ4_NL",
+    "IQ2_XXS": "IQ4_NL",
+    "IQ2_S": "IQ4_NL",
+    "IQ1_S": "IQ4_NL",
+    "IQ1_M": "IQ4_NL",
 }
 
 
@@ -138,7 +145,7 @@ def tensor_types(p: Preset, quant: str) -> dict[str, str]:
             continue
         if mix is not None:
             layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-            t = mix(name, layer, p.n_layer, n_expert=p.n_expert)
+            t = mix(name, layer, p.n_layer, n_expert=p.n_expert, n_gqa=p.n_head // p.n_head_kv)
         elif q in MIXES:
             base, more, _ = MIXES[q]
             t = base

@@ -342,6 +342,104 @@ def _iq2_xs(b: np.ndarray) -> np.ndarray:
     return _u8(d, qs.astype("<u2"), scales)
 
 
+def _iq2_xxs(b: np.ndarray) -> np.ndarray:
+    nb = b.shape[0]
+    grid = _grid_table("IQ2_XXS")[0]  # [256, 8]
+    x = b.reshape(nb, 8, 32)
+    d, s, eff = _odd_scales(np.abs(x).max(axis=-1) / grid.max(), float(grid.max()), 8.0)
+    neg = _even_signs(x.reshape(nb, 8, 4, 8))
+    mag = np.abs(x) * _inv(eff)[..., None]
+    idx = _nearest_grid(mag.reshape(-1, 8), "IQ2_XXS").reshape(nb, 8, 4).astype(np.uint8)
+    sidx = (_bits(neg) & 127).astype(np.uint32)  # [nb, 8, 4]
+    aux = s.astype(np.uint32) << 28
+    for lidx in range(4):
+        aux |= sidx[:, :, lidx] << (7 * lidx)
+    # per 32 values: the 4 index bytes, then the u32 of signs and scale
+    qs = np.concatenate([idx, aux.astype("<u4")[..., None].view(np.uint8)], axis=-1).reshape(nb, 64)
+    return _u8(d, qs)
+
+
+def _iq2_s(b: np.ndarray) -> np.ndarray:
+    nb = b.shape[0]
+    grid = _grid_table("IQ2_S")[0]  # [1024, 8]
+    x = b.reshape(nb, 16, 16)
+    d, s, eff = _odd_scales(np.abs(x).max(axis=-1) / grid.max(), float(grid.max()), 8.0)
+    mag = np.abs(x) * _inv(eff)[..., None]
+    idx = _nearest_grid(mag.reshape(-1, 8), "IQ2_S").reshape(nb, 32)
+    qs = (idx & 0xFF).astype(np.uint8)
+    hi = (idx >> 8).astype(np.uint8).reshape(nb, 8, 4)  # index 4 k + m: bits 2 m of qh[k]
+    qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
+    signs = _bits((x < 0).reshape(nb, 32, 8))
+    sc = s.astype(np.uint8)
+    return _u8(d, qs, signs, qh, _nibbles(sc[:, 0::2], sc[:, 1::2]))
+
+
+_IQ1_DELTA = np.float32(0.125)
+
+
+def _iq1_fit(x: np.ndarray, dl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ1 groups x [N, G, 8] at scales dl [N]: for each group (sharing one delta sign) the grid
+    indices [N, G] and whether the delta is negative [N], the better of the two signs."""
+    inv = _inv(dl)[:, None, None]
+    best_idx, best_err, best_neg = None, None, None
+    for neg in (False, True):
+        delta = -_IQ1_DELTA if neg else _IQ1_DELTA
+        t = x * inv - delta
+        idx = _nearest_grid(t.reshape(-1, 8), "IQ1_S").reshape(x.shape[:-1])
+        grid = _grid_table("IQ1_S")[0]
+        err = ((dl[:, None, None] * (grid[idx] + delta) - x) ** 2).sum(axis=(-2, -1))
+        if best_err is None:
+            best_idx, best_err, best_neg = idx, err, np.zeros(err.shape, bool)
+        else:
+            better = err < best_err
+            best_idx = np.where(better[:, None], idx, best_idx)
+            best_err = np.where(better, err, best_err)
+            best_neg = better
+    return best_idx, best_neg
+
+
+def _iq1_scales(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """IQ1 scales d (2 s + 1), s in 0..7, for sub-blocks x [nb, S, L]: the wanted scale of a
+    sub-block is its RMS (the ternary levels sit near one standard deviation)."""
+    want = np.sqrt((x.astype(np.float64) ** 2).mean(axis=-1)).astype(np.float32)
+    d = _f16(want.max(axis=-1) / 15)
+    df = d.astype(np.float32)
+    s = np.clip(_rint((want * _inv(df)[:, None] - 1) / 2), 0, 7)
+    return d, s, df[:, None] * (2 * s + 1).astype(np.float32)
+
+
+def _iq1_s(b: np.ndarray) -> np.ndarray:
+    nb = b.shape[0]
+    x = b.reshape(nb, 8, 32)
+    d, s, dl = _iq1_scales(x)
+    idx, neg = _iq1_fit(x.reshape(nb * 8, 4, 8), dl.reshape(-1))
+    idx = idx.reshape(nb, 8, 4)
+    qs = (idx & 0xFF).astype(np.uint8).reshape(nb, 32)
+    qh = s.astype(np.uint16) << 12 | neg.reshape(nb, 8).astype(np.uint16) << 15
+    for lidx in range(4):
+        qh |= ((idx[:, :, lidx] >> 8) & 7).astype(np.uint16) << (3 * lidx)
+    return _u8(d, qs, qh.astype("<u2"))
+
+
+def _iq1_m(b: np.ndarray) -> np.ndarray:
+    nb = b.shape[0]
+    x = b.reshape(nb, 16, 16)
+    d, s, dl = _iq1_scales(x)
+    # one delta per 8 values: groups of one index each
+    idx, neg = _iq1_fit(x.reshape(nb * 32, 1, 8), np.repeat(dl.reshape(-1), 2))
+    idx = idx.reshape(nb, 32)
+    nib = (((idx >> 8) & 7) | (neg.reshape(nb, 32).astype(np.int64) << 3)).astype(np.uint8)
+    qh = nib[:, 0::2] | (nib[:, 1::2] << 4)
+    dbits = d.view(np.uint16)
+    sc = np.zeros((nb, 4), np.uint16)
+    s16 = s.astype(np.uint16).reshape(nb, 4, 4)
+    for k in range(4):
+        sc |= s16[:, :, k] << (3 * k)
+    for w in range(4):
+        sc[:, w] |= ((dbits >> (4 * w)) & 0xF) << 12
+    return _u8((idx & 0xFF).astype(np.uint8), qh, sc.astype("<u2"))
+
+
 # ---- the entry point -------------------------------------------------------------------------------
 
 _OWN: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
@@ -356,8 +454,12 @@ _OWN: dict[str, tuple[int, Callable[[np.ndarray], np.ndarray]]] = {
     "IQ3_XXS": (QK_K, _iq3_xxs),
     "IQ3_S": (QK_K, _iq3_s),
     "IQ2_XS": (QK_K, _iq2_xs),
+    "IQ2_XXS": (QK_K, _iq2_xxs),
+    "IQ2_S": (QK_K, _iq2_s),
+    "IQ1_S": (QK_K, _iq1_s),
+    "IQ1_M": (QK_K, _iq1_m),
 }
-_GGUF_PY = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+_GGUF_PY = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4")
 QUANTIZABLE: tuple[str, ...] = (*_GGUF_PY, *_OWN)
 
 # Blocks quantized per call of a block quantizer: bounds the temporaries of the grid searches.
@@ -408,6 +510,10 @@ _FALLBACK = {
     "IQ3_XXS": "IQ4_NL",
     "IQ3_S": "IQ4_NL",
     "IQ2_XS": "IQ4_NL",
+    "IQ2_XXS": "IQ4_NL",
+    "IQ2_S": "IQ4_NL",
+    "IQ1_S": "IQ4_NL",
+    "IQ1_M": "IQ4_NL",
 }
 
 
@@ -438,54 +544,114 @@ def _role(name: str) -> str:
 
 Mix = Callable[..., str]
 
+# The llama.cpp file types of the mixes (general.file_type) and each one's default tensor type.
+FILE_TYPES: dict[str, tuple[int, str]] = {
+    "q4_0": (2, "Q4_0"), "q4_1": (3, "Q4_1"), "q8_0": (7, "Q8_0"), "q5_0": (8, "Q5_0"), "q5_1": (9, "Q5_1"),
+    "q2_k": (10, "Q2_K"), "q3_k_s": (11, "Q3_K"), "q3_k_m": (12, "Q3_K"), "q3_k_l": (13, "Q3_K"),
+    "q4_k_s": (14, "Q4_K"), "q4_k_m": (15, "Q4_K"), "q5_k_s": (16, "Q5_K"), "q5_k_m": (17, "Q5_K"),
+    "q6_k": (18, "Q6_K"), "iq2_xxs": (19, "IQ2_XXS"), "iq2_xs": (20, "IQ2_XS"), "iq3_xxs": (23, "IQ3_XXS"),
+    "iq1_s": (24, "IQ1_S"), "iq4_nl": (25, "IQ4_NL"), "iq3_s": (26, "IQ3_S"), "iq2_s": (28, "IQ2_XS"),
+    "iq2_m": (29, "IQ2_S"), "iq4_xs": (30, "IQ4_XS"), "iq1_m": (31, "IQ1_M"), "mxfp4_moe": (38, "MXFP4"),
+}  # fmt: skip
 
-def _mix(
-    base: str,
-    *,
-    more: str | None = None,
-    output: str | None = None,
-    embd: str | None = None,
-    v_more_always: str | None = None,
-) -> Mix:
-    """A mix: `base` everywhere, `output` for output.weight, `embd` for token_embd, and `more` for
-    attn_v and ffn_down in the more_bits layers. Norms and the router stay F32. Models with 8 experts
-    (Mixtral-like) get Q8_0 attn_k/attn_v, as llama.cpp does for them."""
+# The 1- and 2-bit i-quant mixes share one set of rules.
+_LOW_IQ = ("iq2_xxs", "iq2_xs", "iq1_s", "iq2_s", "iq2_m", "iq1_m")
 
-    def pick(tensor_name: str, layer: int, n_layers: int, *, n_expert: int | None = None) -> str:
+
+def _mix(ftype: str) -> Mix:
+    """The type llama.cpp's quantizer (without an importance matrix) gives each tensor in a file of
+    mix ``ftype``. ``layer`` is the tensor's block (one attn_v and one ffn_down per block, as in
+    qwen3moe, so llama.cpp's running counters of those tensors equal it); ``n_expert`` and ``n_gqa``
+    (head_count / head_count_kv) are the model's. Norms and the router stay F32."""
+    base = FILE_TYPES[ftype][1]
+
+    def pick(
+        tensor_name: str, layer: int, n_layers: int, *, n_expert: int | None = None, n_gqa: int | None = None
+    ) -> str:
         role = _role(tensor_name)
+        e = n_expert or 0
+        gqa = n_gqa or 1
+        eighth = layer < n_layers // 8
+        more = more_bits(layer, n_layers)
         if role in ("norm", "router"):
             return "F32"
         if role == "output":
-            return output or base
+            if ftype == "mxfp4_moe":
+                return "Q8_0"
+            if ftype in (*_LOW_IQ, "iq3_xxs"):
+                return "Q5_K"
+            return base if base == "Q8_0" else "Q6_K"
+        if ftype == "mxfp4_moe":  # the expert stacks MXFP4, every other matrix Q8_0
+            return "MXFP4" if role.endswith("_exps") else "Q8_0"
         if role == "token_embd":
-            return embd or base
-        if n_expert == 8 and role in ("attn_k", "attn_v") and base not in ("Q8_0", "F16", "F32", "BF16"):
-            return "Q8_0"
-        if role == "attn_v" and v_more_always:
-            return v_more_always
-        if more and role in ("attn_v", "ffn_down", "ffn_down_exps", "ffn_down_shexp"):
-            return more if more_bits(layer, n_layers) else base
+            if ftype in ("iq2_xxs", "iq2_xs", "iq1_s", "iq1_m"):
+                return "Q2_K"
+            if ftype in ("iq2_s", "iq2_m", "iq3_xxs"):
+                return "IQ3_S"
+            return base
+        if ftype in _LOW_IQ:
+            wide = "IQ3_S" if ftype in ("iq2_s", "iq2_m") else "Q2_K"
+            if role == "attn_v":
+                return "Q4_K" if gqa >= 4 or e >= 4 else wide
+            if role == "attn_k" and e == 8:
+                return "Q4_K"
+            if role.startswith("ffn_down"):
+                return wide if eighth else base
+            if role == "attn_output":
+                if e == 8:
+                    return "Q5_K"
+                if ftype in ("iq1_s", "iq1_m"):
+                    return "IQ2_XXS"
+                if ftype in ("iq2_s", "iq2_m"):
+                    return "IQ3_S"
+            return base
+        if role == "attn_v":
+            t = base
+            if ftype == "q2_k":
+                t = "Q4_K" if gqa >= 4 else "Q3_K"
+            elif ftype == "iq3_xxs":
+                t = "Q4_K" if gqa >= 4 else "IQ3_S"
+            elif ftype == "iq3_s" and gqa >= 4:
+                t = "Q4_K"
+            elif ftype == "q3_k_m":
+                t = "Q5_K" if layer < 2 else "Q4_K"
+            elif ftype == "q3_k_l":
+                t = "Q5_K"
+            elif ftype in ("iq4_nl", "iq4_xs") and gqa >= 4:
+                t = "Q5_K"
+            elif ftype in ("q4_k_m", "q5_k_m") and more:
+                t = "Q6_K"
+            elif ftype == "q4_k_s" and layer < 4:
+                t = "Q5_K"
+            return "Q8_0" if e == 8 else t
+        if role == "attn_k":
+            if e == 8:
+                return "Q8_0"
+            return "IQ2_S" if ftype == "iq3_xxs" else base
+        if role == "attn_q":
+            return "IQ2_S" if ftype == "iq3_xxs" else base
+        if role.startswith("ffn_down"):
+            if ftype == "q2_k":
+                return "Q3_K"
+            if ftype == "iq3_xxs":
+                return "Q4_K" if eighth else "Q3_K"
+            if ftype == "q3_k_m":
+                return "Q5_K" if layer < n_layers // 16 else "Q4_K"
+            if ftype == "q3_k_l":
+                return "Q5_K"
+            if ftype in ("q4_k_m", "q5_k_m"):
+                return "Q6_K" if more else base
+            if ftype in ("iq4_nl", "iq4_xs", "q4_k_s") and eighth:
+                return "Q5_K"
+            return base
+        if role == "attn_output":
+            if e == 8:
+                eight = ("q2_k", "iq3_xxs", "q3_k_s", "q3_k_m", "iq4_nl", "q4_k_s", "q4_k_m", "iq3_s", "iq4_xs")
+                return "Q5_K" if ftype in eight else base
+            return {"q2_k": "Q3_K", "iq3_xxs": "IQ3_S", "q3_k_m": "Q4_K", "q3_k_l": "Q5_K"}.get(ftype, base)
         return base
 
     return pick
 
 
-MIXES: dict[str, Mix] = {
-    "q2_k": _mix("Q2_K", more="Q3_K", output="Q6_K", v_more_always="Q3_K"),
-    "q3_k_m": _mix("Q3_K", more="Q4_K", output="Q6_K", v_more_always="Q5_K"),
-    "q4_k_s": _mix("Q4_K", output="Q6_K"),
-    "q4_k_m": _mix("Q4_K", more="Q6_K", output="Q6_K"),
-    "q5_k_s": _mix("Q5_K", output="Q6_K"),
-    "q5_k_m": _mix("Q5_K", more="Q6_K", output="Q6_K"),
-    "q6_k": _mix("Q6_K", output="Q6_K"),
-    "q8_0": _mix("Q8_0"),
-    "q4_0": _mix("Q4_0", output="Q6_K"),
-    "q4_1": _mix("Q4_1", output="Q6_K"),
-    "q5_0": _mix("Q5_0", output="Q6_K"),
-    "q5_1": _mix("Q5_1", output="Q6_K"),
-    "iq4_nl": _mix("IQ4_NL", output="Q6_K"),
-    "iq4_xs": _mix("IQ4_XS", output="Q6_K"),
-    "iq3_s": _mix("IQ3_S", output="Q6_K"),
-    "iq3_xxs": _mix("IQ3_XXS", output="Q5_K", v_more_always="IQ3_S"),
-    "iq2_xs": _mix("IQ2_XS", output="Q5_K", v_more_always="Q4_K"),
-}
+MIXES: dict[str, Mix] = {name: _mix(name) for name in FILE_TYPES}
