@@ -4,9 +4,9 @@
 UTF-8 kept whole), usage and timings. ``stream_chat`` and ``stream_completion`` write OpenAI's chunks;
 ``reply`` writes the whole answer. With tools, a chat reply's content goes through the tool-call
 parser (``strata.server.tools``): calls leave as ``tool_calls`` (streamed: the id and name, then the
-arguments) and the reply ends with ``finish_reason: "tool_calls"``. Whatever ends a reply early (the engine failing, the server
-shutting down, an engine that stopped answering) ends a stream with an error event and ``[DONE]``,
-never with a cut connection. ``Watched`` is the ASGI response that stops the generation as soon as the
+arguments) and the reply ends with ``finish_reason: "tool_calls"``. Whatever ends a reply early (the
+engine failing, the server shutting down, an engine that stopped answering) ends a stream with an error
+event and ``[DONE]``, never with a cut connection. ``Watched`` is the ASGI response that stops the generation as soon as the
 client disconnects.
 """
 
