@@ -310,3 +310,28 @@ def test_a_schema_the_library_rejects_is_a_400_naming_it(client: openai.OpenAI) 
     assert (
         client.chat.completions.create(model="m", messages=MSGS, max_tokens=2).choices[0].message is not None
     )
+
+
+def test_tools_with_tool_choice_auto_reach_the_prompt_and_logprobs_work_under_a_grammar(
+    client: openai.OpenAI, server: Served
+) -> None:
+    tok = Tokenizer.from_gguf(ensure_model("tiny"))
+    r = client.chat.completions.create(model="m", messages=MSGS, tools=TOOLS, temperature=0, max_tokens=4)
+    prompt = tok.decode((r.model_extra or {})["strata"]["prompt_token_ids"], skip_special=False)
+    assert "<tools>" in prompt and '"name": "get_weather"' in prompt
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}}
+    r = client.chat.completions.create(
+        model="m",
+        messages=MSGS,
+        temperature=0,
+        max_tokens=40,
+        response_format=fmt,
+        logprobs=True,
+        top_logprobs=5,
+    )
+    json.loads(r.choices[0].message.content or "")
+    lp = r.choices[0].logprobs
+    assert lp is not None and lp.content
+    for entry in lp.content:  # only tokens the grammar allowed have a probability
+        assert entry.logprob <= 0 and all(t.logprob <= 0 for t in entry.top_logprobs) and entry.top_logprobs

@@ -139,7 +139,8 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "") -> 
                 k = min(n_logprobs, x.shape[0])
                 idx = np.argpartition(-x, k - 1)[:k]
                 idx = idx[np.argsort(-x[idx], kind="stable")]
-                ev["top_logprobs"] = [[int(i), float(x[i]) - lse] for i in idx]
+                # under a grammar the forbidden tokens have no probability (-inf): they are left out
+                ev["top_logprobs"] = [[int(i), float(x[i]) - lse] for i in idx if math.isfinite(float(x[i]))]
         now = time.monotonic()
         if now - last_stats[0] >= _STATS_EVERY_S:
             last_stats[0] = now
