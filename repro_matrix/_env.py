@@ -15,15 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from strata._environment import cpu_info, git_state, gpus, os_info, ram_info
+
 __all__ = ["collect_env", "env_markdown"]
-
-
-def _git(root: Path, *args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def _strata() -> dict[str, Any]:
@@ -38,11 +32,7 @@ def _strata() -> dict[str, Any]:
         "library": None,
         "cpu_features": None,
     }
-    commit = _git(root, "rev-parse", "HEAD")
-    if commit:
-        info["commit"] = commit
-        status = _git(root, "status", "--porcelain", "--untracked-files=no")
-        info["dirty"] = bool(status)
+    info["commit"], info["dirty"] = git_state(root)
     # the native library's own idea of its version and of the CPU; a library that cannot be loaded (not
     # built here) is said in the report, with the loader's reason
     from strata import _cdefs, _engine
@@ -90,92 +80,6 @@ def _build_flags(root: Path) -> dict[str, str]:
     return flags
 
 
-def _gpus() -> dict[str, Any]:
-    try:
-        import pynvml
-    except ImportError:
-        return {"error": "nvidia-ml-py is not installed"}
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:  # noqa: BLE001 - NVMLError has many subclasses; any means "no GPU info"
-        return {"error": f"no NVIDIA driver or GPU ({e})"}
-    try:
-
-        def s(v: Any) -> str:
-            return v.decode() if isinstance(v, bytes) else str(v)
-
-        out: dict[str, Any] = {"driver": s(pynvml.nvmlSystemGetDriverVersion()), "devices": []}
-        try:
-            cv = pynvml.nvmlSystemGetCudaDriverVersion()
-            out["cuda_driver"] = f"{cv // 1000}.{cv % 1000 // 10}"
-        except Exception:  # noqa: BLE001
-            pass
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            out["devices"].append(
-                {"index": i, "name": s(pynvml.nvmlDeviceGetName(h)), "memory_total": int(mem.total)}
-            )
-        return out
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
-
-
-def _cpu() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "model": platform.processor() or platform.machine(),
-        "logical_cores": os.cpu_count(),
-    }
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        m = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-        if m:
-            info["model"] = m.group(1).strip()
-        fm = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-        flags = set(fm.group(1).split()) if fm else set()
-        info["simd"] = " ".join(
-            f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni") if f in flags
-        )
-        cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)[\s\S]*?core id\s*:\s*(\d+)", text)}
-        if cores:
-            info["physical_cores"] = len(cores)
-    except OSError:
-        pass
-    try:
-        info["affinity"] = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        pass
-    return info
-
-
-def _ram() -> dict[str, Any]:
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return {}
-    out = {}
-    for key, name in (("MemTotal", "total"), ("MemAvailable", "available"), ("SwapTotal", "swap")):
-        m = re.search(rf"^{key}:\s*(\d+) kB", text, re.M)
-        if m:
-            out[name] = int(m.group(1)) * 1024
-    return out
-
-
-def _os() -> dict[str, Any]:
-    out = {"system": platform.system(), "kernel": platform.release(), "machine": platform.machine()}
-    try:
-        text = Path("/etc/os-release").read_text()
-        m = re.search(r'^PRETTY_NAME="?([^"\n]+)"?', text, re.M)
-        if m:
-            out["distribution"] = m.group(1)
-    except OSError:
-        pass
-    return out
-
-
 def _packages() -> dict[str, str]:
     out = {}
     for name in ("numpy", "gguf", "tokenizers", "pandas", "httpx", "uvicorn", "starlette", "ray"):
@@ -190,10 +94,10 @@ def collect_env() -> dict[str, Any]:
     """Everything the report's setup section says, as a JSON-ready dictionary."""
     return {
         "strata": _strata(),
-        "gpu": _gpus(),
-        "cpu": _cpu(),
-        "ram": _ram(),
-        "os": _os(),
+        "gpu": gpus(),
+        "cpu": cpu_info(),
+        "ram": ram_info(),
+        "os": os_info(),
         "python": {
             "version": platform.python_version(),
             "implementation": platform.python_implementation(),

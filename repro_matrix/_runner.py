@@ -30,6 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from strata import _nvml
+
 from ._cell import model_path, run_cell, stop_all_servers
 from ._matrix import Cell, Matrix, MatrixError, parse_shard, shard_cells
 from ._verdict import judge
@@ -193,16 +195,7 @@ def _is_record(rec: Any) -> bool:
 
 
 def gpu_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver, no library: no GPUs
-        return 0
+    return _nvml.device_count()
 
 
 def _is_gpu_matrix(matrix: Matrix, cells: Sequence[Cell]) -> bool:

@@ -22,12 +22,13 @@ import os
 import platform
 import socket
 import statistics
-import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from strata import _environment
 
 __all__ = [
     "SCHEMA",
@@ -95,33 +96,7 @@ def git_state(path: str | os.PathLike[str] | None = None) -> tuple[str | None, b
     if given:
         commit, _, flag = given.partition("+")
         return commit, flag == "dirty"
-    where = Path(path) if path else Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=where,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-    return commit or None, bool(status.strip())
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _environment.git_state(Path(path) if path else Path(__file__).resolve().parent)
 
 
 @functools.lru_cache(maxsize=1)
@@ -137,7 +112,7 @@ def environment() -> dict[str, Any]:
         "commit": commit,
         "dirty": dirty,
         "version": version,
-        "cpu": _cpu_name(),
+        "cpu": _environment.cpu_info()["model"],
         "n_cpu": os.cpu_count(),
         "gpu": gpu["name"] if gpu else None,
         "gpu_driver": gpu["driver"] if gpu else None,

@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .._enums import Device
-from ._gpu import gpu_info
+from .._nvml import gpu_info
 from .errors import ApiError, error_response, json_response
 from .metrics import CONTENT_TYPE, EngineView, Metrics
 from .prompts import chat_prompt, completion_prompt, fit_max_tokens
