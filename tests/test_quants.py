@@ -99,7 +99,9 @@ def _set_iq1m_d(raw: np.ndarray, rows: np.ndarray | int, h: np.ndarray | int) ->
     words = raw[:, 48:56].copy().view(np.uint16)  # [n, 4]
     h16 = np.asarray(h, np.uint16)
     for w in range(4):
-        words[rows, w] = (words[rows, w] & np.uint16(0x0FFF)) | (((h16 >> np.uint16(4 * w)) & np.uint16(0xF)) << np.uint16(12))
+        words[rows, w] = (words[rows, w] & np.uint16(0x0FFF)) | (
+            ((h16 >> np.uint16(4 * w)) & np.uint16(0xF)) << np.uint16(12)
+        )
     raw[:, 48:56] = words.view(np.uint8)
 
 
@@ -278,6 +280,59 @@ def test_mixes_follow_llama_cpp_q4_k_m() -> None:
     for name, pick in quants.MIXES.items():
         t = pick("blk.0.ffn_up_exps.weight", 0, n)
         assert t in quants.QUANTIZABLE, (name, t)
+
+
+# (mix, tensor, layer of 8, n_expert, head ratio) -> the type llama.cpp's quantizer gives it (no
+# importance matrix): its rules, one case each.
+LLAMA_CPP_TYPES = [
+    ("q2_k", "blk.3.attn_v.weight", 3, 128, 4, "Q4_K"), ("q2_k", "blk.3.attn_v.weight", 3, 128, 2, "Q3_K"),
+    ("q2_k", "blk.3.ffn_down_exps.weight", 3, 128, 4, "Q3_K"), ("q2_k", "blk.3.attn_output.weight", 3, 128, 4, "Q3_K"),
+    ("q2_k", "token_embd.weight", -1, 128, 4, "Q2_K"), ("q2_k", "output.weight", -1, 128, 4, "Q6_K"),
+    ("q3_k_s", "blk.0.attn_v.weight", 0, 128, 4, "Q3_K"), ("q3_k_s", "blk.0.ffn_down_exps.weight", 0, 128, 4, "Q3_K"),
+    ("q3_k_m", "blk.1.attn_v.weight", 1, 128, 4, "Q5_K"), ("q3_k_m", "blk.2.attn_v.weight", 2, 128, 4, "Q4_K"),
+    ("q3_k_m", "blk.5.ffn_down_exps.weight", 5, 128, 4, "Q4_K"), ("q3_k_m", "blk.5.attn_output.weight", 5, 128, 4, "Q4_K"),
+    ("q3_k_l", "blk.5.attn_v.weight", 5, 128, 4, "Q5_K"), ("q3_k_l", "blk.5.ffn_down_exps.weight", 5, 128, 4, "Q5_K"),
+    ("q3_k_l", "blk.5.attn_output.weight", 5, 128, 4, "Q5_K"), ("q3_k_l", "blk.5.ffn_up_exps.weight", 5, 128, 4, "Q3_K"),
+    ("q4_k_s", "blk.3.attn_v.weight", 3, 128, 4, "Q5_K"), ("q4_k_s", "blk.4.attn_v.weight", 4, 128, 4, "Q4_K"),
+    ("q5_k_s", "blk.0.ffn_down_exps.weight", 0, 128, 4, "Q5_K"), ("q5_k_m", "blk.7.ffn_down_exps.weight", 7, 128, 4, "Q6_K"),
+    ("q5_k_m", "blk.2.ffn_down_exps.weight", 2, 128, 4, "Q5_K"),
+    ("iq4_xs", "blk.0.ffn_down_exps.weight", 0, 128, 4, "Q5_K"), ("iq4_xs", "blk.0.attn_v.weight", 0, 128, 4, "Q5_K"),
+    ("iq4_xs", "blk.0.attn_v.weight", 0, 128, 2, "IQ4_XS"), ("iq4_xs", "output.weight", -1, 128, 4, "Q6_K"),
+    ("iq3_xxs", "blk.4.attn_q.weight", 4, 128, 4, "IQ2_S"), ("iq3_xxs", "blk.4.attn_k.weight", 4, 128, 4, "IQ2_S"),
+    ("iq3_xxs", "blk.4.attn_v.weight", 4, 128, 2, "IQ3_S"), ("iq3_xxs", "blk.0.ffn_down_exps.weight", 0, 128, 4, "Q4_K"),
+    ("iq3_xxs", "blk.4.ffn_down_exps.weight", 4, 128, 4, "Q3_K"), ("iq3_xxs", "token_embd.weight", -1, 128, 4, "IQ3_S"),
+    ("iq3_xxs", "output.weight", -1, 128, 4, "Q5_K"), ("iq3_s", "blk.4.attn_v.weight", 4, 128, 4, "Q4_K"),
+    ("iq2_xs", "blk.0.ffn_down_exps.weight", 0, 128, 4, "Q2_K"), ("iq2_xs", "blk.4.ffn_down_exps.weight", 4, 128, 4, "IQ2_XS"),
+    ("iq2_xxs", "blk.4.attn_v.weight", 4, 1, 1, "Q2_K"), ("iq2_xxs", "blk.4.attn_v.weight", 4, 128, 1, "Q4_K"),
+    ("iq2_xxs", "token_embd.weight", -1, 128, 4, "Q2_K"), ("iq2_xxs", "blk.4.ffn_up_exps.weight", 4, 128, 4, "IQ2_XXS"),
+    ("iq2_s", "blk.4.ffn_up_exps.weight", 4, 128, 4, "IQ2_XS"), ("iq2_s", "blk.4.attn_output.weight", 4, 128, 4, "IQ3_S"),
+    ("iq2_m", "blk.4.ffn_up_exps.weight", 4, 128, 4, "IQ2_S"), ("iq2_m", "blk.0.ffn_down_exps.weight", 0, 128, 4, "IQ3_S"),
+    ("iq2_m", "token_embd.weight", -1, 128, 4, "IQ3_S"), ("iq1_s", "blk.4.attn_output.weight", 4, 128, 4, "IQ2_XXS"),
+    ("iq1_s", "blk.4.attn_output.weight", 4, 8, 4, "Q5_K"), ("iq1_m", "blk.4.attn_k.weight", 4, 8, 4, "Q4_K"),
+    ("iq1_m", "blk.4.ffn_gate_exps.weight", 4, 128, 4, "IQ1_M"), ("iq1_m", "output.weight", -1, 128, 4, "Q5_K"),
+    ("mxfp4_moe", "blk.4.ffn_down_exps.weight", 4, 128, 4, "MXFP4"), ("mxfp4_moe", "blk.4.attn_q.weight", 4, 128, 4, "Q8_0"),
+    ("mxfp4_moe", "output.weight", -1, 128, 4, "Q8_0"), ("mxfp4_moe", "token_embd.weight", -1, 128, 4, "Q8_0"),
+    ("q4_k_m", "blk.4.attn_output.weight", 4, 8, 4, "Q5_K"), ("q4_k_m", "blk.4.attn_v.weight", 4, 8, 4, "Q8_0"),
+    ("q8_0", "output.weight", -1, 128, 4, "Q8_0"), ("q4_0", "output.weight", -1, 128, 4, "Q6_K"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("mix", "tensor", "layer", "n_expert", "n_gqa", "want"), LLAMA_CPP_TYPES)
+def test_mixes_follow_llama_cpps_rules(
+    mix: str, tensor: str, layer: int, n_expert: int, n_gqa: int, want: str
+) -> None:
+    got = quants.MIXES[mix](tensor, layer, 8, n_expert=n_expert, n_gqa=n_gqa)
+    assert got == want, (
+        f"{mix}: {tensor} (layer {layer} of 8, {n_expert} experts, head ratio {n_gqa}) is {got}"
+    )
+    assert got in quants.QUANTIZABLE
+
+
+def test_new_types_fall_back_like_llama_cpp() -> None:
+    for t in ("IQ2_XXS", "IQ2_S", "IQ1_S", "IQ1_M"):
+        assert quants.fallback_type(t, 128) == "IQ4_NL"
+    assert quants.fallback_type("IQ1_M", 48) == "F16"
+    assert quants.fallback_type("MXFP4", 64) == "MXFP4"
 
 
 @pytest.mark.parametrize("name", TYPES)

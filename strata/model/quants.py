@@ -646,7 +646,17 @@ def _mix(ftype: str) -> Mix:
             return base
         if role == "attn_output":
             if e == 8:
-                eight = ("q2_k", "iq3_xxs", "q3_k_s", "q3_k_m", "iq4_nl", "q4_k_s", "q4_k_m", "iq3_s", "iq4_xs")
+                eight = (
+                    "q2_k",
+                    "iq3_xxs",
+                    "q3_k_s",
+                    "q3_k_m",
+                    "iq4_nl",
+                    "q4_k_s",
+                    "q4_k_m",
+                    "iq3_s",
+                    "iq4_xs",
+                )
                 return "Q5_K" if ftype in eight else base
             return {"q2_k": "Q3_K", "iq3_xxs": "IQ3_S", "q3_k_m": "Q4_K", "q3_k_l": "Q5_K"}.get(ftype, base)
         return base
