@@ -380,22 +380,16 @@ _IQ1_DELTA = np.float32(0.125)
 def _iq1_fit(x: np.ndarray, dl: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """IQ1 groups x [N, G, 8] at scales dl [N]: for each group (sharing one delta sign) the grid
     indices [N, G] and whether the delta is negative [N], the better of the two signs."""
+    grid = _grid_table("IQ1_S")[0]
     inv = _inv(dl)[:, None, None]
-    best_idx, best_err, best_neg = None, None, None
-    for neg in (False, True):
-        delta = -_IQ1_DELTA if neg else _IQ1_DELTA
-        t = x * inv - delta
-        idx = _nearest_grid(t.reshape(-1, 8), "IQ1_S").reshape(x.shape[:-1])
-        grid = _grid_table("IQ1_S")[0]
+    fits = []
+    for delta in (_IQ1_DELTA, -_IQ1_DELTA):
+        idx = _nearest_grid((x * inv - delta).reshape(-1, 8), "IQ1_S").reshape(x.shape[:-1])
         err = ((dl[:, None, None] * (grid[idx] + delta) - x) ** 2).sum(axis=(-2, -1))
-        if best_err is None:
-            best_idx, best_err, best_neg = idx, err, np.zeros(err.shape, bool)
-        else:
-            better = err < best_err
-            best_idx = np.where(better[:, None], idx, best_idx)
-            best_err = np.where(better, err, best_err)
-            best_neg = better
-    return best_idx, best_neg
+        fits.append((idx, err))
+    (pos_idx, pos_err), (neg_idx, neg_err) = fits
+    neg = neg_err < pos_err
+    return np.where(neg[:, None], neg_idx, pos_idx), neg
 
 
 def _iq1_scales(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
