@@ -18,7 +18,16 @@ from strata.chat_template import ChatTemplate
 from strata.grammar import grammars_for, json_schema_grammar
 from strata.model import ensure_model
 from strata.server.errors import ApiError
-from strata.server.tools import FORMATS, ToolStream, grammar_for, parse_calls, prepare_messages, tool_spec
+from strata.server.tools import (
+    FORMATS,
+    ToolFormat,
+    ToolStream,
+    format_for,
+    grammar_for,
+    parse_calls,
+    prepare_messages,
+    tool_spec,
+)
 from strata.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(300)
@@ -160,6 +169,32 @@ def test_tools_calls_and_results_go_through_the_template() -> None:
     # tool_choice none: no tools in the prompt
     messages, tools = prepare_messages(MSGS, _spec(tool_choice="none"), t)
     assert "<tools>" not in t.render(messages, tools=tools)
+
+
+def test_the_format_is_chosen_by_the_template_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    tok = Tokenizer.from_gguf(ensure_model("tiny"))
+    assert format_for(ChatTemplate(tok.chat_template)) is QWEN  # ChatML turns
+    assert format_for(ChatTemplate(None)) is QWEN  # the fallback template
+    # another family is one more entry in the table, found by its own marks
+    other = ToolFormat(
+        "other",
+        "[CALL]",
+        "[/CALL]",
+        "",
+        QWEN.system,
+        QWEN.call,
+        QWEN.parse,
+        QWEN.head,
+        QWEN.tail,
+        ("[CALL]",),
+    )
+    monkeypatch.setitem(FORMATS, "other", other)
+    t = ChatTemplate("{{ '<|im_start|>' }}{% if tools %}[CALL]{% endif %}")
+    assert format_for(t) is other
+    content, calls = parse_calls(
+        'x [CALL]{"name": "add", "arguments": {"a": 1, "b": 2}}[/CALL]', tool_spec({"tools": TOOLS}, other)
+    )
+    assert content == "x" and [c.name for c in calls] == ["add"]
 
 
 # ---- the grammar on the engine's logits ---------------------------------------------------------

@@ -30,6 +30,7 @@ from ..grammar import GrammarError, json_lark, json_schema_grammar, lark_grammar
 from .errors import bad
 
 __all__ = [
+    "DEFAULT_FORMAT",
     "FORMATS",
     "ToolCall",
     "ToolFormat",
@@ -56,6 +57,7 @@ class ToolFormat:
     parse: Callable[[str], tuple[str, Any] | None]  # the text between open and close -> (name, arguments)
     head: re.Pattern[str]  # a call's text from after ``open`` up to its arguments (group 1: the name)
     tail: re.Pattern[str]  # what follows the arguments up to ``close``
+    marks: tuple[str, ...] = ()  # texts in a chat template that say it is this family's
 
     def block(self, name: str, arguments: Any) -> str:
         return self.open + self.call(name, arguments) + self.close
@@ -104,13 +106,22 @@ FORMATS: dict[str, ToolFormat] = {
         _json_parse,
         re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*'),
         re.compile(r"\s*\}\s*(</tool_call>)?\s*$"),
+        ("<tool_call>", "<|im_start|>"),
     ),
 }
+DEFAULT_FORMAT = (
+    "qwen3"  # for a template that names no family's marks (the made models' ChatML, the fallback)
+)
 
 
 def format_for(template: ChatTemplate) -> ToolFormat:
-    """The tool-call syntax of the template's family (ChatML and ``<tool_call>`` templates: qwen3)."""
-    return FORMATS["qwen3"]
+    """The tool-call syntax of the template's family: the first format in ``FORMATS`` whose marks the
+    template's source holds (a family's own tag before a shared turn marker), else ``DEFAULT_FORMAT``."""
+    for mark_index in range(max((len(f.marks) for f in FORMATS.values()), default=0)):
+        for f in FORMATS.values():
+            if mark_index < len(f.marks) and f.marks[mark_index] in template.source:
+                return f
+    return FORMATS[DEFAULT_FORMAT]
 
 
 # ---- the request -------------------------------------------------------------------------------
