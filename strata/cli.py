@@ -36,7 +36,9 @@ def _added_commands() -> list[Any]:
 
 def _add_debug(parser: argparse.ArgumentParser, *, top: bool) -> None:
     # on a subcommand the flag must not reset what the top level parsed (SUPPRESS: no default there)
-    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS, help=DEBUG_HELP)
+    parser.add_argument(
+        "--debug", action="store_true", default=False if top else argparse.SUPPRESS, help=DEBUG_HELP
+    )
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in dict.fromkeys(action.choices.values()):

@@ -168,7 +168,9 @@ class Store:
 
     # ---- conversations ----
 
-    def create(self, title: str = "New conversation", system_prompt: str = "", settings: Settings | None = None) -> Conversation:
+    def create(
+        self, title: str = "New conversation", system_prompt: str = "", settings: Settings | None = None
+    ) -> Conversation:
         now = time.time()
         s = settings or Settings()
         cur = self._db.execute(
@@ -177,7 +179,9 @@ class Store:
         )
         self._db.commit()
         assert cur.lastrowid is not None
-        return Conversation(id=cur.lastrowid, title=title, system_prompt=system_prompt, settings=s, updated=now)
+        return Conversation(
+            id=cur.lastrowid, title=title, system_prompt=system_prompt, settings=s, updated=now
+        )
 
     def _conv(self, row: sqlite3.Row) -> Conversation:
         return Conversation(
@@ -215,7 +219,9 @@ class Store:
         self._db.commit()
 
     def set_settings(self, conversation_id: int, settings: Settings) -> None:
-        self._db.execute("UPDATE conversations SET settings = ? WHERE id = ?", (settings.to_json(), conversation_id))
+        self._db.execute(
+            "UPDATE conversations SET settings = ? WHERE id = ?", (settings.to_json(), conversation_id)
+        )
         self._db.commit()
 
     def delete(self, conversation_id: int) -> None:
@@ -230,7 +236,11 @@ class Store:
         ).fetchall()
         return [
             StoredMessage(
-                id=r["id"], role=r["role"], content=r["content"], reasoning=r["reasoning"], meta=json.loads(r["meta"])
+                id=r["id"],
+                role=r["role"],
+                content=r["content"],
+                reasoning=r["reasoning"],
+                meta=json.loads(r["meta"]),
             )
             for r in rows
         ]

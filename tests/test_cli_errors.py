@@ -16,10 +16,15 @@ from strata._engine import Engine
 from strata.cli import build_parser
 
 
-def strata(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def strata(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "strata.cli", *args],
-        capture_output=True, text=True, timeout=timeout, env={**os.environ, "STRATA_DEBUG": "", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "STRATA_DEBUG": "", **(env or {})},
         stdin=subprocess.DEVNULL,
     )
 
@@ -33,7 +38,9 @@ def one_paragraph(r: subprocess.CompletedProcess[str], prog: str) -> str:
 
 
 def test_generate_with_a_missing_model(tmp_path: Path) -> None:
-    err = one_paragraph(strata("generate", "--prompt", "hi", "--model", str(tmp_path / "no.gguf")), "strata generate")
+    err = one_paragraph(
+        strata("generate", "--prompt", "hi", "--model", str(tmp_path / "no.gguf")), "strata generate"
+    )
     assert "not found" in err and "--model" in err
 
 
@@ -49,9 +56,11 @@ def test_generate_with_a_file_that_is_not_a_model(tmp_path: Path) -> None:
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"x" * 64)
-    for r in (strata("generate", "--prompt", "hi", "--model", str(bad), "--debug"),
-              strata("--debug", "generate", "--prompt", "hi", "--model", str(bad)),
-              strata("generate", "--prompt", "hi", "--model", str(bad), env={"STRATA_DEBUG": "1"})):
+    for r in (
+        strata("generate", "--prompt", "hi", "--model", str(bad), "--debug"),
+        strata("--debug", "generate", "--prompt", "hi", "--model", str(bad)),
+        strata("generate", "--prompt", "hi", "--model", str(bad), env={"STRATA_DEBUG": "1"}),
+    ):
         assert r.returncode == 1
         assert "Traceback" in r.stderr and "not a GGUF file" in r.stderr.splitlines()[-1]
 
@@ -60,7 +69,9 @@ def test_a_fifo_as_model_is_refused_at_once(tmp_path: Path) -> None:
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
     # before the fix the open blocked until something wrote to the pipe: the timeout fails the test
-    err = one_paragraph(strata("generate", "--prompt-ids", "1", "--model", str(fifo), timeout=60), "strata generate")
+    err = one_paragraph(
+        strata("generate", "--prompt-ids", "1", "--model", str(fifo), timeout=60), "strata generate"
+    )
     assert "pipe" in err
     with pytest.raises(ModelFileError, match="pipe"):
         Engine(fifo)
@@ -84,7 +95,9 @@ def test_chat_with_a_corrupted_or_foreign_database(tmp_path: Path) -> None:
         db.execute("CREATE TABLE messages (x TEXT)")
     for path, words in ((corrupt, "damaged"), (foreign, "not a strata chat database"), (clash, "damaged")):
         # the port is closed: the database is opened (and refused) before any connection is tried
-        err = one_paragraph(strata("chat", "--server", "http://127.0.0.1:9", "--db", str(path)), "strata chat")
+        err = one_paragraph(
+            strata("chat", "--server", "http://127.0.0.1:9", "--db", str(path)), "strata chat"
+        )
         assert words in err and "--db" in err
     with sqlite3.connect(foreign) as db:  # nothing was added to the other program's database
         assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["notes"]
