@@ -155,7 +155,8 @@ class Constraint:
             ok = np.zeros(self.n_vocab, dtype=bool)
         else:
             bits = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
-            ok = np.unpackbits(bits, bitorder="little")[: self.n_vocab].astype(bool)
+            n = min(self.n_vocab, bits.size * 8)
+            ok = np.unpackbits(bits, count=n, bitorder="little").view(bool)  # a fresh array: writable
             if ok.shape[0] < self.n_vocab:
                 ok = np.concatenate([ok, np.zeros(self.n_vocab - ok.shape[0], dtype=bool)])
         if m.is_stopped() or m.is_accepting() or any(ok[t] for t in self.g.eog):
