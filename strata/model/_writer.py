@@ -8,7 +8,6 @@ Norm weights and the router (``ffn_gate_inp``) stay F32, as in llama.cpp's quant
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import quants
 from ._cache import atomic_path, cache_dir, file_lock
 from ._presets import Preset, get_preset
 from ._routing import PROMPT_TEXT, LayerSpread, expected_spread, route_file, spread
@@ -27,7 +27,6 @@ from ._weights import ANCHOR, WeightGen, stream_rng, tensor_specs
 __all__ = [
     "BASE_QUANTS",
     "MAKER_VERSION",
-    "MIXES",
     "QUANTS",
     "RoutingCollapsedError",
     "ensure_model",
@@ -71,58 +70,14 @@ BASE_QUANTS: dict[str, tuple[str, int]] = {
     "iq3_s": ("IQ3_S", 26),
     "iq2_xs": ("IQ2_XS", 20),
 }
-# mix name -> (base type, type of the tensors that get more bits, general.file_type); used when
-# strata.model.quants (which knows what real files of each mix put where) is not there.
-MIXES: dict[str, tuple[str, str, int]] = {
-    "q4_k_m": ("Q4_K", "Q6_K", 15),
-    "q5_k_m": ("Q5_K", "Q6_K", 17),
-}
-# general.file_type of the mixes that only strata.model.quants defines
-_MIX_FILE_TYPES = {
-    "q3_k_s": 11, "q3_k_m": 12, "q3_k_l": 13, "q4_k_s": 14, "q5_k_s": 16, "iq2_xxs": 19, "iq1_s": 24,
-    "iq2_s": 28, "iq2_m": 29, "iq1_m": 31, "mxfp4_moe": 38,
-}  # fmt: skip
-
-
-def _quants_mixes() -> dict[str, Callable[..., str]]:
-    try:
-        mod = importlib.import_module("strata.model.quants")
-    except ModuleNotFoundError as e:
-        if e.name != "strata.model.quants":
-            raise
-        return {}
-    return dict(getattr(mod, "MIXES", {}))
-
-
-QUANTS = sorted({*BASE_QUANTS, *MIXES, *(m for m in _quants_mixes() if m in _MIX_FILE_TYPES)})
+# the mixes (q4_k_m ...) and which type each tensor gets in them: strata.model.quants, the one place
+QUANTS = sorted({*BASE_QUANTS, *quants.MIXES})
 
 _GGUF_PY_QUANTIZES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"}
-# Rows whose length is not a multiple of 256 cannot hold K-quant or 256-wide i-quant blocks; such
-# tensors fall back to a 32-wide type of similar size, as llama.cpp's quantizer does.
-_FALLBACK = {
-    "Q2_K": "IQ4_NL",
-    "Q3_K": "IQ4_NL",
-    "Q4_K": "Q5_0",
-    "Q5_K": "Q5_1",
-    "Q6_K": "Q8_0",
-    "IQ4_XS": "IQ4_NL",
-    "IQ3_XXS": "IQ4_NL",
-    "IQ3_S": "IQ4_NL",
-    "IQ2_XS": "IQ4_NL",
-    "IQ2_XXS": "IQ4_NL",
-    "IQ2_S": "IQ4_NL",
-    "IQ1_S": "IQ4_NL",
-    "IQ1_M": "IQ4_NL",
-}
 
 
 class RoutingCollapsedError(RuntimeError):
     """The made model routes most tokens to the same few experts; the file was not published."""
-
-
-def _more_bits(layer: int, n_layer: int) -> bool:
-    # The layers that Q4_K_M-style mixes give more bits: the first and last eighth and every third.
-    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
 def _check_quant(quant: str) -> str:
@@ -134,10 +89,9 @@ def _check_quant(quant: str) -> str:
 
 def tensor_types(p: Preset, quant: str) -> dict[str, str]:
     """The ggml type name of every tensor of a model made with ``quant``."""
-    from gguf import GGML_QUANT_SIZES
 
     q = _check_quant(quant)
-    mix = _quants_mixes().get(q)
+    mix = quants.MIXES.get(q)
     out: dict[str, str] = {}
     for name, shape in tensor_specs(p):
         if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
@@ -146,18 +100,10 @@ def tensor_types(p: Preset, quant: str) -> dict[str, str]:
         if mix is not None:
             layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
             t = mix(name, layer, p.n_layer, n_expert=p.n_expert, n_gqa=p.n_head // p.n_head_kv)
-        elif q in MIXES:
-            base, more, _ = MIXES[q]
-            t = base
-            if name == "output.weight":
-                t = more
-            elif name.startswith("blk.") and (".attn_v." in name or ".ffn_down_exps." in name):
-                t = more if _more_bits(int(name.split(".")[1]), p.n_layer) else base
         else:
             t = BASE_QUANTS[q][0]
-        while shape[-1] % GGML_QUANT_SIZES[_T(t)][0]:
-            t = _FALLBACK.get(t, "Q8_0") if t != "Q8_0" else "F16"
-        out[name] = t
+        # a row that is not a whole number of the type's blocks falls back, as llama.cpp's quantizer does
+        out[name] = quants.fallback_type(t, shape[-1])
     return out
 
 
@@ -171,24 +117,11 @@ def quantize(a: np.ndarray, type_name: str) -> np.ndarray:
     if type_name in _GGUF_PY_QUANTIZES:
         raw = gq.quantize(a, qt)
     else:
-        raw = _quants_module(type_name).quantize(a, qt)
+        raw = quants.quantize(a, qt)
     bs, ts = GGML_QUANT_SIZES[qt]
     row_bytes = a.shape[-1] // bs * ts
     buf = np.frombuffer(raw, dtype=np.uint8) if isinstance(raw, (bytes, bytearray)) else np.asarray(raw)
     return np.ascontiguousarray(buf).view(np.uint8).reshape(*a.shape[:-1], row_bytes)
-
-
-def _quants_module(type_name: str):  # type: ignore[no-untyped-def]
-    """strata's own K-/i-quant quantizers (gguf-py has none for these types)."""
-    try:
-        return importlib.import_module("strata.model.quants")
-    except ModuleNotFoundError as e:
-        if e.name != "strata.model.quants":
-            raise
-        raise NotImplementedError(
-            f"quantizing to {type_name} needs strata.model.quants, which is not installed in this "
-            f"build; use one of f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1"
-        ) from None
 
 
 class _Pools:
@@ -234,7 +167,7 @@ class _Pools:
 
 def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-untyped-def]
     q = _check_quant(quant)
-    file_type = BASE_QUANTS[q][1] if q in BASE_QUANTS else MIXES[q][2] if q in MIXES else _MIX_FILE_TYPES[q]
+    file_type = BASE_QUANTS[q][1] if q in BASE_QUANTS else quants.FILE_TYPES[q][0]
     w.add_type("model")
     w.add_name(f"strata synthetic {p.name}")
     w.add_file_type(file_type)
@@ -286,8 +219,6 @@ def _write(
             diff = sorted(set(got.items()) ^ set(want.items()))
             raise ValueError(f"weights do not match the preset's tensors (name, shape) at: {diff[:6]}")
     types = tensor_types(p, quant)
-    if any(t not in _GGUF_PY_QUANTIZES for t in types.values()):
-        _quants_module(next(t for t in types.values() if t not in _GGUF_PY_QUANTIZES))
     gen = WeightGen(p, seed)
     pools = _Pools(gen) if p.pooled else None
     w = GGUFWriter(path, "qwen3moe")
