@@ -285,6 +285,18 @@ def test_response_format_gives_valid_json_streamed_and_not(
     assert r.choices[0].finish_reason in ("stop", "length")
     content, calls, finish = _stream(client, max_tokens=60, response_format=fmt)
     assert content == text and not calls and finish == r.choices[0].finish_reason  # deterministic at 0
+    # sampled: still valid, and the same seed gives the same reply
+    sampled = [
+        client.chat.completions.create(
+            model="m", messages=MSGS, temperature=1.0, seed=7, max_tokens=60, response_format=fmt
+        )
+        .choices[0]
+        .message.content
+        or ""
+        for _ in range(2)
+    ]
+    jsonschema.validate(json.loads(sampled[0]), fmt.get("json_schema", {}).get("schema", {"type": "object"}))
+    assert sampled[0] == sampled[1]
 
 
 def test_tool_choice_required_and_named_give_tool_calls_streamed_and_not(client: openai.OpenAI) -> None:
