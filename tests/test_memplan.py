@@ -1,7 +1,7 @@
 """The memory plan through the engine: the plan and layout(T), the loan and its refill, the legacy lend
 failure, decode hits and misses, profiles, and bad input. Tiny preset, CPU backend, emulated budget.
 
-What is asserted comes from the rules (DESIGN.md §3, issue 4), not from the engine's own output: a loan
+What is asserted comes from the rules (docs/design.md, "The loan"; issue 4), not from the engine's own output: a loan
 holds its request's layout, the residency table after a prompt is the one before it, a halving is
 traced, and the legacy policy fails exactly where the loan sized for the auto chunk is smaller than the
 request's own layout.

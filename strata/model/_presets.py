@@ -38,7 +38,7 @@ class Preset:
     # permuted per layer); route_noise is the std of the token-dependent part of the router logits.
     zipf_alpha: float = 0.8
     route_noise: float = 1.25
-    # std of the token embeddings; a small value reproduces the collapse trap (DESIGN.md section 6)
+    # std of the token embeddings; a small value reproduces the collapse trap (docs/design.md, "Models")
     embd_std: float = 1.0
     # Routing check: how many leading layers the maker checks (None: all) and the prompt length.
     check_layers: int | None = None
