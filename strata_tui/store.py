@@ -20,7 +20,16 @@ import platformdirs
 
 from strata._failure import UserError
 
-__all__ = ["Conversation", "Settings", "Store", "StoreError", "StoredMessage", "data_dir", "default_db_path"]
+__all__ = [
+    "Conversation",
+    "Settings",
+    "Store",
+    "StoreError",
+    "StoredMessage",
+    "data_dir",
+    "default_db_path",
+    "export_dir",
+]
 
 _list = list  # Store.list shadows the builtin inside the class body
 
@@ -56,6 +65,11 @@ class StoreError(UserError):
 def data_dir() -> Path:
     env = os.environ.get("STRATA_DATA_DIR")
     return Path(env) if env else Path(platformdirs.user_data_dir("strata", appauthor=False))
+
+
+def export_dir() -> Path:
+    """Where Ctrl+O offers to write an export: ``exports/`` in the data folder."""
+    return data_dir() / "exports"
 
 
 def default_db_path() -> Path:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -24,6 +24,7 @@ from textual.widgets import Footer, Header, ListView, Static
 
 from .._compositor import RepaintingScreen
 from .._gc import QUIET_S
+from .._text import printable
 from ..client import ApiError, Delta, Finished, Unreachable, friendly_error
 from ..commands import SCREEN_KEYS, parse_slash
 from ..messages import (
@@ -40,7 +41,7 @@ from ..messages import (
     WorkFailed,
 )
 from ..server_process import ServerStartError
-from ..store import Conversation, Settings, StoredMessage, to_markdown
+from ..store import Conversation, Settings, StoredMessage, export_dir, to_markdown
 from ..widgets import ChatInput, ChatLog, ConnectionBanner, ConversationList, EnginePanel, MessageView
 from .confirm import ConfirmScreen
 from .help import HelpScreen
@@ -71,6 +72,9 @@ _BUILTIN_MODEL_NOTE = (
     "It is here to try the chat and the engine panel. For real answers: strata chat --model FILE.gguf "
     "(a qwen3moe GGUF), or strata chat --server URL for a server that is already running."
 )
+# below these widths (columns) the sidebar (28) and the engine panel (34) hide themselves
+SIDEBAR_MIN_WIDTH = 90
+ENGINE_MIN_WIDTH = 110
 _POST_INTERVAL_S = 0.03  # how often the reply worker hands what arrived to the screen
 
 
@@ -120,6 +124,10 @@ class ChatScreen(RepaintingScreen[None]):
     BINDINGS = [
         Binding(k, a, label, tooltip=d, show=k in ("escape", "ctrl+n", "ctrl+r", "f3", "f1"))
         for k, a, label, d in SCREEN_KEYS
+    ] + [
+        # before the focused widget sees them: the message box (a TextArea) would take them as cursor moves
+        Binding("pageup", "page_log(-1)", "Scroll up", show=False, priority=True),
+        Binding("pagedown", "page_log(1)", "Scroll down", show=False, priority=True),
     ]
 
     def __init__(self) -> None:
@@ -136,6 +144,7 @@ class ChatScreen(RepaintingScreen[None]):
         self._status_wake = asyncio.Event()
         self._held_status: dict[str, Any] | None = None
         self._told_builtin = False
+        self._panels_fit: tuple[bool, bool] | None = None  # (sidebar, engine panel) fit the width
 
     @property
     def chat_app(self) -> StrataChat:
@@ -163,7 +172,7 @@ class ChatScreen(RepaintingScreen[None]):
     def on_mount(self) -> None:
         self.title = "strata chat"
         self.sub_title = "connecting…"
-        self.query_one("#engine", EnginePanel).display = self.chat_app.server_process is not None
+        self._fit_panels(self.app.size.width)  # the engine panel shows while this chat's server starts
         self.query_one("#input", ChatInput).focus()
         self._connect()
         self._startup_conversation()
@@ -172,6 +181,21 @@ class ChatScreen(RepaintingScreen[None]):
         # firing while the app took the screen down at exit and found no #input (NoMatches), which
         # two busy cores made likely enough to fail a test.
         self.set_interval(QUIET_S / 2, self._collect_when_quiet)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_panels(event.size.width)
+
+    def _fit_panels(self, width: int) -> None:
+        """Show the sidebar and the engine panel only where the conversation keeps room to read (at
+        80 columns both side panels would leave it 16). A panel is shown or hidden only when the width
+        crosses its threshold, so Ctrl+B and Ctrl+G still decide in between."""
+        fits = (width >= SIDEBAR_MIN_WIDTH, width >= ENGINE_MIN_WIDTH)
+        if fits == self._panels_fit:
+            return
+        self._panels_fit = fits
+        self.query_one("#sidebar", ConversationList).display = fits[0]
+        engine_wanted = self.is_strata or (not self.connected and self.chat_app.server_process is not None)
+        self.engine.display = engine_wanted and fits[1]
 
     def _collect_when_quiet(self) -> None:
         """A full collection when one is due, with no reply streaming and no key for QUIET_S (_gc)."""
@@ -271,7 +295,7 @@ class ChatScreen(RepaintingScreen[None]):
         self.query_one("#banner", ConnectionBanner).clear()
         kind = "strata" if self.is_strata else "OpenAI-compatible server"
         self.sub_title = f"{self.chat_app.model_name or 'no model'} · {kind}"
-        self.engine.display = self.is_strata
+        self.engine.display = self.is_strata and self._panels_fit is not None and self._panels_fit[1]
         if self.is_strata:
             self._poll_status()
         proc = self.chat_app.server_process
@@ -397,6 +421,9 @@ class ChatScreen(RepaintingScreen[None]):
         ]
         if views:
             await log.mount_all(views)
+        # a conversation opens at its end and follows it, whatever was scrolled in the one before (the
+        # released anchor of a log that never stopped overflowing, or never overflowed, stayed released)
+        log.sticky = True
         log.scroll_end(animate=False)
         self._show_conv_title()
         last = next((m for m in reversed(msg.messages) if m.role == "assistant"), None)
@@ -409,7 +436,7 @@ class ChatScreen(RepaintingScreen[None]):
             return
         sys = " · system prompt set" if self.conv.system_prompt else ""
         self.query_one("#conv-title", Static).update(
-            f"{self.conv.title} — {self.conv.settings.describe()}{sys}"
+            printable(f"{self.conv.title} — {self.conv.settings.describe()}{sys}")
         )
 
     @on(ConversationList.Picked)
@@ -764,15 +791,25 @@ class ChatScreen(RepaintingScreen[None]):
             await self.action_regenerate(msg.view)
 
     def action_export(self, path: str | None = None) -> None:
+        """Ctrl+O, /export: ask where (the exports folder of the data folder is offered); /export FILE
+        writes there at once."""
         if self.conv is None:
             return
-        self._export(self.conv, list(self.history), path)
+        conv, history = self.conv, list(self.history)
+        if path:
+            self._export(conv, history, path)
+            return
+
+        def done(answer: str | None) -> None:
+            if answer:
+                self._export(conv, history, answer)
+
+        default = export_dir() / f"strata-chat-{_slug(conv.title)}-{conv.id}.md"
+        self.app.push_screen(PromptScreen("Export the conversation as Markdown to", str(default)), done)
 
     @work(group="export", exclusive=True)
-    async def _export(self, conv: Conversation, history: list[StoredMessage], path: str | None) -> None:
-        target = (
-            Path(path).expanduser() if path else Path.cwd() / f"strata-chat-{_slug(conv.title)}-{conv.id}.md"
-        )
+    async def _export(self, conv: Conversation, history: list[StoredMessage], path: str) -> None:
+        target = Path(path).expanduser()
         try:
             await asyncio.to_thread(_write_text, target, to_markdown(conv, history))
         except OSError as e:
@@ -889,6 +926,14 @@ class ChatScreen(RepaintingScreen[None]):
         if proc is not None and proc.exited() is not None:
             proc.url = None
         self._connect()
+
+    def action_page_log(self, direction: int) -> None:
+        """PageUp/PageDown: scroll the conversation by a page, whichever widget has the focus."""
+        log = self.log_view
+        if direction < 0:
+            log.scroll_page_up(animate=False)
+        else:
+            log.scroll_page_down(animate=False)
 
     def action_help(self) -> None:
         self.app.push_screen(HelpScreen())

@@ -43,6 +43,12 @@ class ChatLog(VerticalScroll, OneLayout):
             self.scroll_target_y = 0
             self.scroll_y = 0
 
+    def release_anchor(self) -> None:
+        # a log that is not full has nothing to scroll up to: a wheel turn there (Textual releases on any
+        # scroll) must not stop the following for good, once the messages fill the view
+        if self.max_scroll_y > 0:
+            super().release_anchor()
+
     @property
     def sticky(self) -> bool:
         """True while the log follows its end (the user has not scrolled up to read)."""

@@ -10,6 +10,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Input, Label, ListItem, ListView
 
+from .._text import printable
 from ..store import Conversation
 
 __all__ = ["ConversationList"]
@@ -17,7 +18,7 @@ __all__ = ["ConversationList"]
 
 class _Item(ListItem):
     def __init__(self, conv: Conversation) -> None:
-        super().__init__(Label(conv.title, markup=False))
+        super().__init__(Label(printable(conv.title), markup=False))
         self.conversation = conv
 
 
@@ -53,7 +54,7 @@ class ConversationList(Vertical):
         for item in self.query(_Item):
             if item.conversation.id == conversation_id:
                 item.conversation.title = title
-                item.query_one(Label).update(title)
+                item.query_one(Label).update(printable(title))
 
     def titles(self) -> list[str]:
         return [item.conversation.title for item in self.query(_Item)]

@@ -12,6 +12,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Collapsible, Markdown, Static
 
+from .._text import printable
 from ..client import Delta
 from ..store import StoredMessage
 from ._one_layout import OneLayout, OneLayoutMarkdown, OneLayoutStatic
@@ -92,12 +93,12 @@ class MessageView(Vertical, OneLayout, can_focus=True):
             title=self._reasoning_title(), collapsed=not self._streaming, classes="reasoning-box"
         ) as c:
             c.display = bool(self.reasoning)
-            yield OneLayoutStatic(self.reasoning, classes="reasoning", markup=False)
+            yield OneLayoutStatic(printable(self.reasoning), classes="reasoning", markup=False)
         if self.role in ("user", "error", "note"):
-            yield Static(self.content, classes="body", markup=False)
+            yield Static(printable(self.content), classes="body", markup=False)
         else:
-            yield OneLayoutMarkdown(self.content, classes="body")
-        footer = Static(self._footer_text, classes="footer", markup=False)
+            yield OneLayoutMarkdown(printable(self.content), classes="body")
+        footer = Static(printable(self._footer_text), classes="footer", markup=False)
         footer.display = bool(self._footer_text)
         yield footer
 
@@ -115,7 +116,7 @@ class MessageView(Vertical, OneLayout, can_focus=True):
                 self._folded = True
                 self.query_one(".reasoning-box", _ReasoningBox).fold()
             self.content += delta.content
-            await self._append_content(delta.content)
+            await self._append_content(printable(delta.content))
 
     # While a reply streams, its text is drawn in segments of about _SEAL_CHARS: a finished segment
     # never changes again, so its size and lines stay cached, and each draw costs the same however
@@ -163,7 +164,7 @@ class MessageView(Vertical, OneLayout, can_focus=True):
         box.title = self._reasoning_title()
         parts = list(box.query(".reasoning").results(Static))
         live = parts[-1]
-        self._live_reasoning += text
+        self._live_reasoning += printable(text)
         live.update(self._live_reasoning)
         if len(self._live_reasoning) >= _SEAL_CHARS:
             self._live_reasoning = ""
@@ -172,13 +173,13 @@ class MessageView(Vertical, OneLayout, can_focus=True):
     async def end_stream(self) -> None:
         if self._forced:
             bodies = list(self.query(".body").results(Markdown))
-            await self.mount(OneLayoutMarkdown(self.content, classes="body"), after=bodies[-1])
+            await self.mount(OneLayoutMarkdown(printable(self.content), classes="body"), after=bodies[-1])
             for b in bodies:
                 await b.remove()
             self._forced = False
         parts = list(self.query(".reasoning").results(Static))
         if len(parts) > 1:
-            parts[0].update(self.reasoning)
+            parts[0].update(printable(self.reasoning))
             for p in parts[1:]:
                 await p.remove()
         self._live_text = ""
@@ -191,7 +192,7 @@ class MessageView(Vertical, OneLayout, can_focus=True):
     def set_footer(self, text: str) -> None:
         self._footer_text = text
         for f in self.query(".footer").results(Static):  # none yet before compose: compose uses the text
-            f.update(text)
+            f.update(printable(text))
             f.display = bool(text)
 
     def action_copy(self) -> None:
