@@ -24,11 +24,11 @@ from ._exceptions import (
     StrataError,
     UnsupportedModelError,
 )
+from ._version import __version__
 
 if TYPE_CHECKING:
     from ._engine import Engine
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BudgetError",

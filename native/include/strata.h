@@ -289,7 +289,7 @@ typedef struct strata_sampler strata_sampler;
 
 /* ---- library ----------------------------------------------------------------------------------- */
 
-STRATA_API const char *strata_version(void);                 /* "0.1.0" */
+STRATA_API const char *strata_version(void);                 /* strata/_version.py's __version__ */
 STRATA_API const char *strata_status_str(strata_status s);   /* short name of a status */
 STRATA_API const char *strata_cpu_features(void);            /* e.g. "avx2 fma f16c avx512f avx512vnni" */
 STRATA_API int32_t strata_cuda_available(void);              /* 1 when built with CUDA and a device is present */

@@ -1,7 +1,11 @@
 /* version.c — library identity and status names. */
 #include "strata.h"
 
-const char *strata_version(void) { return "0.1.0"; }
+#ifndef STRATA_VERSION_STRING
+#error "STRATA_VERSION_STRING comes from strata/_version.py (native/CMakeLists.txt defines it)"
+#endif
+
+const char *strata_version(void) { return STRATA_VERSION_STRING; }
 
 const char *strata_status_str(strata_status s) {
     switch (s) {
