@@ -98,17 +98,44 @@ static inline int32_t low_idot_scalar(const low_unpacked *u, const int8_t *a) {
     return A;
 }
 
-static inline int32_t idot32_scalar(const int8_t *q, const int8_t *a) {
+static inline int32_t mxdot_scalar(const block_mxfp4 *b, const int8_t *a) {
+    int8_t q[32];
+    mxfp4_unpack(b, q);
     int32_t s = 0;
     for (int k = 0; k < 32; k++) s += (int32_t)q[k] * a[k];
     return s;
 }
 
-LOW_LEVEL_KERNELS(scalar, low_idot_scalar, idot32_scalar)
+LOW_LEVEL_KERNELS(scalar, low_idot_scalar, mxdot_scalar)
+
+/* ---- derived tables ------------------------------------------------------------------------------ */
+
+uint64_t low_sign_mask[256];
+uint64_t low_iq1_values[2][2048];
+
+/* Called from quant.c's one-time table build (pthread_once), before any kernel runs. */
+static void low_tables_fill(void) {
+    for (int s = 0; s < 256; s++) {
+        uint64_t m = 0;
+        for (int j = 0; j < 8; j++)
+            if ((s >> j) & 1) m |= (uint64_t)0xFF << (8 * j);
+        low_sign_mask[s] = m;
+    }
+    for (int n = 0; n < 2; n++)
+        for (int i = 0; i < 2048; i++) {
+            uint64_t v = 0;
+            for (int j = 0; j < 8; j++) {
+                const int q = 8 * (int8_t)(iq1s_grid[i] >> (8 * j)) + (n ? -1 : 1);
+                v |= (uint64_t)(uint8_t)(int8_t)q << (8 * j);
+            }
+            low_iq1_values[n][i] = v;
+        }
+}
 
 /* ---- registration ------------------------------------------------------------------------------- */
 
 void quant_register_low(quant_traits t[], int32_t simd) {
+    if (simd == STRATA_SIMD_SCALAR) low_tables_fill(); /* the first level registered */
 #define LOW(T, name, blk, deq) t[T] = (quant_traits){name, T, QK_K, sizeof(blk), STRATA_TYPE_Q8_K, deq, NULL, NULL}
     LOW(STRATA_TYPE_IQ2_XXS, "IQ2_XXS", block_iq2_xxs, iq2xxs_dequant);
     LOW(STRATA_TYPE_IQ2_S, "IQ2_S", block_iq2_s, iq2s_dequant);

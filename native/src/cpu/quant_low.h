@@ -80,18 +80,26 @@ static inline uint32_t low_u32(const uint8_t *p) {
     return v;
 }
 
+/* Tables derived from the format's tables once, before any kernel runs (quant_register_low):
+ * low_sign_mask[s] has byte j = 0xFF where bit j of s is set; low_iq1_values[n][i] has byte j =
+ * 8 * iq1s_grid[i][j] + 1 (n = 0) or - 1 (n = 1) as int8. */
+extern uint64_t low_sign_mask[256];
+extern uint64_t low_iq1_values[2][2048];
+
+/* 8 magnitudes (each 1..127, so no byte carries) with the signs of bits s: -m = (m ^ 0xFF) + 1. */
+static inline uint64_t low_signed8(uint64_t m, uint8_t s) {
+    const uint64_t k = low_sign_mask[s];
+    return (m ^ k) + (k & 0x0101010101010101ULL);
+}
+
 static inline void iq2xxs_unpack(const block_iq2_xxs *b, low_unpacked *u) {
     int32_t f[16];
     for (int ib = 0; ib < 8; ib++) {
         const uint32_t a1 = low_u32(b->qs + 8 * ib + 4);
         f[2 * ib] = f[2 * ib + 1] = 2 * (int32_t)(a1 >> 28) + 1;
         for (int l = 0; l < 4; l++) {
-            const uint64_t g = iq2xxs_grid[b->qs[8 * ib + l]];
-            const uint8_t s = iq_ksigns[(a1 >> (7 * l)) & 127];
-            for (int j = 0; j < 8; j++) {
-                const int m = (int)((g >> (8 * j)) & 0xFF);
-                u->q[32 * ib + 8 * l + j] = (int8_t)((s >> j) & 1 ? -m : m);
-            }
+            const uint64_t v = low_signed8(iq2xxs_grid[b->qs[8 * ib + l]], iq_ksigns[(a1 >> (7 * l)) & 127]);
+            memcpy(u->q + 32 * ib + 8 * l, &v, 8);
         }
     }
     low_factors16(u, f);
@@ -104,12 +112,8 @@ static inline void iq2s_unpack(const block_iq2_s *b, low_unpacked *u) {
     int32_t f[16];
     for (int g = 0; g < 16; g++) f[g] = 2 * ((b->scales[g / 2] >> (4 * (g % 2))) & 0xF) + 1;
     for (int t = 0; t < 32; t++) {
-        const uint64_t g = iq2s_grid[iq2s_index(b, t)];
-        const uint8_t s = b->signs[t];
-        for (int j = 0; j < 8; j++) {
-            const int m = (int)((g >> (8 * j)) & 0xFF);
-            u->q[8 * t + j] = (int8_t)((s >> j) & 1 ? -m : m);
-        }
+        const uint64_t v = low_signed8(iq2s_grid[iq2s_index(b, t)], b->signs[t]);
+        memcpy(u->q + 8 * t, &v, 8);
     }
     low_factors16(u, f);
     u->d = quant_f16_lut[b->d];
@@ -120,11 +124,9 @@ static inline void iq1s_unpack(const block_iq1_s *b, low_unpacked *u) {
     for (int ib = 0; ib < 8; ib++) {
         const int h = b->qh[ib];
         f[2 * ib] = f[2 * ib + 1] = 2 * ((h >> 12) & 7) + 1;
-        const int delta = (h & 0x8000) ? -1 : 1;
-        for (int l = 0; l < 4; l++) {
-            const uint64_t g = iq1s_grid[b->qs[4 * ib + l] | (((h >> (3 * l)) & 7) << 8)];
-            for (int j = 0; j < 8; j++) u->q[32 * ib + 8 * l + j] = (int8_t)(8 * (int8_t)(g >> (8 * j)) + delta);
-        }
+        const uint64_t *vals = low_iq1_values[(h >> 15) & 1];
+        for (int l = 0; l < 4; l++)
+            memcpy(u->q + 32 * ib + 8 * l, &vals[b->qs[4 * ib + l] | (((h >> (3 * l)) & 7) << 8)], 8);
     }
     low_factors16(u, f);
     u->d = quant_f16_lut[b->d];
@@ -143,9 +145,7 @@ static inline void iq1m_unpack(const block_iq1_m *b, low_unpacked *u) {
     for (int j = 0; j < 16; j++) f[j] = 2 * ((sc[j / 4] >> (3 * (j % 4))) & 7) + 1;
     for (int t = 0; t < 32; t++) {
         const int h = (b->qh[t / 2] >> (4 * (t % 2))) & 0xF;
-        const uint64_t g = iq1s_grid[b->qs[t] | ((h & 7) << 8)];
-        const int delta = (h & 8) ? -1 : 1;
-        for (int j = 0; j < 8; j++) u->q[8 * t + j] = (int8_t)(8 * (int8_t)(g >> (8 * j)) + delta);
+        memcpy(u->q + 8 * t, &low_iq1_values[h >> 3][b->qs[t] | ((h & 7) << 8)], 8);
     }
     low_factors16(u, f);
     u->d = quant_f16_lut[d];
@@ -194,11 +194,12 @@ static inline float low_block_float(float dw, float da, int32_t A) { return ((dw
 
 /*
  * The kernels of one level from its exact integer dot of an unpacked block with one activation block
- * (IDOT(u, a) -> int32 A) and of 32 MXFP4 values (IDOT32(q, a) -> int32): vec_dot and the many-token
+ * (IDOT(u, a) -> int32 A) and of an MXFP4 block with a Q8_0 block (MXDOT(b, a) -> int32, the values
+ * sum of mxfp4_unpack(b) times a): vec_dot and the many-token
  * kernel (each block unpacked once for up to QUANT_DOT_N_MAX tokens, every token's sum over the
  * blocks in vec_dot's order).
  */
-#define LOW_LEVEL_KERNELS(SFX, IDOT, IDOT32)                                                                   \
+#define LOW_LEVEL_KERNELS(SFX, IDOT, MXDOT)                                                                   \
     static inline __attribute__((always_inline)) float low_vec_dot_##SFX(int64_t n, const void *w, const void *act, \
                                                                          const int kind) {                     \
         const block_q8_K *y = act;                                                                             \
@@ -230,11 +231,8 @@ static inline float low_block_float(float dw, float da, int32_t A) { return ((dw
         const block_mxfp4 *x = w;                                                                              \
         const block_q8_0_act *y = act;                                                                         \
         float acc[8] = {0};                                                                                    \
-        for (int64_t i = 0; i < n / 32; i++) {                                                                 \
-            int8_t q[32];                                                                                      \
-            mxfp4_unpack(&x[i], q);                                                                            \
-            acc[i & 7] += (mxfp4_scale(x[i].e) * quant_f16_lut[y[i].d]) * (float)IDOT32(q, y[i].qs);           \
-        }                                                                                                      \
+        for (int64_t i = 0; i < n / 32; i++)                                                                   \
+            acc[i & 7] += (mxfp4_scale(x[i].e) * quant_f16_lut[y[i].d]) * (float)MXDOT(&x[i], y[i].qs);        \
         return quant_sum8(acc);                                                                                \
     }                                                                                                          \
     static void mxfp4_vec_dot_n_##SFX(int64_t n, const void *w, const void *const *act, int32_t n_act,        \
@@ -244,12 +242,10 @@ static inline float low_block_float(float dw, float da, int32_t A) { return ((dw
             const int32_t tn = n_act - t0 < QUANT_DOT_N_MAX ? n_act - t0 : QUANT_DOT_N_MAX;                    \
             float acc[QUANT_DOT_N_MAX][8] = {{0}};                                                             \
             for (int64_t i = 0; i < n / 32; i++) {                                                             \
-                int8_t q[32];                                                                                  \
-                mxfp4_unpack(&x[i], q);                                                                        \
                 const float dw = mxfp4_scale(x[i].e);                                                          \
                 for (int32_t k = 0; k < tn; k++) {                                                             \
                     const block_q8_0_act *y = (const block_q8_0_act *)act[t0 + k] + i;                         \
-                    acc[k][i & 7] += (dw * quant_f16_lut[y->d]) * (float)IDOT32(q, y->qs);                     \
+                    acc[k][i & 7] += (dw * quant_f16_lut[y->d]) * (float)MXDOT(&x[i], y->qs);                  \
                 }                                                                                              \
             }                                                                                                  \
             for (int32_t k = 0; k < tn; k++) out[t0 + k] = quant_sum8(acc[k]);                                 \

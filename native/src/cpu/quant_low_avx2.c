@@ -30,10 +30,17 @@ static inline int32_t low_idot_avx2(const low_unpacked *u, const int8_t *a) {
     return hsum_i32(acc);
 }
 
-static inline int32_t idot32_avx2(const int8_t *q, const int8_t *a) {
-    return hsum_i32(_mm256_madd_epi16(pairs(q, a), _mm256_set1_epi16(1)));
+/* MXFP4: the 32 values by one byte shuffle of the nibbles (low nibbles are values 0..15). */
+static inline int32_t mxdot_avx2(const block_mxfp4 *b, const int8_t *a) {
+    const __m128i lut = _mm_loadu_si128((const __m128i *)mxfp4_values), m4 = _mm_set1_epi8(0x0F);
+    const __m128i qs = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+    const __m256i v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lut), idx);
+    const __m256i x = _mm256_loadu_si256((const __m256i *)a);
+    return hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v)),
+                                      _mm256_set1_epi16(1)));
 }
 
-LOW_LEVEL_KERNELS(avx2, low_idot_avx2, idot32_avx2)
+LOW_LEVEL_KERNELS(avx2, low_idot_avx2, mxdot_avx2)
 
 void quant_low_avx2(quant_traits t[]) { low_set_avx2(t); }

@@ -22,8 +22,13 @@ static inline int32_t low_idot_avx512(const low_unpacked *u, const int8_t *a) {
     return _mm512_reduce_add_epi32(acc);
 }
 
-static inline int32_t idot32_avx512(const int8_t *q, const int8_t *a) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)q), x = _mm256_loadu_si256((const __m256i *)a);
+/* MXFP4: the 32 values by one byte shuffle of the nibbles (low nibbles are values 0..15). */
+static inline int32_t mxdot_avx512(const block_mxfp4 *b, const int8_t *a) {
+    const __m128i lut = _mm_loadu_si128((const __m128i *)mxfp4_values), m4 = _mm_set1_epi8(0x0F);
+    const __m128i qs = _mm_loadu_si128((const __m128i *)b->qs);
+    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+    const __m256i v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lut), idx);
+    const __m256i x = _mm256_loadu_si256((const __m256i *)a);
     const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v)),
                                         _mm256_set1_epi16(1));
     __m128i r = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
@@ -32,6 +37,6 @@ static inline int32_t idot32_avx512(const int8_t *q, const int8_t *a) {
     return _mm_cvtsi128_si32(r);
 }
 
-LOW_LEVEL_KERNELS(avx512, low_idot_avx512, idot32_avx512)
+LOW_LEVEL_KERNELS(avx512, low_idot_avx512, mxdot_avx512)
 
 void quant_low_avx512(quant_traits t[]) { low_set_avx512(t); }
