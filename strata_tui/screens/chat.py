@@ -13,11 +13,11 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events, on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
 from textual.widgets import Footer, Header, ListView, Static
@@ -121,10 +121,11 @@ class _Reply:
 
 
 class ChatScreen(RepaintingScreen[None]):
-    BINDINGS = [
-        Binding(k, a, label, tooltip=d, show=k in ("escape", "ctrl+n", "ctrl+r", "f3", "f1"))
-        for k, a, label, d in SCREEN_KEYS
-    ] + [
+    BINDINGS: ClassVar[list[BindingType]] = [
+        *(
+            Binding(k, a, label, tooltip=d, show=k in ("escape", "ctrl+n", "ctrl+r", "f3", "f1"))
+            for k, a, label, d in SCREEN_KEYS
+        ),
         # before the focused widget sees them: the message box (a TextArea) would take them as cursor moves
         Binding("pageup", "page_log(-1)", "Scroll up", show=False, priority=True),
         Binding("pagedown", "page_log(1)", "Scroll down", show=False, priority=True),
