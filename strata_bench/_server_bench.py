@@ -41,6 +41,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from strata._sse import sse_data
+
 from ._records import base_record, summarize
 
 __all__ = [
@@ -224,12 +226,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, payload: dict[str, An
                 except (json.JSONDecodeError, KeyError, TypeError):
                     msg = body[:500]
                 raise ServerBenchError(f"{url}/v1/chat/completions answered {r.status_code}: {msg}")
-            async for line in r.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
+            async for data in sse_data(r.aiter_lines()):
                 now = time.perf_counter() - t0
                 try:
                     chunk = json.loads(data)

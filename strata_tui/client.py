@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from strata._sse import sse_data
 from strata.think import ThinkSplitter
 
 __all__ = [
@@ -168,12 +169,7 @@ class ChatClient:
             async with self._http.stream("POST", "/v1/chat/completions", json=body) as r:
                 if r.status_code != 200:
                     raise _error_from_body(r.status_code, await r.aread())
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
+                async for data in sse_data(r.aiter_lines()):
                     try:
                         chunk = json.loads(data)
                     except ValueError:
