@@ -164,6 +164,29 @@ class GenerateResult:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+def _result(
+    tokens: list[int],
+    finish: Literal["stop", "length", "cancelled"],
+    n: int,
+    before: Stats,
+    after: Stats,
+    top: list[list[tuple[int, float]]],
+) -> GenerateResult:
+    """A generation's result from its tokens and the counters around it. A generation cancelled while its
+    prompt of n tokens was read counts the tokens read before the cancel (then forgotten)."""
+    read = n
+    if finish == "cancelled" and after.prompt_tokens - before.prompt_tokens < n:
+        read = min(n, after.prompt_done)
+    return GenerateResult(
+        tokens=tokens,
+        finish_reason=finish,
+        prompt_tokens=read,
+        prompt_ms=after.prompt_ms - before.prompt_ms,
+        decode_ms=after.decode_ms - before.decode_ms,
+        top=top,
+    )
+
+
 def config_to_params(config: EngineConfig) -> C.StrataParams:
     """The strata_params of an EngineConfig (None fields keep the library's defaults)."""
     cfg = config.validate()
@@ -463,18 +486,7 @@ class Engine:
             finish = "stop"
         else:
             finish = "length"  # max_tokens, or the context is full
-        read = n
-        if finish == "cancelled" and after.prompt_tokens - before.prompt_tokens < n:
-            # cancelled while the prompt was read: the tokens read before the cancel (then forgotten)
-            read = min(n, after.prompt_done)
-        return GenerateResult(
-            tokens=tokens,
-            finish_reason=finish,
-            prompt_tokens=read,
-            prompt_ms=after.prompt_ms - before.prompt_ms,
-            decode_ms=after.decode_ms - before.decode_ms,
-            top=top,
-        )
+        return _result(tokens, finish, n, before, after, top)
 
     def _generate_processed(
         self,
@@ -551,18 +563,7 @@ class Engine:
                 finish = "stop"  # as the engine's loop says it: the context filled before max_tokens
         finally:
             C.strata_sampler_free(smp.value or 0)
-        after = self.stats()
-        read = n
-        if finish == "cancelled" and after.prompt_tokens - before.prompt_tokens < n:
-            read = min(n, after.prompt_done)
-        return GenerateResult(
-            tokens=tokens,
-            finish_reason=finish,
-            prompt_tokens=read,
-            prompt_ms=after.prompt_ms - before.prompt_ms,
-            decode_ms=after.decode_ms - before.decode_ms,
-            top=top,
-        )
+        return _result(tokens, finish, n, before, self.stats(), top)
 
     # ---- observability -----------------------------------------------------------------------------
 
