@@ -44,6 +44,8 @@ LABELS: tuple[str, ...] = (
     "halved",
     "ok",
 )
+# the verdicts that fail a cell unless a matrix says otherwise: all but halved and ok
+FAILING: tuple[str, ...] = LABELS[: LABELS.index("halved")]
 
 
 @dataclass
@@ -159,14 +161,7 @@ def judge(
     reference: dict[str, Any] | None,
     *,
     near_tie: float = 1e-3,
-    fail_on: Sequence[str] = (
-        "engine start failed",
-        "engine exited",
-        "lend failed",
-        "request failed",
-        "nondeterministic",
-        "reply differs",
-    ),
+    fail_on: Sequence[str] = FAILING,
 ) -> Verdict:
     """The verdict of one cell's record, replies compared with the reference record's (if any)."""
     starts = record.get("starts", [])
