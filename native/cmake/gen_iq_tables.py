@@ -65,6 +65,8 @@ def main() -> None:
     iq2s = _grid_rows(gq.IQ2_S)
     iq1s = _signed_grid_rows(gq.IQ1_S)
     assert iq2xxs.shape == (256, 8) and iq2s.shape == (1024, 8) and iq1s.shape == (2048, 8)
+    # quant_low.h negates 8 magnitudes at once as (m ^ 0xFF) + 1 per byte: no magnitude may be 0
+    assert iq2xxs.min() >= 1 and iq2s.min() >= 1 and max(iq2xxs.max(), iq2s.max()) <= 127
     mxfp4 = [int(v) for v in gq.MXFP4.kvalues]
     assert len(mxfp4) == 16
     assert iq2xs.shape == (512, 8) and iq3xxs.shape == (256, 4) and iq3s.shape == (512, 4)
