@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 import openai
 import pytest
 from _strata_server import Served
@@ -201,12 +202,11 @@ def test_the_format_is_chosen_by_the_template_family(monkeypatch: pytest.MonkeyP
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.from_gguf(ensure_model("tiny"))
+def tok(tiny_tok: Tokenizer) -> Tokenizer:
+    return tiny_tok  # conftest's
 
 
 def test_a_constraint_on_the_engine_gives_schema_valid_json_deterministically(tok: Tokenizer) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     g = grammars_for(tok)
     prompt = tok.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n", parse_special=True)
     stops = sorted(tok.eog_ids)
@@ -275,7 +275,6 @@ def _stream(client: openai.OpenAI, **kw: Any) -> tuple[str, dict[int, dict[str, 
 def test_response_format_gives_valid_json_streamed_and_not(
     client: openai.OpenAI, fmt: dict[str, Any]
 ) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     r = client.chat.completions.create(
         model="m", messages=MSGS, temperature=0, max_tokens=60, response_format=fmt
     )
@@ -300,7 +299,6 @@ def test_response_format_gives_valid_json_streamed_and_not(
 
 
 def test_tool_choice_required_and_named_give_tool_calls_streamed_and_not(client: openai.OpenAI) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for choice, parallel in [("required", False), ({"type": "function", "function": {"name": "add"}}, True)]:
         kw = {"tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel, "max_tokens": 80}

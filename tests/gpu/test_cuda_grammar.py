@@ -26,7 +26,6 @@ def _need_gpu():
 
     if not _engine.cuda_available():
         pytest.skip("no CUDA device")
-    pytest.importorskip("llguidance")
 
 
 def test_a_schema_gives_the_same_valid_json_at_every_cache_size() -> None:
