@@ -12,12 +12,16 @@ import numpy as np
 import pytest
 
 import strata._engine as engine
+from strata._enums import TensorType
 
 pytestmark = pytest.mark.bench
 
 
 # (name, ggml type id)
-TYPES = [("F16", 1), ("Q4_0", 2), ("Q8_0", 8), ("Q4_K", 12), ("Q6_K", 14)]
+TYPES = [
+    (t.name, t.value)
+    for t in (TensorType.F16, TensorType.Q4_0, TensorType.Q8_0, TensorType.Q4_K, TensorType.Q6_K)
+]
 ROWS, COLS = 1024, 2048  # one expert projection of a small model
 N_TOKENS = 64  # a prompt chunk for matmul
 

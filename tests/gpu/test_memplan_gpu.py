@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from strata import Engine, EngineConfig
+from strata._enums import Device
 from strata._exceptions import LendError
 from tests.test_memplan_props import LEND_MSG, _prompt, check_requests, engine_settings, open_engine
 
@@ -57,7 +58,7 @@ def test_every_request_is_served_with_its_own_layout_on_the_device(
         return
     with eng:
         p = eng.plan
-        assert p.device == 1  # planned for the CUDA device
+        assert p.device == Device.CUDA  # planned for the CUDA device
         check_requests(eng, lengths, lines)
         st = eng.stats()
         # what the engine really allocated on the device fits the budget it planned for
