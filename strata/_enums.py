@@ -55,7 +55,9 @@ class TensorType(IntEnum):
     IQ3_S = 21
     IQ2_S = 22
     IQ4_XS = 23
+    IQ1_M = 29
     BF16 = 30
+    MXFP4 = 39
 
 
 class Device(IntEnum):

@@ -96,7 +96,9 @@ typedef enum strata_type {
     STRATA_TYPE_IQ3_S = 21,
     STRATA_TYPE_IQ2_S = 22,
     STRATA_TYPE_IQ4_XS = 23,
+    STRATA_TYPE_IQ1_M = 29,
     STRATA_TYPE_BF16 = 30,
+    STRATA_TYPE_MXFP4 = 39,
 } strata_type;
 
 typedef enum strata_device {

@@ -22,10 +22,6 @@
 #include "iq_tables.h"
 #include "quant_blocks.h"
 
-/* GGUF type ids the public enum does not name yet. */
-#define QUANT_TYPE_IQ1_M 29
-#define QUANT_TYPE_MXFP4 39
-
 typedef struct {
     uint16_t d;
     uint8_t qs[QK_K / 4];       /* per 32 values two u32: 4 grid indices (bytes), then 4 x 7 sign bits | scale << 28 */
@@ -279,13 +275,13 @@ static inline float low_block_float(float dw, float da, int32_t A) { return ((dw
         t[STRATA_TYPE_IQ2_XXS].vec_dot = iq2xxs_vec_dot_##SFX;                                                 \
         t[STRATA_TYPE_IQ2_S].vec_dot = iq2s_vec_dot_##SFX;                                                     \
         t[STRATA_TYPE_IQ1_S].vec_dot = iq1s_vec_dot_##SFX;                                                     \
-        t[QUANT_TYPE_IQ1_M].vec_dot = iq1m_vec_dot_##SFX;                                                      \
-        t[QUANT_TYPE_MXFP4].vec_dot = mxfp4_vec_dot_##SFX;                                                     \
+        t[STRATA_TYPE_IQ1_M].vec_dot = iq1m_vec_dot_##SFX;                                                     \
+        t[STRATA_TYPE_MXFP4].vec_dot = mxfp4_vec_dot_##SFX;                                                    \
         quant_set_xn(t, STRATA_TYPE_IQ2_XXS, iq2xxs_vec_dot_n_##SFX);                                          \
         quant_set_xn(t, STRATA_TYPE_IQ2_S, iq2s_vec_dot_n_##SFX);                                              \
         quant_set_xn(t, STRATA_TYPE_IQ1_S, iq1s_vec_dot_n_##SFX);                                              \
-        quant_set_xn(t, QUANT_TYPE_IQ1_M, iq1m_vec_dot_n_##SFX);                                               \
-        quant_set_xn(t, QUANT_TYPE_MXFP4, mxfp4_vec_dot_n_##SFX);                                              \
+        quant_set_xn(t, STRATA_TYPE_IQ1_M, iq1m_vec_dot_n_##SFX);                                              \
+        quant_set_xn(t, STRATA_TYPE_MXFP4, mxfp4_vec_dot_n_##SFX);                                             \
     }
 
 void quant_register_low(quant_traits table[], int32_t simd);
