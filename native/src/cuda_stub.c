@@ -37,10 +37,12 @@ strata_status cuda_d2d(cuda_ctx *c, void *d, const void *s, size_t n, int32_t st
 strata_status cuda_memset(cuda_ctx *c, void *d, int v, size_t n) { (void)c; (void)d; (void)v; (void)n; return STRATA_ERR_DEVICE; }
 strata_status cuda_stream_order(cuda_ctx *c, int32_t a, int32_t b) { (void)c; (void)a; (void)b; return STRATA_ERR_DEVICE; }
 strata_status cuda_sync(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVICE; }
+strata_status cuda_stream_sync(cuda_ctx *c, int32_t s) { (void)c; (void)s; return STRATA_ERR_DEVICE; }
 strata_status cuda_capture_begin(cuda_ctx *c) { (void)c; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_create(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_record(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 strata_status cuda_event_wait(cuda_ctx *c, void *x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
+strata_status cuda_event_done(cuda_ctx *c, void *x, int32_t *done) { (void)c; (void)x; *done = 1; return STRATA_ERR_DEVICE; }
 strata_status cuda_stream_wait(cuda_ctx *c, void *x, int32_t s) { (void)c; (void)x; (void)s; return STRATA_ERR_DEVICE; }
 void cuda_event_free(void *x) { (void)x; }
 strata_status cuda_capture_end(cuda_ctx *c, void **x) { (void)c; (void)x; return STRATA_ERR_DEVICE; }
