@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -226,7 +227,8 @@ def test_logprobs(client: openai.OpenAI) -> None:
 
 def test_models_health_metrics_status(server: Served, client: openai.OpenAI) -> None:
     models = client.models.list()
-    assert [m.id for m in models.data] == ["tiny-q8_0-seed0-v1.gguf"]
+    model_name = Path(ensure_model("tiny")).name  # the made model's file name (its maker version included)
+    assert model_name.startswith("tiny-q8_0-seed0-") and [m.id for m in models.data] == [model_name]
     h = httpx.get(f"{server.url}/health")
     assert h.status_code == 200 and h.json() == {"status": "ok"}
     assert httpx.get(f"{server.url}/metrics").status_code == 401  # with --api-key, the key is needed
@@ -246,7 +248,7 @@ def test_models_health_metrics_status(server: Served, client: openai.OpenAI) -> 
     ):
         assert f"\n{name}" in m.text or m.text.startswith(name) or f"\n{name}{{" in m.text, name
     st = server.status(KEY)
-    assert st["state"] == "idle" and st["model"] == "tiny-q8_0-seed0-v1.gguf"
+    assert st["state"] == "idle" and st["model"] == model_name
     assert st["plan"]["max_context"] == st["max_context"] == CTX
     assert st["info"]["arch"] == "qwen3moe" and st["config"]["max_context"] == CTX
     assert st["engine"]["pid"] and st["engine"]["restarts"] == 0 and st["engine"]["last_exit_code"] is None
