@@ -328,6 +328,14 @@ def test_mixes_follow_llama_cpps_rules(
     assert got in quants.QUANTIZABLE
 
 
+def test_output_rows_without_whole_blocks_are_q8_0() -> None:
+    # llama.cpp's output rule: rows of 128 cannot hold IQ2_XXS (256) blocks, so Q8_0, not Q5_K's fallback
+    assert quants.MIXES["iq2_xxs"]("output.weight", -1, 8, cols=128) == "Q8_0"
+    assert quants.MIXES["q4_k_m"]("output.weight", -1, 8, cols=128) == "Q8_0"
+    assert quants.MIXES["q4_k_m"]("output.weight", -1, 8, cols=256) == "Q6_K"
+    assert quants.MIXES["q4_0"]("output.weight", -1, 8, cols=96) == "Q6_K"  # 96 holds Q4_0's blocks
+
+
 def test_new_types_fall_back_like_llama_cpp() -> None:
     for t in ("IQ2_XXS", "IQ2_S", "IQ1_S", "IQ1_M"):
         assert quants.fallback_type(t, 128) == "IQ4_NL"

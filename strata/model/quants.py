@@ -556,11 +556,18 @@ def _mix(ftype: str) -> Mix:
     """The type llama.cpp's quantizer (without an importance matrix) gives each tensor in a file of
     mix ``ftype``. ``layer`` is the tensor's block (one attn_v and one ffn_down per block, as in
     qwen3moe, so llama.cpp's running counters of those tensors equal it); ``n_expert`` and ``n_gqa``
-    (head_count / head_count_kv) are the model's. Norms and the router stay F32."""
+    (head_count / head_count_kv) are the model's; ``cols``, the row length, decides the output matrix of a
+    model whose rows do not hold the mix's blocks. Norms and the router stay F32."""
     base = FILE_TYPES[ftype][1]
 
     def pick(
-        tensor_name: str, layer: int, n_layers: int, *, n_expert: int | None = None, n_gqa: int | None = None
+        tensor_name: str,
+        layer: int,
+        n_layers: int,
+        *,
+        n_expert: int | None = None,
+        n_gqa: int | None = None,
+        cols: int | None = None,
     ) -> str:
         role = _role(tensor_name)
         e = n_expert or 0
@@ -570,7 +577,8 @@ def _mix(ftype: str) -> Mix:
         if role in ("norm", "router"):
             return "F32"
         if role == "output":
-            if ftype == "mxfp4_moe":
+            # rows that do not hold the mix's own blocks: Q8_0 (not the fallback table's choice)
+            if ftype == "mxfp4_moe" or (cols is not None and cols % block_size(base)):
                 return "Q8_0"
             if ftype in (*_LOW_IQ, "iq3_xxs"):
                 return "Q5_K"
