@@ -206,8 +206,18 @@ def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-u
     w.add_chat_template(CHAT_TEMPLATE)
 
 
+# progress(tensors written, tensors, bytes written, bytes): called once before the first tensor and
+# after each one (the 30B preset writes 16 GB: minutes with nothing else to show)
+Progress = Callable[[int, int, int, int], None]
+
+
 def _write(
-    path: Path, p: Preset, quant: str, seed: int, weights: dict[str, np.ndarray] | None = None
+    path: Path,
+    p: Preset,
+    quant: str,
+    seed: int,
+    weights: dict[str, np.ndarray] | None = None,
+    progress: Progress | None = None,
 ) -> None:
     from gguf import GGML_QUANT_SIZES, GGUFWriter
 
@@ -224,15 +234,20 @@ def _write(
     w = GGUFWriter(path, "qwen3moe")
     try:
         _metadata(w, p, quant, seed)
+        sizes = []
         for name, shape in specs:
             qt = _T(types[name])
             bs, ts = GGML_QUANT_SIZES[qt]
             byte_shape = (*shape[:-1], shape[-1] // bs * ts)
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), math.prod(byte_shape), raw_dtype=qt)
+            sizes.append(math.prod(byte_shape))
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), sizes[-1], raw_dtype=qt)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for name, shape in specs:
+        total, done = sum(sizes), 0
+        if progress is not None:
+            progress(0, len(specs), 0, total)
+        for i, (name, shape) in enumerate(specs):
             t = types[name]
             if weights is not None:
                 data = quantize(weights[name], t)
@@ -241,6 +256,9 @@ def _write(
             else:
                 data = quantize(gen.tensor(name, shape), t)
             w.write_tensor_data(data)
+            done += sizes[i]
+            if progress is not None:
+                progress(i + 1, len(specs), done, total)
     finally:
         w.close()
 
@@ -280,12 +298,14 @@ def make_model(
     *,
     check: bool = True,
     say: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
     **overrides: object,
 ) -> Path:
     """Write a synthetic ``qwen3moe`` GGUF to ``out`` (default: the cache path) and return its path.
 
     ``overrides`` change preset fields (``n_layer=2``, ``tie_embeddings=True``...). The routing of a
-    real prompt is checked layer by layer before the file appears under its final name.
+    real prompt is checked layer by layer before the file appears under its final name. ``progress``
+    follows the tensors as they are written (see ``Progress``).
     """
     p = preset if isinstance(preset, Preset) else get_preset(preset)
     if overrides:
@@ -296,10 +316,11 @@ def make_model(
     target = Path(out) if out is not None else model_cache_path(p.name, q, seed)
     t0 = time.perf_counter()
     with atomic_path(target) as tmp:
-        _write(tmp, p, q, seed)
+        _write(tmp, p, q, seed, progress=progress)
         t1 = time.perf_counter()
         say(f"wrote {p.name} ({p.param_counts()['total'] / 1e6:.1f} M parameters, {q}) in {t1 - t0:.1f} s")
         if check:
+            say("checking the routing of a real prompt through the written file…")
             _check_routing(tmp, p, say)
             say(f"routing checked in {time.perf_counter() - t1:.1f} s")
     return target

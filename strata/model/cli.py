@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,28 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
 
 
+class _Progress:
+    """Tensors and bytes written, on stderr: at the start, at every tenth of the bytes, at least every
+    5 s while it writes, and at the end."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.t0 = self.last = time.monotonic()
+        self.tenth = -1
+
+    def __call__(self, n: int, n_total: int, done: int, total: int) -> None:
+        now = time.monotonic()
+        tenth = 10 * done // max(total, 1)
+        if tenth == self.tenth and now - self.last < 5.0 and n < n_total:
+            return
+        self.tenth, self.last = tenth, now
+        unit, scale = ("GiB", 2**30) if total >= 2**30 else ("MiB", 2**20)
+        self.say(
+            f"writing: {n}/{n_total} tensors, {done / scale:.1f} of {total / scale:.1f} {unit} "
+            f"({100 * done / max(total, 1):.0f}%, {now - self.t0:.0f} s)"
+        )
+
+
 def _cmd_make(args: argparse.Namespace) -> int:
     from ._presets import get_preset
     from ._writer import RoutingCollapsedError, make_model, model_cache_path
@@ -86,11 +110,32 @@ def _cmd_make(args: argparse.Namespace) -> int:
             print(out)
             return 0
     t0 = time.perf_counter()
+
+    # the file is written under a temporary .part name and removed on any error or interrupt: a
+    # SIGTERM or SIGHUP (whose default ends the process on the spot, leaving up to 16 GB behind) is
+    # turned into an exit that unwinds through that cleanup
+    stopped: list[int] = []
+
+    def _stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        raise SystemExit(128 + signum)
+
+    def _progress(n: int, n_total: int, done: int, total: int) -> None:
+        if stopped:  # the exit was raised where it got swallowed (a finalizer): raise it again here
+            raise SystemExit(128 + stopped[0])
+        show(n, n_total, done, total)
+
+    show = _Progress(say)
+
+    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        path = make_model(args.preset, quant, args.seed, out, say=say, **shape)
+        path = make_model(args.preset, quant, args.seed, out, say=say, progress=_progress, **shape)
     except (ValueError, NotImplementedError, RoutingCollapsedError) as e:
         print(f"strata model make: {e}", file=sys.stderr)
         return 1
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     say(f"made in {time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:.1f} MiB")
     print(path)
     return 0
