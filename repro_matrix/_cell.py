@@ -24,12 +24,10 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -38,6 +36,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+from strata.server.spawn import ServeProcess
 
 from ._matrix import Cell, Matrix
 
@@ -51,7 +51,6 @@ __all__ = [
 ]
 
 NONCE_TOKENS = 8
-_LISTENING = re.compile(r"strata: listening on (http://\S+)")
 _EXIT_CODE = re.compile(r"exit code (-?\d+)")
 _START_TIMEOUT_S = float(os.environ.get("REPRO_MATRIX_START_TIMEOUT", "180"))
 _REQUEST_TIMEOUT_S = float(os.environ.get("REPRO_MATRIX_REQUEST_TIMEOUT", "900"))
@@ -119,19 +118,9 @@ def serve_command(model: Path | str, cell: Cell, extra: Sequence[str] = ()) -> l
     return ["strata", "serve", "--model", str(model), *cell.config.to_cli_args(), *extra]
 
 
-def _set_pdeathsig() -> None:
-    # the server goes away with the thread that started it, even when the harness is killed
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class _Server:
-    """A `strata serve` process on a free loopback port, its output kept in a ring of lines."""
+    """A `strata serve` process on a free loopback port (strata.server.spawn), its output kept in a ring
+    of lines; it goes away with the thread that started it, even when the harness is killed."""
 
     def __init__(self, model: Path, cell: Cell, env: dict[str, str], cwd: str | None = None):
         args = [
@@ -145,60 +134,32 @@ class _Server:
             "--port",
             "0",
         ]
-        self.log: deque[str] = deque(maxlen=_LOG_LINES)
-        self.url: str | None = None
-        self._ready = threading.Event()
-        self.proc = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            bufsize=1,
-            env=env,
-            cwd=cwd,
-            preexec_fn=_set_pdeathsig,
-        )
+        self.sp = ServeProcess(args, env=env, cwd=cwd, parent_death=True, log_lines=_LOG_LINES)
+        self.proc = self.sp.proc
+        self.log = self.sp.log
         with _LIVE_LOCK:
             _LIVE.add(self.proc)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.log.append(line)
-            if self.url is None:
-                m = _LISTENING.search(line)
-                if m:
-                    self.url = m.group(1).rstrip("/")
-                    self._ready.set()
-        self._ready.set()
+    @property
+    def url(self) -> str | None:
+        return self.sp.url
 
     def wait_listening(self, timeout: float) -> str | None:
-        self._ready.wait(timeout)
-        return self.url
+        return self.sp.wait_listening(timeout)
 
     def died(self) -> bool:
-        return self.proc.poll() is not None
+        return self.sp.exited() is not None
 
     def stop(self) -> int | None:
         """Stop the server; its exit code if it had already exited by itself, else None."""
-        code = self.proc.poll()
-        if code is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5)
+        code = self.sp.exited()
+        self.sp.stop(15)
         with _LIVE_LOCK:
             _LIVE.discard(self.proc)
         return code
 
     def tail(self, n: int = 30) -> str:
-        return "\n".join(list(self.log)[-n:])
+        return self.sp.tail(n)
 
 
 def stop_all_servers() -> None:
@@ -310,10 +271,10 @@ def _record_start_failure(rec: dict[str, Any], server: _Server, elapsed: float) 
     if not server.died():
         # the output closed (or the wait ran out): a server that is going away gets a moment to be reaped
         try:
-            server.proc.wait(5 if server._ready.is_set() else 0.1)
+            server.proc.wait(5 if server.sp.settled() else 0.1)
         except subprocess.TimeoutExpired:
             pass
-    server._reader.join(2)
+    server.sp.join_output(2)
     code = server.proc.poll()
     words = own_words(list(server.log))
     rec["start_exit_code"] = code

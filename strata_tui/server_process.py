@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import collections
 import os
-import re
-import signal
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ServerProcess", "ServerStartError"]
+from strata.server.spawn import ServeProcess
 
-_READY = re.compile(r"strata: listening on (http://\S+)")
+__all__ = ["ServerProcess", "ServerStartError"]
 
 
 class ServerStartError(RuntimeError):
@@ -46,13 +41,11 @@ class ServerProcess:
         self.url: str | None = None
         self.made_default = False  # True when no model was given and the built-in tiny one was made
         self.log: collections.deque[str] = collections.deque(maxlen=200)
-        self._proc: subprocess.Popen[str] | None = None
-        self._ready = threading.Event()
-        self._reader: threading.Thread | None = None
+        self._sp: ServeProcess | None = None
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._sp.pid if self._sp else None
 
     def command(self, model: Path) -> list[str]:
         cmd = [
@@ -83,12 +76,11 @@ class ServerProcess:
 
         Blocking: call it from a worker thread. Returns the server's URL.
         """
-        if self._proc is not None:
-            if self._proc.poll() is None:
+        if self._sp is not None:
+            if self._sp.exited() is None:
                 raise ServerStartError("strata serve is already running")
-            self._close_pipe()
+            self._sp.stop()  # reads what is left of its output
         self.url = None
-        self._ready.clear()
         model = self.model
         if model is None:
             if on_line:
@@ -102,74 +94,28 @@ class ServerProcess:
             raise ServerStartError(
                 f"model file not found: {model} (pass --model FILE, or leave it out for the default)"
             )
-        env = self.environment()
-        self._proc = subprocess.Popen(
-            self.command(Path(model)),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-            env=env,
-            start_new_session=True,  # Ctrl+C in the terminal goes to the chat, which stops the server itself
+        # a session of its own: Ctrl+C in the terminal goes to the chat, which stops the server itself
+        sp = ServeProcess(
+            self.command(Path(model)), env=self.environment(), new_session=True, on_line=on_line
         )
-        self._reader = threading.Thread(
-            target=self._read, args=(on_line,), name="strata-serve-log", daemon=True
-        )
-        self._reader.start()
-        t0 = time.monotonic()
-        while not self._ready.wait(0.1):
-            if self._proc.poll() is not None:
-                self._close_pipe()
-                tail = "\n".join(list(self.log)[-15:])
-                raise ServerStartError(
-                    f"strata serve exited with code {self._proc.returncode} before it was ready:\n{tail}"
-                )
-            if timeout is not None and time.monotonic() - t0 > timeout:
+        self._sp, self.log = sp, sp.log
+        url = sp.wait_listening(timeout)
+        if url is None:
+            if sp.exited() is None and not sp.settled():
                 self.stop()
                 raise ServerStartError(f"strata serve did not say it was listening within {timeout:.0f} s")
-        assert self.url is not None
-        return self.url
-
-    def _read(self, on_line: Callable[[str], None] | None) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        for line in self._proc.stdout:
-            line = line.rstrip("\n")
-            self.log.append(line)
-            if not self._ready.is_set():
-                m = _READY.search(line)
-                if m:
-                    self.url = m.group(1)
-                    self._ready.set()
-                elif on_line:
-                    on_line(line)
+            code = sp.stop()
+            raise ServerStartError(
+                f"strata serve exited with code {code} before it was ready:\n{sp.tail(15)}"
+            )
+        self.url = url
+        return url
 
     def exited(self) -> int | None:
         """The exit code when the server has stopped, else None."""
-        return None if self._proc is None else self._proc.poll()
+        return None if self._sp is None else self._sp.exited()
 
     def stop(self, grace: float = 5.0) -> None:
         """Ask the server to stop (SIGTERM), then kill it if it takes longer than ``grace`` seconds."""
-        p = self._proc
-        if p is None:
-            return
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                p.wait(grace)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                p.wait(grace)
-        self._close_pipe()
-
-    def _close_pipe(self) -> None:
-        if self._reader is not None:
-            self._reader.join(2.0)
-        if self._proc is not None and self._proc.stdout is not None and not self._proc.stdout.closed:
-            self._proc.stdout.close()
+        if self._sp is not None:
+            self._sp.stop(grace, group=True)
