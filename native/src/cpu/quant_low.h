@@ -185,6 +185,18 @@ static inline __attribute__((always_inline)) void low_unpack(const void *w, int6
         iq1m_unpack((const block_iq1_m *)p, u);
 }
 
+/* The float scale d of block i. */
+static inline __attribute__((always_inline)) float low_block_d(const void *w, int64_t i, const int kind) {
+    const uint8_t *p = (const uint8_t *)w + i * low_block_bytes(kind);
+    if (kind == LOW_IQ1M) {
+        uint16_t sc[4];
+        return quant_f16_lut[iq1m_d((const block_iq1_m *)p, sc)];
+    }
+    uint16_t d;
+    memcpy(&d, p, 2); /* the other three types start with their f16 d */
+    return quant_f16_lut[d];
+}
+
 /* The float step of a block, the same at every level. */
 static inline float low_block_float(float dw, float da, int32_t A) { return ((dw * da) * 0.125f) * (float)A; }
 
