@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from strata._config import add_engine_args, config_from_args
-from strata.server.cli import model_path_problem
+from strata._model_path import model_path_problem
 
 __all__ = ["add_parser", "run"]
 

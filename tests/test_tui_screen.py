@@ -253,3 +253,53 @@ def test_search_escape_send_draws_what_is_there(tmp_path: Path) -> None:
             assert terminal.text(region) == now_drawn(app).text(region)
 
     asyncio.run(run())
+
+
+def test_the_chat_screen_runs_on_what_it_is_handed(tmp_path: Path) -> None:
+    """The screen needs only its ChatContext (connection, store, keys, collector), not the StrataChat app:
+    here it runs in a bare Textual app, and what it learns of the server is the connection's."""
+    import concurrent.futures
+
+    from textual.app import App
+
+    from strata_tui._gc import QuietCollector
+    from strata_tui.connection import ChatContext, Connection
+    from strata_tui.screens import ChatScreen
+    from strata_tui.widgets import ConnectionBanner
+
+    store = Store(tmp_path / "c.sqlite3")
+    db_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    async def run_db(fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(db_thread, fn, *args)
+
+    conn = Connection(server_url=closed_port_url(), model_name="m")
+    ctx = ChatContext(conn, store, run_db, ("ctrl+j",), QuietCollector())
+
+    class Bare(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(ChatScreen(ctx))
+
+    async def run() -> None:
+        app = Bare()
+        async with app.run_test(size=(120, 36)) as pilot:
+            screen = app.screen
+            assert isinstance(screen, ChatScreen)
+            await wait_for(pilot, lambda: screen.conv is not None, "a conversation")
+            banner = screen.query_one("#banner", ConnectionBanner)
+            await wait_for(
+                pilot, lambda: banner.display and "cannot reach" in str(banner.render()), "the banner"
+            )
+            screen.input.load_text("/model")
+            await pilot.press("enter")
+            await pilot.pause()
+            assert f"server: {conn.url}" in screen.log_view.messages()[-1].content
+            assert "New conversation" in [c.title for c in screen.system_commands()]
+        if conn.client is not None:
+            await conn.client.aclose()
+
+    try:
+        asyncio.run(run())
+    finally:
+        db_thread.submit(store.close).result()
+        db_thread.shutdown()

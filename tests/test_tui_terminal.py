@@ -4,6 +4,7 @@ compositor repaints where a toast was, also when the last layout before it went 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from _terminal import now_drawn, record
 from textual.app import App, ComposeResult
@@ -55,8 +56,9 @@ def test_an_expired_toast_is_wiped_after_a_scroll() -> None:
     asyncio.run(run())
 
 
-def test_every_screen_of_the_chat_repaints_where_a_widget_went() -> None:
+def test_every_screen_of_the_chat_repaints_where_a_widget_went(tmp_path: Path) -> None:
     """Toasts show on whichever screen is on top, and the help and settings screens scroll too."""
+    from strata_tui.app import StrataChat
     from strata_tui.screens.chat import ChatScreen
     from strata_tui.screens.confirm import ConfirmScreen
     from strata_tui.screens.help import HelpScreen
@@ -65,7 +67,7 @@ def test_every_screen_of_the_chat_repaints_where_a_widget_went() -> None:
     from strata_tui.store import Settings
 
     screens = [
-        ChatScreen(),
+        ChatScreen(StrataChat(server_url="http://127.0.0.1:9", db_path=tmp_path / "c.sqlite3").context),
         ConfirmScreen("?"),
         HelpScreen(),
         PromptScreen("?"),

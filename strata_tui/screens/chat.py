@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import events, on, work
-from textual.app import ComposeResult
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.timer import Timer
@@ -49,7 +49,7 @@ from .prompt import PromptScreen
 from .settings import SettingsResult, SettingsScreen, parse_optional
 
 if TYPE_CHECKING:
-    from ..app import StrataChat
+    from ..connection import ChatContext
 
 __all__ = ["ChatScreen"]
 
@@ -131,8 +131,9 @@ class ChatScreen(RepaintingScreen[None]):
         Binding("pagedown", "page_log(1)", "Scroll down", show=False, priority=True),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, ctx: ChatContext) -> None:
         super().__init__()
+        self.ctx = ctx  # what the app hands this screen: connection, store, keys, collector
         self.conv: Conversation | None = None
         self.history: list[StoredMessage] = []
         self.reply: _Reply | None = None
@@ -147,10 +148,6 @@ class ChatScreen(RepaintingScreen[None]):
         self._told_builtin = False
         self._panels_fit: tuple[bool, bool] | None = None  # (sidebar, engine panel) fit the width
 
-    @property
-    def chat_app(self) -> StrataChat:
-        return self.app  # type: ignore[return-value]
-
     # ---- layout -------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
@@ -161,13 +158,13 @@ class ChatScreen(RepaintingScreen[None]):
                 yield Static("", id="conv-title", markup=False)
                 yield ChatLog(id="log")
                 yield ConnectionBanner(id="banner")
-                yield ChatInput(id="input", newline_keys=self.chat_app.newline_keys)
+                yield ChatInput(id="input", newline_keys=self.ctx.newline_keys)
                 yield Static(self._hint(), id="hint")
             yield EnginePanel(id="engine")
         yield Footer()
 
     def _hint(self) -> str:
-        nl = self.chat_app.newline_keys[0] if self.chat_app.newline_keys else "ctrl+j"
+        nl = self.ctx.newline_keys[0] if self.ctx.newline_keys else "ctrl+j"
         return f"Enter send · {nl} newline · Esc cancel · /help"
 
     def on_mount(self) -> None:
@@ -195,13 +192,13 @@ class ChatScreen(RepaintingScreen[None]):
             return
         self._panels_fit = fits
         self.query_one("#sidebar", ConversationList).display = fits[0]
-        engine_wanted = self.is_strata or (not self.connected and self.chat_app.server_process is not None)
+        engine_wanted = self.is_strata or (not self.connected and self.ctx.connection.runs_server)
         self.engine.display = engine_wanted and fits[1]
 
     def _collect_when_quiet(self) -> None:
         """A full collection when one is due, with no reply streaming and no key for QUIET_S (_gc)."""
         if self.reply is None and time.monotonic() - self.input.last_key_at >= QUIET_S:
-            self.chat_app.collector.collect_if_due()
+            self.ctx.collector.collect_if_due()
 
     @property
     def input(self) -> ChatInput:
@@ -219,32 +216,30 @@ class ChatScreen(RepaintingScreen[None]):
 
     @work(group="server", exclusive=True)
     async def _connect(self) -> None:
-        app = self.chat_app
-        proc = app.server_process
-        if proc is not None and (proc.url is None or proc.exited() is not None):
+        conn = self.ctx.connection
+        if conn.needs_start():
             self.post_message(ServerStarting("starting strata serve…"))
             try:
 
                 def on_line(line: str) -> None:
                     self.post_message(ServerStarting(line))
 
-                url = await asyncio.to_thread(proc.start, on_line)
+                await conn.start(on_line)
             except ServerStartError as e:
                 self.post_message(ServerDown(str(e), None))
                 return
             except Exception as e:  # the model maker or the spawn failed: say so, keep the UI usable
                 self.post_message(ServerDown(f"could not start the server: {type(e).__name__}: {e}", None))
                 return
-            app.set_server_url(url)
         delay = 1.0
         while True:
-            if proc is not None and proc.exited() is not None:
-                tail = "\n".join(list(proc.log)[-10:])
+            code = conn.server_exit()
+            if code is not None:
                 self.post_message(
-                    ServerDown(f"strata serve stopped (exit code {proc.exited()}):\n{tail}", None)
+                    ServerDown(f"strata serve stopped (exit code {code}):\n{conn.server_log()}", None)
                 )
                 return
-            client = app.client
+            client = conn.client
             assert client is not None
             try:
                 info = await client.probe()
@@ -261,7 +256,7 @@ class ChatScreen(RepaintingScreen[None]):
 
     @work(group="status", exclusive=True)
     async def _poll_status(self) -> None:
-        client = self.chat_app.client
+        client = self.ctx.connection.client
         assert client is not None
         while True:
             try:
@@ -291,16 +286,15 @@ class ChatScreen(RepaintingScreen[None]):
         self.connected = True
         self.is_strata = msg.info.is_strata
         self.models = msg.info.models
-        if not self.chat_app.model_name and msg.info.models:
-            self.chat_app.model_name = msg.info.models[0]
+        if not self.ctx.connection.model_name and msg.info.models:
+            self.ctx.connection.model_name = msg.info.models[0]
         self.query_one("#banner", ConnectionBanner).clear()
         kind = "strata" if self.is_strata else "OpenAI-compatible server"
-        self.sub_title = f"{self.chat_app.model_name or 'no model'} · {kind}"
+        self.sub_title = f"{self.ctx.connection.model_name or 'no model'} · {kind}"
         self.engine.display = self.is_strata and self._panels_fit is not None and self._panels_fit[1]
         if self.is_strata:
             self._poll_status()
-        proc = self.chat_app.server_process
-        if proc is not None and proc.made_default and not self._told_builtin:
+        if self.ctx.connection.made_default and not self._told_builtin:
             # its replies are noise: say so before someone wonders what is broken
             self._told_builtin = True
             self.run_worker(self._note("note", _BUILTIN_MODEL_NOTE), group="ui")
@@ -313,7 +307,7 @@ class ChatScreen(RepaintingScreen[None]):
         if msg.retry_in is None:
             # no retry coming: put the whole story in the conversation
             self.run_worker(self._note("error", msg.error), group="ui")
-        elif self.chat_app.client is not None and not self._worker_running("server"):
+        elif self.ctx.connection.client is not None and not self._worker_running("server"):
             self._connect()
 
     def on_engine_status(self, msg: EngineStatus) -> None:
@@ -343,19 +337,19 @@ class ChatScreen(RepaintingScreen[None]):
 
     @work(group="db-open", exclusive=True)
     async def _startup_conversation(self) -> None:
-        store = self.chat_app.store
+        store = self.ctx.store
         try:
-            convs = await self.chat_app.run_db(store.list)
+            convs = await self.ctx.run_db(store.list)
             conv = None
             if (
                 convs
                 and convs[0].title == _NEW_TITLE
-                and not await self.chat_app.run_db(store.messages, convs[0].id)
+                and not await self.ctx.run_db(store.messages, convs[0].id)
             ):
                 conv = convs[0]
             if conv is None:
-                conv = await self.chat_app.run_db(store.create, _NEW_TITLE)
-                convs = await self.chat_app.run_db(store.list)
+                conv = await self.ctx.run_db(store.create, _NEW_TITLE)
+                convs = await self.ctx.run_db(store.list)
         except Exception as e:
             self.post_message(WorkFailed(f"could not open the conversation database {store.path}: {e}"))
             return
@@ -366,7 +360,7 @@ class ChatScreen(RepaintingScreen[None]):
     async def _list(self, select: int | None = None) -> None:
         sidebar = self.query_one("#sidebar", ConversationList)
         try:
-            convs = await self.chat_app.run_db(self.chat_app.store.list, sidebar.search_text)
+            convs = await self.ctx.run_db(self.ctx.store.list, sidebar.search_text)
         except Exception as e:
             self.post_message(WorkFailed(f"could not list conversations: {e}"))
             return
@@ -374,10 +368,10 @@ class ChatScreen(RepaintingScreen[None]):
 
     @work(group="db-open", exclusive=True)
     async def _open(self, conversation_id: int) -> None:
-        store = self.chat_app.store
+        store = self.ctx.store
         try:
-            conv = await self.chat_app.run_db(store.get, conversation_id)
-            msgs = await self.chat_app.run_db(store.messages, conversation_id) if conv else []
+            conv = await self.ctx.run_db(store.get, conversation_id)
+            msgs = await self.ctx.run_db(store.messages, conversation_id) if conv else []
         except Exception as e:
             self.post_message(WorkFailed(f"could not open the conversation: {e}"))
             return
@@ -390,7 +384,7 @@ class ChatScreen(RepaintingScreen[None]):
     @work(group="db-open", exclusive=True)
     async def _new(self, title: str = _NEW_TITLE) -> None:
         try:
-            conv = await self.chat_app.run_db(self.chat_app.store.create, title)
+            conv = await self.ctx.run_db(self.ctx.store.create, title)
         except Exception as e:
             self.post_message(WorkFailed(f"could not create a conversation: {e}"))
             return
@@ -400,7 +394,7 @@ class ChatScreen(RepaintingScreen[None]):
     @work(group="db", exclusive=False)
     async def _db(self, fn: Any, *args: Any, then_list: bool = False) -> None:
         try:
-            await self.chat_app.run_db(fn, *args)
+            await self.ctx.run_db(fn, *args)
         except Exception as e:
             self.post_message(WorkFailed(f"could not save: {e}"))
             return
@@ -473,7 +467,7 @@ class ChatScreen(RepaintingScreen[None]):
                 severity="warning",
             )
             return
-        if self.conv is None or self.chat_app.client is None:
+        if self.conv is None or self.ctx.connection.client is None:
             self.input.give_back(text)
             self.notify("Not connected yet: your message stays in the box.", severity="warning")
             return
@@ -487,7 +481,7 @@ class ChatScreen(RepaintingScreen[None]):
             self.conv.title = title
             self.query_one("#sidebar", ConversationList).set_title(self.conv.id, title)
             self._show_conv_title()
-            self._db(self.chat_app.store.rename, self.conv.id, title)
+            self._db(self.ctx.store.rename, self.conv.id, title)
         await self._start_reply(user, user_view)
 
     async def _start_reply(
@@ -506,29 +500,31 @@ class ChatScreen(RepaintingScreen[None]):
     async def _stream_reply(
         self, rid: int, conv: Conversation, user: StoredMessage | None, drop_from: int | None
     ) -> None:
-        app = self.chat_app
-        store = app.store
+        ctx = self.ctx
+        store = ctx.store
         content, reasoning = "", ""
         fin: Finished | None = None
         pending = _Pending()
         try:
             if drop_from is not None:
-                await app.run_db(store.delete_messages_from, conv.id, drop_from)
+                await ctx.run_db(store.delete_messages_from, conv.id, drop_from)
             if user is not None and user.id is None:
-                user.id = (await app.run_db(store.add_message, conv.id, user)).id
+                user.id = (await ctx.run_db(store.add_message, conv.id, user)).id
             messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
             messages += [
                 {"role": m.role, "content": m.content}
                 for m in self.history
                 if m.role in ("user", "assistant")
             ]
-            client = app.client
+            client = ctx.connection.client
             if client is None:
                 raise Unreachable("the server has not started yet")
             ticker = asyncio.create_task(self._post_pending_every(rid, pending))
             try:
                 async for ev in client.stream_chat(
-                    messages, model=app.model_name or "default", params=conv.settings.request_params()
+                    messages,
+                    model=ctx.connection.model_name or "default",
+                    params=conv.settings.request_params(),
                 ):
                     if isinstance(ev, Delta):
                         content += ev.content
@@ -541,7 +537,7 @@ class ChatScreen(RepaintingScreen[None]):
             finally:
                 ticker.cancel()
                 pending.post(self, rid)
-            stored = await app.run_db(
+            stored = await ctx.run_db(
                 store.add_message, conv.id, StoredMessage("assistant", content, reasoning, meta=_meta(fin))
             )
             self.post_message(ReplyEnded(rid, fin, stored))
@@ -551,7 +547,7 @@ class ChatScreen(RepaintingScreen[None]):
             if content or reasoning:
                 msg = StoredMessage("assistant", content, reasoning, meta={"cancelled": True})
                 try:
-                    stored = await asyncio.shield(app.run_db(store.add_message, conv.id, msg))
+                    stored = await asyncio.shield(ctx.run_db(store.add_message, conv.id, msg))
                 except Exception:
                     stored = msg
             self.post_message(ReplyEnded(rid, None, stored, cancelled=True))
@@ -559,7 +555,7 @@ class ChatScreen(RepaintingScreen[None]):
         except Exception as e:
             if user is not None and user.id is not None:
                 try:
-                    await app.run_db(store.delete_messages_from, conv.id, user.id)
+                    await ctx.run_db(store.delete_messages_from, conv.id, user.id)
                 except Exception:
                     pass
                 user.id = None
@@ -761,7 +757,7 @@ class ChatScreen(RepaintingScreen[None]):
             return
         msg = self.history[idx]
         if msg.id is not None:
-            self._db(self.chat_app.store.delete_messages_from, self.conv.id, msg.id)
+            self._db(self.ctx.store.delete_messages_from, self.conv.id, msg.id)
         await self._remove_from(idx)
         self.input.load_text(msg.content)
         self.input.move_cursor(self.input.document.end)
@@ -834,14 +830,14 @@ class ChatScreen(RepaintingScreen[None]):
         assert self.conv is not None
         for k, v in changes.items():
             setattr(self.conv.settings, k, v)
-        self._db(self.chat_app.store.set_settings, self.conv.id, Settings(**vars(self.conv.settings)))
+        self._db(self.ctx.store.set_settings, self.conv.id, Settings(**vars(self.conv.settings)))
         self._show_conv_title()
         self.notify(self.conv.settings.describe())
 
     def _set_system(self, text: str) -> None:
         assert self.conv is not None
         self.conv.system_prompt = text
-        self._db(self.chat_app.store.set_system_prompt, self.conv.id, text)
+        self._db(self.ctx.store.set_system_prompt, self.conv.id, text)
         self._show_conv_title()
 
     def action_rename(self) -> None:
@@ -859,7 +855,7 @@ class ChatScreen(RepaintingScreen[None]):
         conv.title = title
         self.query_one("#sidebar", ConversationList).set_title(conv.id, title)
         self._show_conv_title()
-        self._db(self.chat_app.store.rename, conv.id, title, then_list=True)
+        self._db(self.ctx.store.rename, conv.id, title, then_list=True)
 
     def action_settings(self) -> None:
         if self.conv is None:
@@ -871,8 +867,8 @@ class ChatScreen(RepaintingScreen[None]):
                 return
             conv.system_prompt = res.system_prompt
             conv.settings = res.settings
-            self._db(self.chat_app.store.set_system_prompt, conv.id, res.system_prompt)
-            self._db(self.chat_app.store.set_settings, conv.id, res.settings)
+            self._db(self.ctx.store.set_system_prompt, conv.id, res.system_prompt)
+            self._db(self.ctx.store.set_settings, conv.id, res.settings)
             self._show_conv_title()
 
         self.app.push_screen(SettingsScreen(conv.system_prompt, conv.settings), done)
@@ -893,12 +889,12 @@ class ChatScreen(RepaintingScreen[None]):
 
     @work(group="db-open", exclusive=True)
     async def _delete(self, conversation_id: int) -> None:
-        store = self.chat_app.store
+        store = self.ctx.store
         try:
-            await self.chat_app.run_db(store.delete, conversation_id)
-            convs = await self.chat_app.run_db(store.list)
-            conv = convs[0] if convs else await self.chat_app.run_db(store.create, _NEW_TITLE)
-            msgs = await self.chat_app.run_db(store.messages, conv.id)
+            await self.ctx.run_db(store.delete, conversation_id)
+            convs = await self.ctx.run_db(store.list)
+            conv = convs[0] if convs else await self.ctx.run_db(store.create, _NEW_TITLE)
+            msgs = await self.ctx.run_db(store.messages, conv.id)
             convs = convs or [conv]
         except Exception as e:
             self.post_message(WorkFailed(f"could not delete the conversation: {e}"))
@@ -923,9 +919,7 @@ class ChatScreen(RepaintingScreen[None]):
         """Try the server again now (and start it again when this chat started it and it stopped)."""
         if self._worker_running("server"):
             self.workers.cancel_group(self, "server")
-        proc = self.chat_app.server_process
-        if proc is not None and proc.exited() is not None:
-            proc.url = None
+        self.ctx.connection.forget_stopped_server()
         self._connect()
 
     def action_page_log(self, direction: int) -> None:
@@ -942,6 +936,49 @@ class ChatScreen(RepaintingScreen[None]):
     @on(ListView.Highlighted)
     def _noop(self) -> None:
         pass
+
+    def system_commands(self) -> list[SystemCommand]:
+        """This screen's entries in the command palette (the app lists them while the screen is open)."""
+        return [
+            SystemCommand(
+                "New conversation", "Start a new conversation (/new)", self.action_new_conversation
+            ),
+            SystemCommand("Regenerate", "Regenerate the last reply (/regen)", self.action_regenerate),
+            SystemCommand(
+                "Edit last message", "Edit the last message and send it again (/edit)", self.action_edit_last
+            ),
+            SystemCommand("Cancel reply", "Stop the reply in flight (Esc)", self.action_cancel),
+            SystemCommand(
+                "Copy last reply", "Copy the last reply to the clipboard (/copy)", self.action_copy_last
+            ),
+            SystemCommand(
+                "Export to Markdown", "Write the conversation as Markdown (/export)", self.action_export
+            ),
+            SystemCommand(
+                "Rename conversation", "Give the conversation a title (/rename)", self.action_rename
+            ),
+            SystemCommand("Delete conversation", "Delete the conversation (/delete)", self.action_delete),
+            SystemCommand(
+                "System prompt and sampling",
+                "System prompt, temperature, top-p, max tokens, seed, thinking (/settings)",
+                self.action_settings,
+            ),
+            SystemCommand(
+                "Thinking on/off",
+                "Toggle thinking for this conversation (/think)",
+                self.action_toggle_thinking,
+            ),
+            SystemCommand("Search conversations", "Search titles and messages (/search)", self.action_search),
+            SystemCommand(
+                "Model and server",
+                "Show the server and model (/model)",
+                lambda: self.run_worker(self.run_slash("/model", ""), group="ui"),
+            ),
+            SystemCommand("Reconnect", "Try the server again now (/reconnect)", self.action_reconnect),
+            SystemCommand("Toggle sidebar", "Show or hide the conversation list", self.action_toggle_sidebar),
+            SystemCommand("Toggle engine panel", "Show or hide the engine panel", self.action_toggle_engine),
+            SystemCommand("Help", "Every key and command (F1)", self.action_help),
+        ]
 
     # ---- slash commands -----------------------------------------------------------------------
 
@@ -1019,20 +1056,19 @@ class ChatScreen(RepaintingScreen[None]):
             raise ValueError(f"unknown command {name} — /help lists them")
 
     async def _model(self, arg: str) -> None:
-        app = self.chat_app
+        conn = self.ctx.connection
         if arg:
             if self.models and arg not in self.models:
                 raise ValueError(f"/model: the server offers {', '.join(self.models)}; not {arg!r}")
-            app.model_name = arg
+            conn.model_name = arg
             self.sub_title = f"{arg} · {'strata' if self.is_strata else 'OpenAI-compatible server'}"
-        url = app.client.base_url if app.client else "(not started)"
         lines = [
-            f"server: {url} ({'strata' if self.is_strata else 'OpenAI-compatible'}"
-            f"{', started by this chat' if app.server_process else ''})",
-            f"model: {app.model_name or '(none)'}",
+            f"server: {conn.url or '(not started)'} ({'strata' if self.is_strata else 'OpenAI-compatible'}"
+            f"{', started by this chat' if conn.runs_server else ''})",
+            f"model: {conn.model_name or '(none)'}",
         ]
-        if app.server_process is not None and app.server_process.model is not None:
-            lines.append(f"file: {app.server_process.model}")
+        if conn.model_file is not None:
+            lines.append(f"file: {conn.model_file}")
         if len(self.models) > 1:
             lines.append("offered: " + ", ".join(self.models) + "  (/model NAME picks one)")
         await self._note("note", "\n".join(lines))
