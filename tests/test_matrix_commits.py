@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,7 +92,8 @@ def _scratch_history(tmp: Path) -> tuple[Path, list[str]]:
         if i == 3:
             cfg = repo / "strata" / "_config.py"
             text = cfg.read_text()
-            planted = text.replace('"--lend-policy", default="current"', '"--lend-policy", default="legacy"')
+            # the flag's default, however the call is laid out
+            planted = re.sub(r'("--lend-policy",\s*default=)"current"', r'\1"legacy"', text)
             assert planted != text
             cfg.write_text(planted)
         _git(repo, "add", "-A")
