@@ -12,6 +12,7 @@ import ctypes
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from os import PathLike, fspath
 from typing import Any, Literal
 
@@ -187,20 +188,39 @@ def _result(
     )
 
 
+# EngineConfig fields copied to strata_params as they are when set (None keeps the library's default)
+_PLAIN_PARAMS = {
+    "threads": "n_threads",
+    "vram_budget": "vram_budget",
+    "vram_reserve_mib": "vram_reserve_mib",
+    "max_context": "max_context",
+    "lend_floor": "lend_floor",
+    "lend_pct": "lend_pct",
+    "adapt_every": "adapt_every",
+    "adapt_swaps": "adapt_swaps",
+    "adapt_decay": "adapt_decay",
+    "host_ram_budget": "host_ram_budget",
+}
+# EngineConfig fields named by a word of strata.h's enumerations: (params field, enum, flag)
+_ENUM_PARAMS: dict[str, tuple[str, type[IntEnum], str]] = {
+    "device": ("device", Device, "device"),
+    "kv": ("kv_type", KvType, "kv"),
+    "lend_policy": ("lend_policy", LendPolicy, "lend-policy"),
+    "miss": ("miss_policy", MissPolicy, "miss"),
+    "cache_policy": ("cache_policy", CachePolicy, "cache-policy"),
+    "simd": ("simd", Simd, "simd"),
+}
+
+
 def config_to_params(config: EngineConfig) -> C.StrataParams:
     """The strata_params of an EngineConfig (None fields keep the library's defaults)."""
     cfg = config.validate()
     p = C.strata_default_params()
-    if cfg.threads is not None:
-        p.n_threads = cfg.threads
-    p.device = choice(Device, cfg.device, "device")
-    if cfg.vram_budget is not None:
-        p.vram_budget = cfg.vram_budget
-    if cfg.vram_reserve_mib is not None:
-        p.vram_reserve_mib = cfg.vram_reserve_mib
-    if cfg.max_context is not None:
-        p.max_context = cfg.max_context
-    p.kv_type = choice(KvType, cfg.kv, "kv")
+    for name, field_ in _PLAIN_PARAMS.items():
+        if (value := getattr(cfg, name)) is not None:
+            setattr(p, field_, value)
+    for name, (field_, enum, flag) in _ENUM_PARAMS.items():
+        setattr(p, field_, choice(enum, getattr(cfg, name), flag))
     p.expert_cache = -1 if cfg.expert_cache == "auto" else int(cfg.expert_cache)
     if cfg.prefill == "auto":
         p.prefill_chunk, p.prefill_max = 0, 0
@@ -208,24 +228,8 @@ def config_to_params(config: EngineConfig) -> C.StrataParams:
         p.prefill_chunk, p.prefill_max = 0, int(cfg.prefill[5:])
     else:
         p.prefill_chunk, p.prefill_max = int(cfg.prefill), 0
-    p.lend_policy = choice(LendPolicy, cfg.lend_policy, "lend-policy")
-    if cfg.lend_floor is not None:
-        p.lend_floor = cfg.lend_floor
-    if cfg.lend_pct is not None:
-        p.lend_pct = cfg.lend_pct
-    p.miss_policy = choice(MissPolicy, cfg.miss, "miss")
-    p.cache_policy = choice(CachePolicy, cfg.cache_policy, "cache-policy")
-    if cfg.adapt_every is not None:
-        p.adapt_every = cfg.adapt_every
-    if cfg.adapt_swaps is not None:
-        p.adapt_swaps = cfg.adapt_swaps
-    if cfg.adapt_decay is not None:
-        p.adapt_decay = cfg.adapt_decay
     if cfg.expert_profile is not None:
         p.expert_profile = fspath(cfg.expert_profile).encode()
-    if cfg.host_ram_budget is not None:
-        p.host_ram_budget = cfg.host_ram_budget
-    p.simd = choice(Simd, cfg.simd, "simd")
     return p
 
 

@@ -75,3 +75,20 @@ def test_config_names_reach_the_engine_as_the_headers_numbers() -> None:
     assert (p.device, p.kv_type, p.lend_policy, p.miss_policy, p.simd) == (0, 1, 1, 3, 2)
     with pytest.raises(ValueError, match=r"--miss: 'sideways' is not one of auto, host, copy, read"):
         _enums.choice(_enums.MissPolicy, "sideways", "miss")
+
+
+def test_every_config_field_reaches_the_params() -> None:
+    """A field added to EngineConfig must be given to the engine: by the copied or the enum table, or one
+    of the three fields converted by hand."""
+    import dataclasses
+
+    from strata._engine import _ENUM_PARAMS, _PLAIN_PARAMS
+
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    assert fields == {*_PLAIN_PARAMS, *_ENUM_PARAMS, "expert_cache", "prefill", "expert_profile"}
+    set_all = EngineConfig(threads=3, vram_budget=1 << 30, max_context=99, lend_floor=5, lend_pct=0.25,
+                           adapt_every=7, adapt_swaps=2, adapt_decay=0.5, host_ram_budget=1 << 31,
+                           vram_reserve_mib=64)  # fmt: skip
+    p = config_to_params(set_all)
+    for name, field_ in _PLAIN_PARAMS.items():
+        assert getattr(p, field_) == getattr(set_all, name), name
