@@ -271,7 +271,9 @@ class Engine:
         self.model_path = fspath(model_path)
         problem = model_path_problem(self.model_path, "give the path of a GGUF file")
         if problem is not None:  # before the C side sees it: a pipe would block, a NUL cut the path
-            raise (InvalidArgumentError if "\x00" in self.model_path else ModelFileError)(problem)
+            if "\x00" in self.model_path:
+                raise InvalidArgumentError(problem)
+            raise ModelFileError(problem, Status.ERR_IO.value)  # as the engine says of a file it cannot open
         status = C.strata_engine_open(
             self.model_path.encode(), ctypes.byref(params), ctypes.byref(handle), err, 1024
         )
