@@ -2,7 +2,9 @@
 
 Search order: ``$STRATA_LIB`` (a file), then ``strata/lib/libstrata.so`` next to this package (where
 ``make native`` and the wheel put it), then ``strata/lib/libstrata.so`` in every site-packages
-directory. The error lists every path that was tried and why each failed.
+directory. The error lists every path that was tried and why each failed. ``$STRATA_LIB``, when set, is
+the only candidate: a library asked for by name that does not load is an error, never a quiet fallback
+to another build (a sanitizer run would otherwise test the ordinary library).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def candidate_paths() -> list[Path]:
     paths: list[Path] = []
     env = os.environ.get("STRATA_LIB")
     if env:
-        paths.append(Path(env))
+        return [Path(env)]
     paths.append(Path(__file__).resolve().parent / "lib" / _LIB_NAME)
     dirs: list[str] = []
     try:
@@ -60,7 +62,11 @@ def load_from(paths: list[Path]) -> ctypes.CDLL:
     raise LibraryNotFoundError(
         "libstrata.so could not be loaded. Tried:\n  "
         + "\n  ".join(tried)
-        + "\nBuild it with `make native` (or `pip install .`), or point STRATA_LIB at a built libstrata.so."
+        + (
+            "\nSTRATA_LIB names the library to load; unset it to use the package's own build."
+            if os.environ.get("STRATA_LIB")
+            else "\nBuild it with `make native` (or `pip install .`), or point STRATA_LIB at a built libstrata.so."
+        )
     )
 
 

@@ -91,4 +91,7 @@ def test_loader_names_every_path_it_tried(tmp_path: Path, monkeypatch: pytest.Mo
     msg = str(ei.value)
     assert f"{missing} (no such file)" in msg and str(junk) in msg and "make native" in msg
     monkeypatch.setenv("STRATA_LIB", str(missing))
-    assert candidate_paths()[0] == missing  # STRATA_LIB is looked at first
+    # STRATA_LIB is the one candidate: a named library that does not load is an error, not a fallback
+    assert candidate_paths() == [missing]
+    with pytest.raises(LibraryNotFoundError, match="STRATA_LIB names the library"):
+        load_from(candidate_paths())

@@ -105,7 +105,7 @@ struct cuda_state {
     int64_t seq_done;        /* every batch up to this one has landed */
     int32_t seq_dirty;       /* a copy went into batch seq_open */
     void *seq_ev[SEQ_EVENTS]; /* after batch b's copies, at b % SEQ_EVENTS */
-    char store_why[320];     /* why there is no pinned store (the plan line and --miss read's error) */
+    char store_why[640];     /* why there is no pinned store (the plan line and --miss read's error) */
     int32_t *pos_dev;        /* device [1]: the position of a graph-replayed decode step */
     const int32_t *pos_arg;  /* pos_dev while a step is captured, else NULL (kernels take pos0) */
     void *graph;             /* the captured decode step (cuda_capture_end), or NULL */
