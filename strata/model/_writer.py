@@ -99,7 +99,9 @@ def tensor_types(p: Preset, quant: str) -> dict[str, str]:
             continue
         if mix is not None:
             layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-            t = mix(name, layer, p.n_layer, n_expert=p.n_expert, n_gqa=p.n_head // p.n_head_kv)
+            t = mix(
+                name, layer, p.n_layer, n_expert=p.n_expert, n_gqa=p.n_head // p.n_head_kv, cols=shape[-1]
+            )
         else:
             t = BASE_QUANTS[q][0]
         # a row that is not a whole number of the type's blocks falls back, as llama.cpp's quantizer does
