@@ -37,6 +37,7 @@ __all__ = [
     "TRACE_FN",
     "StrataGenerateParams",
     "StrataLayout",
+    "StrataLoanPrediction",
     "StrataModelInfo",
     "StrataParams",
     "StrataPlan",
@@ -46,6 +47,7 @@ __all__ = [
     "strata_cache_residency",
     "strata_chunk_layout",
     "strata_cpu_features",
+    "strata_predict_loan",
     "strata_cuda_attention",
     "strata_cuda_available",
     "strata_cuda_bench_matvec",
@@ -191,6 +193,18 @@ class StrataLayout(Structure):
         ("ring_slots", c_int32),
         ("slots_needed", c_int32),
         ("host_bytes", c_int64),
+    ]
+
+
+class StrataLoanPrediction(Structure):
+    _fields_ = [
+        ("n_tokens", c_int32),
+        ("chunk", c_int32),
+        ("chunk_used", c_int32),
+        ("slots_needed", c_int32),
+        ("loan_slots", c_int32),
+        ("halvings", c_int32),
+        ("verdict", c_int32),
     ]
 
 
@@ -354,6 +368,12 @@ def strata_plan_get(eng: int, out: Any) -> int: ...
 # STRATA_API strata_status strata_chunk_layout(const strata_engine *eng, int32_t n_tokens, strata_layout *out);
 @c_function("strata_chunk_layout", [_engine_p, c_int32, POINTER(StrataLayout)], c_int32)
 def strata_chunk_layout(eng: int, n_tokens: int, out: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_predict_loan(const strata_engine *eng, int32_t n_tokens,
+#                                              strata_loan_prediction *out);
+@c_function("strata_predict_loan", [_engine_p, c_int32, POINTER(StrataLoanPrediction)], c_int32)
+def strata_predict_loan(eng: int, n_tokens: int, out: Any) -> int: ...
 
 
 # STRATA_API strata_status strata_prefill(strata_engine *eng, const int32_t *tokens, int32_t n_tokens,

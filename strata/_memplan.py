@@ -1,8 +1,8 @@
 """What the memory plan will do with a prompt, predicted from the plan and ``layout(T)`` alone.
 
 The engine decides a request's chunk and loan from its plan and the one ``layout(T)`` function
-(``strata_chunk_layout``); this module applies the same rules in Python so that a harness can say,
-before sending anything, whether a prompt of n tokens will be served at its chunk, served at a halved
+(``strata_chunk_layout``) by one rule, which ``strata_predict_loan`` gives to callers; this module wraps
+it so that a harness can say, before sending anything, whether a prompt of n tokens will be served at its chunk, served at a halved
 chunk, or (under ``--lend-policy legacy``) fail with "lending the prompt path its slots failed":
 
     with Engine(model, EngineConfig(expert_cache="4200", lend_policy="legacy", threads=2)) as eng:
@@ -14,11 +14,13 @@ tiny preset) and returns the sizes where a prompt of n tokens fails under the le
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from os import PathLike
 from typing import Literal
 
+from . import _cdefs as C
 from ._config import EngineConfig
 from ._engine import Engine
 
@@ -41,6 +43,9 @@ class Prediction:
     verdict: Literal["ok", "halved", "lend failed"]
 
 
+_VERDICTS: dict[int, Literal["ok", "halved", "lend failed"]] = {0: "ok", 1: "halved", 2: "lend failed"}
+
+
 def request_chunk(auto_chunk: int, n_tokens: int) -> int:
     """The chunk a prompt of n_tokens asks for."""
     g = CHUNK_GRANULARITY
@@ -48,26 +53,21 @@ def request_chunk(auto_chunk: int, n_tokens: int) -> int:
 
 
 def predict(eng: Engine, n_tokens: int) -> Prediction:
-    """The chunk, loan and outcome of a fresh prompt of n_tokens (see the module docstring)."""
-    plan = eng.plan
-    if plan.n_slots == 0:  # no expert cache: the prompt path owns its buffers
-        t = request_chunk(plan.auto_chunk, n_tokens)
-        return Prediction(n_tokens, t, t, 0, 0, 0, "ok")
-    t = request_chunk(plan.auto_chunk, n_tokens)
-    need = eng.layout(t).slots_needed
-    if plan.lend_policy == 1:  # legacy: the loan is the auto chunk's
-        verdict: Literal["ok", "halved", "lend failed"] = (
-            "lend failed" if need > plan.auto_loan_slots else "ok"
-        )
-        return Prediction(n_tokens, t, t, need, plan.auto_loan_slots, 0, verdict)
-    used, halvings, lay_need = t, 0, need
-    while lay_need > plan.max_lend_slots and used > 1:
-        used //= 2
-        halvings += 1
-        lay_need = eng.layout(used).slots_needed
-    if lay_need > plan.max_lend_slots:  # no smaller chunk fits: the auto chunk is used
-        used, lay_need = plan.auto_chunk, plan.auto_loan_slots
-    return Prediction(n_tokens, t, used, need, lay_need, halvings, "halved" if halvings else "ok")
+    """The chunk, loan and outcome of a fresh prompt of n_tokens: the engine's own rule
+    (``strata_predict_loan``, the function its prefill decides with), not a copy of it."""
+    if n_tokens < 1:
+        raise ValueError(f"a prompt has at least one token, not {n_tokens}")
+    out = C.StrataLoanPrediction()
+    eng._check(C.strata_predict_loan(eng.handle, int(n_tokens), ctypes.byref(out)))
+    return Prediction(
+        n_tokens,
+        out.chunk,
+        out.chunk_used,
+        out.slots_needed,
+        out.loan_slots,
+        out.halvings,
+        _VERDICTS[out.verdict],
+    )
 
 
 def legacy_failure_range(

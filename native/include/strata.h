@@ -241,6 +241,16 @@ typedef struct strata_layout {
     int64_t host_bytes;        /* host RAM the chunk borrows */
 } strata_layout;
 
+typedef struct strata_loan_prediction {
+    int32_t n_tokens;
+    int32_t chunk;        /* the chunk the request asks for: n rounded up to the plan's granularity, at most the auto chunk */
+    int32_t chunk_used;   /* the chunk it runs at, after any halving (current policy) */
+    int32_t slots_needed; /* layout(chunk).slots_needed */
+    int32_t loan_slots;   /* what the cache lends for it */
+    int32_t halvings;     /* times the chunk is halved */
+    int32_t verdict;      /* 0 served at its chunk, 1 served at a halved chunk, 2 lending fails (legacy) */
+} strata_loan_prediction;
+
 /* Counters since open or the last strata_stats_reset. */
 typedef struct strata_stats {
     uint64_t lookups;          /* expert lookups in the cache (decode and prefill) */
@@ -313,6 +323,10 @@ STRATA_API strata_status strata_model_info_get(const strata_engine *eng, strata_
 STRATA_API strata_status strata_plan_get(const strata_engine *eng, strata_plan *out);
 /* layout(T) for n_tokens, exactly as the scan, the loan and requests compute it. */
 STRATA_API strata_status strata_chunk_layout(const strata_engine *eng, int32_t n_tokens, strata_layout *out);
+/* What the prompt path does with a fresh prompt of n_tokens, by the rule strata_prefill follows (the same
+ * function decides both): the chunk it asks for, the chunk it runs at after any halving, the loan and
+ * whether lending fails (legacy only). */
+STRATA_API strata_status strata_predict_loan(const strata_engine *eng, int32_t n_tokens, strata_loan_prediction *out);
 
 /* Append n tokens to the context and compute the logits of the last one. CONTEXT when they do not
  * fit (nothing is appended), CANCELLED when progress returns nonzero (the context is rolled back),

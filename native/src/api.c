@@ -86,6 +86,13 @@ strata_status strata_chunk_layout(const strata_engine *e, int32_t n_tokens, stra
     return plan_layout(&e->mp, n_tokens, out, (errbuf *)&e->err);
 }
 
+strata_status strata_predict_loan(const strata_engine *e, int32_t n_tokens, strata_loan_prediction *out) {
+    if (!e || !out || n_tokens < 1) return STRATA_ERR_INVALID_ARGUMENT;
+    const strata_status s = mem_loan_rule(&e->mp, NULL, plan_request_chunk(&e->mp, n_tokens), out, (errbuf *)&e->err);
+    out->n_tokens = n_tokens;
+    return s;
+}
+
 strata_status strata_prefill(strata_engine *e, const int32_t *tokens, int32_t n_tokens, strata_progress_fn progress,
                              void *user) {
     if (!e) return STRATA_ERR_INVALID_ARGUMENT;

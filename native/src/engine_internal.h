@@ -217,6 +217,9 @@ void mem_held(const strata_engine *e, int64_t *now, int64_t *peak);
 /* Lend the slots for a prompt's chunk *t (halving it under the current policy when it cannot be lent)
  * and lay the ring and the chunk's buffers out in them. */
 strata_status mem_lend(strata_engine *e, int32_t *t);
+/* The loan rule mem_lend follows for a request of chunk t (traced to tr when not NULL): the chunk it runs at,
+ * the slots lent, the halvings and whether lending fails; strata_predict_loan gives it to callers. */
+strata_status mem_loan_rule(const plan *p, const trace_sink *tr, int32_t t, strata_loan_prediction *o, errbuf *err);
 /* Give the loan back: the displaced experts are copied back, the buffers return to the decode scratch. */
 strata_status mem_give_back(strata_engine *e);
 

@@ -152,9 +152,40 @@ void mem_reset_stats(strata_engine *e) {
 
 /* ---- the loan ----------------------------------------------------------------------------------- */
 
+strata_status mem_loan_rule(const plan *p, const trace_sink *tr, int32_t t, strata_loan_prediction *o, errbuf *err) {
+    memset(o, 0, sizeof *o);
+    o->chunk = o->chunk_used = t;
+    if (p->no_cache) return STRATA_OK; /* the prompt path owns its buffers */
+    strata_layout lay;
+    STRATA_TRY(plan_layout(p, t, &lay, err));
+    o->slots_needed = lay.slots_needed;
+    if (p->pub.lend_policy != STRATA_LEND_CURRENT) {
+        o->loan_slots = p->pub.auto_loan_slots; /* legacy: sized once, for the auto chunk */
+        o->verdict = lay.slots_needed > o->loan_slots ? 2 : 0;
+        return STRATA_OK;
+    }
+    while (lay.slots_needed > p->pub.max_lend_slots) {
+        if (o->chunk_used <= 1) {
+            /* cannot happen with a plan that fitted its auto chunk; kept so that a request is always served */
+            if (tr) trace_emit(tr, "chunk %d: no smaller chunk fits; using the auto chunk %d", o->chunk_used, p->pub.auto_chunk);
+            o->chunk_used = p->pub.auto_chunk;
+            STRATA_TRY(plan_layout(p, o->chunk_used, &lay, err));
+            break;
+        }
+        if (tr)
+            trace_emit(tr, "chunk %d halved to %d: it needs %d slots, the cache lends at most %d", o->chunk_used,
+                       o->chunk_used / 2, lay.slots_needed, p->pub.max_lend_slots);
+        o->halvings++;
+        o->chunk_used /= 2;
+        STRATA_TRY(plan_layout(p, o->chunk_used, &lay, err));
+    }
+    o->loan_slots = lay.slots_needed;
+    o->verdict = o->halvings > 0 ? 1 : 0;
+    return STRATA_OK;
+}
+
 strata_status mem_lend(strata_engine *e, int32_t *t) {
     plan *p = &e->mp;
-    strata_layout lay;
     if (p->no_cache) {
         arena a;
         arena_init(&a, e->own_chunk, p->own_chunk_bytes);
@@ -166,27 +197,11 @@ strata_status mem_lend(strata_engine *e, int32_t *t) {
         e->stats.last_loan_slots = 0;
         return STRATA_OK;
     }
-    STRATA_TRY(plan_layout(p, *t, &lay, &e->err));
-    int32_t k;
-    if (p->pub.lend_policy == STRATA_LEND_CURRENT) {
-        while (lay.slots_needed > p->pub.max_lend_slots) {
-            if (*t <= 1) {
-                /* cannot happen with a plan that fitted its auto chunk; kept so that a request is always served */
-                trace_emit(&e->trace, "chunk %d: no smaller chunk fits; using the auto chunk %d", *t, p->pub.auto_chunk);
-                *t = p->pub.auto_chunk;
-                STRATA_TRY(plan_layout(p, *t, &lay, &e->err));
-                break;
-            }
-            trace_emit(&e->trace, "chunk %d halved to %d: it needs %d slots, the cache lends at most %d", *t, *t / 2,
-                       lay.slots_needed, p->pub.max_lend_slots);
-            e->stats.halvings++;
-            *t /= 2;
-            STRATA_TRY(plan_layout(p, *t, &lay, &e->err));
-        }
-        k = lay.slots_needed;
-    } else {
-        k = p->pub.auto_loan_slots; /* legacy: sized once, for the auto chunk */
-    }
+    strata_loan_prediction r;
+    STRATA_TRY(mem_loan_rule(p, &e->trace, *t, &r, &e->err));
+    e->stats.halvings += r.halvings;
+    *t = r.chunk_used;
+    const int32_t k = r.loan_slots;
     uint8_t *mem = cache_lend(&e->cache, k);
     STRATA_ASSERT(&e->err, mem != NULL);
     trace_emit(&e->trace, "lent %d slots for %d tokens", k, *t);
