@@ -24,10 +24,7 @@ from . import _cdefs as C
 from ._config import EngineConfig
 from ._engine import Engine
 
-__all__ = ["CHUNK_GRANULARITY", "Prediction", "legacy_failure_range", "predict", "request_chunk"]
-
-#: A request's chunk is the prompt length rounded up to this many tokens (capped by the auto chunk).
-CHUNK_GRANULARITY = 256
+__all__ = ["Prediction", "legacy_failure_range", "predict"]
 
 
 @dataclass(frozen=True)
@@ -44,12 +41,6 @@ class Prediction:
 
 
 _VERDICTS: dict[int, Literal["ok", "halved", "lend failed"]] = {0: "ok", 1: "halved", 2: "lend failed"}
-
-
-def request_chunk(auto_chunk: int, n_tokens: int) -> int:
-    """The chunk a prompt of n_tokens asks for."""
-    g = CHUNK_GRANULARITY
-    return max(1, min(auto_chunk, -(-n_tokens // g) * g))
 
 
 def predict(eng: Engine, n_tokens: int) -> Prediction:

@@ -17,7 +17,7 @@ import pytest
 
 from strata import Engine, EngineConfig
 from strata._exceptions import BudgetError, ContextError, LendError, ModelFileError, StrataError
-from strata._memplan import predict, request_chunk
+from strata._memplan import predict
 
 LEND_MSG = re.compile(
     r"^lending the prompt path its slots failed: prefill: device buffers for a chunk of (\d+) tokens do not fit "
@@ -90,7 +90,7 @@ def test_legacy_fails_below_the_auto_chunk_and_the_engine_stays_usable(tiny: Pat
     eng, lines = open_traced(tiny, expert_cache=str(LEGACY_CACHE), lend_policy="legacy")
     with eng:
         p = eng.plan
-        t = request_chunk(p.auto_chunk, 2000)
+        t = predict(eng, 2000).chunk
         assert t == 2048 < p.auto_chunk and t <= p.small_chunk
         assert eng.layout(t).slots_needed > p.auto_loan_slots  # the bug's precondition
         before = eng.residency()
@@ -146,7 +146,9 @@ def test_refill_restores_the_residency_table_exactly(tiny: Path) -> None:
             lent = [LENT.match(ln) for ln in lines if LENT.match(ln)]
             assert len(lent) == 1
             k, t = int(lent[0].group(1)), int(lent[0].group(2))
-            assert t == request_chunk(p.auto_chunk, n) and k == eng.layout(t).slots_needed
+            # a request's chunk: its length rounded up to 256 tokens, at most the auto chunk
+            assert t == min(p.auto_chunk, -(-n // 256) * 256) == predict(eng, n).chunk
+            assert k == eng.layout(t).slots_needed
             displaced = int((before >= p.n_slots - k).sum())
             assert displaced > 0
             assert f"refilled {k} slots ({displaced} experts copied back)" in lines

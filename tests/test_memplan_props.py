@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from strata import Engine, EngineConfig
 from strata._exceptions import BudgetError, LendError
-from strata._memplan import predict, request_chunk
+from strata._memplan import predict
 
 LEND_MSG = re.compile(
     r"^lending the prompt path its slots failed: prefill: device buffers for a chunk of (\d+) tokens do not fit "
@@ -105,7 +105,10 @@ def check_requests(eng: Engine, lengths: list[int], lines: list[str]) -> None:
         halvings0 = eng.stats().halvings
         pred = predict(eng, n)
         lines.clear()
-        t = request_chunk(p.auto_chunk, n)
+        t = min(
+            p.auto_chunk, -(-n // 256) * 256
+        )  # its length rounded up to 256 tokens, at most the auto chunk
+        assert t == pred.chunk
         if p.lend_policy == 0:
             eng.prefill(_prompt(n, i))  # every request is served
             lent = [LENT.match(ln) for ln in lines if LENT.match(ln)]
