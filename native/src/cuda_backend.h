@@ -254,8 +254,8 @@ strata_status cuda_moe_combine(cuda_ctx *ctx, const float *e, const float *weigh
 strata_status cuda_add(cuda_ctx *ctx, float *y, const float *x, int64_t n);
 
 /* Causal attention of a prompt chunk on the tensor cores (flash_attn.cu): the same contract as
- * cuda_attention (T queries at positions pos0.. over the cache, out [T, H*hd]), for an f16 cache and head
- * dims 32, 64, 128 (cuda_flash_attention_supported). A query's result depends only on its position and
+ * cuda_attention (T queries at positions pos0.. over the cache, out [T, H*hd]), for an f16 or int8 cache
+ * and head dims 32, 64, 128 (cuda_flash_attention_supported; int8: the values rounded to f16 once). A query's result depends only on its position and
  * the cache, never on T or pos0; it is not cuda_attention's float expression, so the engine uses it for
  * every prompt chunk and cuda_attention for decode. */
 int32_t cuda_flash_attention_supported(int32_t kv_type, int32_t H, int32_t Hkv, int32_t hd);
