@@ -576,33 +576,24 @@ __device__ __forceinline__ void dot_rows_kq_any(const uint8_t *const *rows, int6
 #define IS_KQ(TYPE) ((TYPE) == STRATA_TYPE_Q4_K || (TYPE) == STRATA_TYPE_Q6_K)
 #define KQ_ROWS 2 /* rows per warp of k_matvec_kq */
 
-/* One token per unit, k_matvec<TYPE, 1>'s arguments and bits (its dot_row_f order and its store): warp w of
- * block b takes rows KQ_ROWS (MV_WARPS b + w) ..+KQ_ROWS-1 of unit blockIdx.y's matrix. Plain (w_ptrs ==
- * NULL): W against x row 0 into y row 0. Segments: matrix w_ptrs[u] against x row tok[u] (-1: none) into
- * y row outr[u]. */
+/* Decode, one token, plain matrix (cuda_matvec with T = 1): warp w of block b takes rows
+ * KQ_ROWS (MV_WARPS b + w) ..+KQ_ROWS-1 of W; k_matvec<TYPE, 1>'s bits (its dot_row_f order and its store). */
 template <int TYPE>
 __global__ void __launch_bounds__(MV_WARPS * 32)
-k_matvec_kq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, int64_t row_bytes, int64_t rows,
-            int64_t cols, const float *__restrict__ x, int64_t xs, const int32_t *__restrict__ tok,
-            const int32_t *__restrict__ outr, float *__restrict__ y, int64_t ys, int accumulate) {
+k_matvec_kq(const uint8_t *__restrict__ W, int64_t row_bytes, int64_t rows, int64_t cols, const float *__restrict__ x,
+            float *__restrict__ y, int accumulate) {
     const int lane = threadIdx.x & 31;
     const int64_t r0 = ((int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * KQ_ROWS;
     if (r0 >= rows) return;
-    const int64_t unit = blockIdx.y;
-    const int64_t xrow = w_ptrs ? tok[unit] : 0;
-    if (xrow < 0) return;
-    const int64_t yrow = w_ptrs ? outr[unit] : 0;
-    const uint8_t *base = w_ptrs ? w_ptrs[unit] : W;
     const uint8_t *rp[KQ_ROWS];
 #pragma unroll
-    for (int i = 0; i < KQ_ROWS; i++) rp[i] = base + (r0 + i < rows ? r0 + i : rows - 1) * row_bytes;
+    for (int i = 0; i < KQ_ROWS; i++) rp[i] = W + (r0 + i < rows ? r0 + i : rows - 1) * row_bytes;
     float v[KQ_ROWS];
-    dot_rows_kq_any<TYPE, KQ_ROWS, 4>(rp, row_bytes, x + xrow * xs, cols, lane, v, false);
+    dot_rows_kq_any<TYPE, KQ_ROWS, 4>(rp, row_bytes, x, cols, lane, v, false);
     if (lane == 0) {
-        float *yr = y + yrow * ys;
 #pragma unroll
         for (int i = 0; i < KQ_ROWS; i++) {
-            if (r0 + i < rows) yr[r0 + i] = accumulate ? __fadd_rn(yr[r0 + i], v[i]) : v[i];
+            if (r0 + i < rows) y[r0 + i] = accumulate ? __fadd_rn(y[r0 + i], v[i]) : v[i];
         }
     }
 }
@@ -905,19 +896,6 @@ static strata_status launch(cuda_ctx *ctx, int32_t type, const void *w, const vo
         const void *xu = P ? x : (const void *)((const uint8_t *)x + u0 * TOK * xrow_bytes);
         float *yu = P ? y : y + u0 * TOK * ys;
         const int Tu = P ? T : (int)(T - u0 * TOK);
-        if (TOK == 1 && (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K)) {
-            /* one token per unit: k_matvec<TYPE, 1>'s bits, KQ_ROWS rows per warp, their weights in flight
-             * together (plain mode: Tu is 1, the one unit) */
-            const dim3 gk(cu_blocks((rows + KQ_ROWS - 1) / KQ_ROWS, MV_WARPS), (unsigned)nu);
-            if (type == STRATA_TYPE_Q4_K)
-                k_matvec_kq<STRATA_TYPE_Q4_K><<<gk, MV_WARPS * 32, 0, s>>>(W, Pu, rb, rows, cols, (const float *)xu, xs,
-                                                                           tu, ou, yu, ys, accumulate);
-            else
-                k_matvec_kq<STRATA_TYPE_Q6_K><<<gk, MV_WARPS * 32, 0, s>>>(W, Pu, rb, rows, cols, (const float *)xu, xs,
-                                                                           tu, ou, yu, ys, accumulate);
-            CU_LAUNCHED(ctx, "matvec");
-            continue;
-        }
 #define MV_CASE(TY)                                                                                          \
     case TY:                                                                                                 \
         k_matvec<TY, TOK><<<grid, MV_WARPS * 32, 0, s>>>(W, Pu, rb, rows, cols, (const float *)xu, xs, tu, ou, yu, \
@@ -986,6 +964,20 @@ strata_status cuda_matvec(cuda_ctx *ctx, int32_t type, const void *w, int64_t ro
                           int64_t x_stride, float *y, int64_t y_stride, int32_t T, int32_t accumulate) {
     if (T <= 0 || rows <= 0) return STRATA_OK;
     if (!shape_ok(type, cols)) return STRATA_ERR_INVALID_ARGUMENT;
+    if (T == 1 && (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K)) {
+        /* k_matvec<TYPE, 1>'s bits, several rows per warp and their weights in flight together */
+        const int64_t rb = gq_row_bytes(type, cols);
+        const unsigned blocks = cu_blocks((rows + KQ_ROWS - 1) / KQ_ROWS, MV_WARPS);
+        const uint8_t *W = (const uint8_t *)w;
+        if (type == STRATA_TYPE_Q4_K)
+            k_matvec_kq<STRATA_TYPE_Q4_K><<<blocks, MV_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(W, rb, rows, cols,
+                                                                                        (const float *)x, y, accumulate);
+        else
+            k_matvec_kq<STRATA_TYPE_Q6_K><<<blocks, MV_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(W, rb, rows, cols,
+                                                                                        (const float *)x, y, accumulate);
+        CU_LAUNCHED(ctx, "matvec");
+        return STRATA_OK;
+    }
     if (T == 1) return launch<1>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, 1, T, accumulate);
     return launch<8>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, (T + 7) / 8, T,
                      accumulate);
