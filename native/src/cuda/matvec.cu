@@ -410,194 +410,6 @@ __device__ __forceinline__ void dot_rows_q8(const uint8_t *const *rows, const ui
     }
 }
 
-/* ---- K-quant decode products (Q4_K, Q6_K against float activations) -----------------------------
- * The values and the order of dot_row_f (a lane's groups g = lane / 4, + 8, ..., its 8 values in order,
- * acc = acc + w * x, then the butterfly), so the bits of k_matvec<TYPE, 1> and of the host mirror. What
- * differs is how the weights reach the lane: its slice of PF groups of NR rows is loaded as 32-bit words
- * first (Q4_K: the super-block's d, dmin and 12 scale bytes, 8 bytes of qs; Q6_K: 8 bytes of ql, 8 of qh,
- * the scale byte and d), PF * NR super-blocks in flight per warp instead of about one, and every value is
- * made from those words with integer operations; q as a float by the exponent trick (2^23 + q as bits,
- * minus 2^23: exact, the value of (float)q) instead of an int-to-float conversion.
- *
- * Alignment AL: 4 where the row base and the row size are multiples of 4 (every word offset inside a
- * super-block is), else 2 (Q6_K rows of an odd number of super-blocks are 2-aligned only): 32-bit words
- * from two 16-bit loads. Both give the same words. */
-template <int AL>
-__device__ __forceinline__ uint32_t kq_ld32(const uint8_t *p) {
-    if (AL >= 4) return __ldg((const unsigned int *)p);
-    const unsigned short *h = (const unsigned short *)p;
-    return (uint32_t)__ldg(h) | ((uint32_t)__ldg(h + 1) << 16);
-}
-#define KQ_WORDS 6
-/* The words of slice sl of group g of a row. Q4_K: r0 = d | dmin << 16, r1..r3 = scales[0..11], r4, r5 =
- * qs[32 (j / 2) + 8 sl ..+7]. Q6_K: r0, r1 = ql[64 h + 32 (q & 1) + 8 sl ..], r2, r3 = qh[32 h + 8 sl ..],
- * r4 = the slice's int8 scale (scales[8 h + sl / 2 + 2 q]), r5 = d (f16 bits); h = j / 4, q = j % 4. */
-template <int TYPE, int AL>
-__device__ __forceinline__ void kq_load(const uint8_t *__restrict__ row, int64_t g, int sl, uint32_t (&r)[KQ_WORDS]) {
-    const int j = (int)(g & 7);
-    if (TYPE == STRATA_TYPE_Q4_K) {
-        const uint8_t *b = row + (g >> 3) * 144;
-        r[0] = kq_ld32<AL>(b);
-        r[1] = kq_ld32<AL>(b + 4);
-        r[2] = kq_ld32<AL>(b + 8);
-        r[3] = kq_ld32<AL>(b + 12);
-        const uint8_t *qs = b + 16 + 32 * (j >> 1) + 8 * sl;
-        r[4] = kq_ld32<AL>(qs);
-        r[5] = kq_ld32<AL>(qs + 4);
-    } else {
-        const uint8_t *b = row + (g >> 3) * 210;
-        const int h = j >> 2, qq = j & 3;
-        const uint8_t *ql = b + 64 * h + ((qq & 1) ? 32 : 0) + 8 * sl, *qh = b + 128 + 32 * h + 8 * sl;
-        r[0] = kq_ld32<AL>(ql);
-        r[1] = kq_ld32<AL>(ql + 4);
-        r[2] = kq_ld32<AL>(qh);
-        r[3] = kq_ld32<AL>(qh + 4);
-        r[4] = (uint32_t)__ldg(b + 192 + 8 * h + (sl >> 1) + 2 * qq);
-        r[5] = (uint32_t)__ldg((const unsigned short *)(b + 208));
-    }
-}
-/* Byte k of v (a value below 256) as a float, exactly: the bits 0x4B0000vv are 2^23 + v. */
-__device__ __forceinline__ float kq_byte_f(uint32_t v, int k, float bias) {
-    return __fsub_rn(__uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u + (unsigned)k)), bias);
-}
-/* The 8 values of the slice from its words: gq_dequant8's expressions. */
-template <int TYPE>
-__device__ __forceinline__ void kq_dequant(const uint32_t (&r)[KQ_WORDS], int j, float (&w)[8]) {
-    if (TYPE == STRATA_TYPE_Q4_K) {
-        const float d = __half2float(__ushort_as_half((unsigned short)(r[0] & 0xFFFFu)));
-        const float dmin = __half2float(__ushort_as_half((unsigned short)(r[0] >> 16)));
-        /* gq_q4k_scale_min: bytes k = j % 4 of scales[0..3], [4..7], [8..11] */
-        const int k = j & 3;
-        const int a0 = (int)((r[1] >> (8 * k)) & 0xFFu), a1 = (int)((r[2] >> (8 * k)) & 0xFFu);
-        const int a2 = (int)((r[3] >> (8 * k)) & 0xFFu);
-        int sc, m;
-        if (j < 4) {
-            sc = a0 & 63;
-            m = a1 & 63;
-        } else {
-            sc = (a2 & 0xF) | ((a0 >> 6) << 4);
-            m = (a2 >> 4) | ((a1 >> 6) << 4);
-        }
-        const float dsc = __fmul_rn(d, (float)sc), dm = __fmul_rn(dmin, (float)m);
-        const int shift = 4 * (j & 1);
-        const uint32_t q0 = (r[4] >> shift) & 0x0F0F0F0Fu, q1 = (r[5] >> shift) & 0x0F0F0F0Fu;
-#pragma unroll
-        for (int l = 0; l < 4; l++) {
-            w[l] = __fsub_rn(__fmul_rn(dsc, kq_byte_f(q0, l, 8388608.0f)), dm);
-            w[l + 4] = __fsub_rn(__fmul_rn(dsc, kq_byte_f(q1, l, 8388608.0f)), dm);
-        }
-    } else {
-        const float d = __half2float(__ushort_as_half((unsigned short)r[5]));
-        const float dsc = __fmul_rn(d, (float)(int)(int8_t)(uint8_t)r[4]);
-        const int qq = j & 3, lshift = (qq & 2) ? 4 : 0, hshift = 2 * qq;
-        /* q = low nibble | 2 high bits << 4 per byte; then q - 32 = (2^23 + q) - (2^23 + 32) */
-        const uint32_t q0 = ((r[0] >> lshift) & 0x0F0F0F0Fu) | (((r[2] >> hshift) & 0x03030303u) << 4);
-        const uint32_t q1 = ((r[1] >> lshift) & 0x0F0F0F0Fu) | (((r[3] >> hshift) & 0x03030303u) << 4);
-#pragma unroll
-        for (int l = 0; l < 4; l++) {
-            w[l] = __fmul_rn(dsc, kq_byte_f(q0, l, 8388640.0f));
-            w[l + 4] = __fmul_rn(dsc, kq_byte_f(q1, l, 8388640.0f));
-        }
-    }
-}
-
-/* out[i] = rows[i] . x (float activations, cols values) for NR rows, each in dot_row_f's order.
- * wait_after_first: cu_pdl_wait after the first weight loads, before x is read (else the caller waited). */
-template <int TYPE, int AL, int NR, int PF>
-__device__ __forceinline__ void dot_rows_kq(const uint8_t *const *rows, const float *__restrict__ x, int64_t cols,
-                                            int lane, float *out, bool wait_after_first) {
-    const int64_t G = cols >> 5;
-    const int sl = lane & 3, j = (lane >> 2) & 7; /* a lane's groups are all sub-block j of their super-block */
-    float acc[NR];
-#pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
-    bool waited = !wait_after_first;
-    for (int64_t g0 = lane >> 2; g0 < G; g0 += 8 * PF) {
-        uint32_t raw[NR][PF][KQ_WORDS];
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-#pragma unroll
-                for (int e = 0; e < KQ_WORDS; e++) raw[r][i][e] = 0u;
-                if (g0 + 8 * i < G) kq_load<TYPE, AL>(rows[r], g0 + 8 * i, sl, raw[r][i]);
-            }
-        }
-        if (!waited) {
-            cu_pdl_wait();
-            waited = true;
-        }
-#pragma unroll
-        for (int i = 0; i < PF; i++) {
-            const int64_t g = g0 + 8 * i;
-            if (g < G) {
-                const float4 *xp = (const float4 *)(x + g * 32 + sl * 8);
-                const float4 a = __ldg(xp), b = __ldg(xp + 1);
-#pragma unroll
-                for (int r = 0; r < NR; r++) {
-                    float w[8];
-                    kq_dequant<TYPE>(raw[r][i], j, w);
-                    float s = acc[r];
-                    s = __fadd_rn(s, __fmul_rn(w[0], a.x));
-                    s = __fadd_rn(s, __fmul_rn(w[1], a.y));
-                    s = __fadd_rn(s, __fmul_rn(w[2], a.z));
-                    s = __fadd_rn(s, __fmul_rn(w[3], a.w));
-                    s = __fadd_rn(s, __fmul_rn(w[4], b.x));
-                    s = __fadd_rn(s, __fmul_rn(w[5], b.y));
-                    s = __fadd_rn(s, __fmul_rn(w[6], b.z));
-                    s = __fadd_rn(s, __fmul_rn(w[7], b.w));
-                    acc[r] = s;
-                }
-            }
-        }
-    }
-    if (!waited) cu_pdl_wait();
-#pragma unroll
-    for (int r = 0; r < NR; r++) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
-        out[r] = acc[r];
-    }
-}
-
-/* The alignment class of rows base + i * row_bytes (every pointer of ps): 4 or 2 (see dot_rows_kq). */
-__device__ __forceinline__ bool kq_al4(const uint8_t *const *ps, int n, int64_t row_bytes) {
-    uintptr_t a = (uintptr_t)row_bytes;
-    for (int i = 0; i < n; i++) a |= (uintptr_t)ps[i];
-    return (a & 3) == 0;
-}
-template <int TYPE, int NR, int PF>
-__device__ __forceinline__ void dot_rows_kq_any(const uint8_t *const *rows, int64_t row_bytes, const float *x,
-                                                int64_t cols, int lane, float *out, bool wait_after_first) {
-    if (kq_al4(rows, NR, row_bytes)) dot_rows_kq<TYPE, 4, NR, PF>(rows, x, cols, lane, out, wait_after_first);
-    else dot_rows_kq<TYPE, 2, NR, PF>(rows, x, cols, lane, out, wait_after_first);
-}
-
-#define IS_KQ(TYPE) ((TYPE) == STRATA_TYPE_Q4_K || (TYPE) == STRATA_TYPE_Q6_K)
-#define KQ_ROWS 2 /* rows per warp of k_matvec_kq */
-
-/* Decode, one token, plain matrix (cuda_matvec with T = 1): warp w of block b takes rows
- * KQ_ROWS (MV_WARPS b + w) ..+KQ_ROWS-1 of W; k_matvec<TYPE, 1>'s bits (its dot_row_f order and its store). */
-template <int TYPE>
-__global__ void __launch_bounds__(MV_WARPS * 32)
-k_matvec_kq(const uint8_t *__restrict__ W, int64_t row_bytes, int64_t rows, int64_t cols, const float *__restrict__ x,
-            float *__restrict__ y, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r0 = ((int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5)) * KQ_ROWS;
-    if (r0 >= rows) return;
-    const uint8_t *rp[KQ_ROWS];
-#pragma unroll
-    for (int i = 0; i < KQ_ROWS; i++) rp[i] = W + (r0 + i < rows ? r0 + i : rows - 1) * row_bytes;
-    float v[KQ_ROWS];
-    dot_rows_kq_any<TYPE, KQ_ROWS, 4>(rp, row_bytes, x, cols, lane, v, false);
-    if (lane == 0) {
-#pragma unroll
-        for (int i = 0; i < KQ_ROWS; i++) {
-            if (r0 + i < rows) y[r0 + i] = accumulate ? __fadd_rn(y[r0 + i], v[i]) : v[i];
-        }
-    }
-}
-
 #define IS_Q8ACT(TYPE) ((TYPE) == STRATA_TYPE_Q8_0 || (TYPE) == STRATA_TYPE_Q4_0)
 
 template <int TYPE>
@@ -616,8 +428,6 @@ k_matvec3_fast(mv3 m, int64_t row_bytes, int64_t cols, const void *x) {
     float v;
     if (IS_Q8ACT(TYPE)) {
         dot_rows_q8<TYPE, 1, 8>(&row, (const uint8_t *)x, cols, lane, &v, true);
-    } else if (IS_KQ(TYPE)) {
-        dot_rows_kq_any<TYPE, 1, 8>(&row, row_bytes, (const float *)x, cols, lane, &v, true);
     } else {
         cu_pdl_wait();
         v = dot_row<TYPE>(row, x, cols, lane);
@@ -640,12 +450,6 @@ k_expert_gate_up_fast(const uint8_t *const *__restrict__ wg, const uint8_t *cons
         const uint8_t *rows[2] = {wg[k] + r * row_bytes, wu[k] + r * row_bytes};
         float o[2];
         dot_rows_q8<TYPE, 2, 4>(rows, (const uint8_t *)x, D, lane, o, false);
-        gv = o[0];
-        uv = o[1];
-    } else if (IS_KQ(TYPE)) {
-        const uint8_t *rows[2] = {wg[k] + r * row_bytes, wu[k] + r * row_bytes};
-        float o[2];
-        dot_rows_kq_any<TYPE, 2, 4>(rows, row_bytes, (const float *)x, D, lane, o, false);
         gv = o[0];
         uv = o[1];
     } else {
@@ -672,16 +476,6 @@ __global__ void k_expert_down_combine_fast(const uint8_t *const *__restrict__ wd
         for (int i = 0; i < DC_ROWS; i++) rows[i] = w + (r0 + i) * row_bytes;
         float o[DC_ROWS];
         dot_rows_q8<TYPE, DC_ROWS, 4>(rows, (const uint8_t *)hk, F, lane, o, false);
-        if (lane == 0)
-#pragma unroll
-            for (int i = 0; i < DC_ROWS; i++) part[i * K + k] = o[i];
-    } else if (IS_KQ(TYPE) && r0 + DC_ROWS <= D) {
-        const uint8_t *w = wd[k];
-        const uint8_t *rows[DC_ROWS];
-#pragma unroll
-        for (int i = 0; i < DC_ROWS; i++) rows[i] = w + (r0 + i) * row_bytes;
-        float o[DC_ROWS];
-        dot_rows_kq_any<TYPE, DC_ROWS, 2>(rows, row_bytes, (const float *)hk, F, lane, o, false); /* 2: registers */
         if (lane == 0)
 #pragma unroll
             for (int i = 0; i < DC_ROWS; i++) part[i * K + k] = o[i];
@@ -964,20 +758,6 @@ strata_status cuda_matvec(cuda_ctx *ctx, int32_t type, const void *w, int64_t ro
                           int64_t x_stride, float *y, int64_t y_stride, int32_t T, int32_t accumulate) {
     if (T <= 0 || rows <= 0) return STRATA_OK;
     if (!shape_ok(type, cols)) return STRATA_ERR_INVALID_ARGUMENT;
-    if (T == 1 && (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K)) {
-        /* k_matvec<TYPE, 1>'s bits, several rows per warp and their weights in flight together */
-        const int64_t rb = gq_row_bytes(type, cols);
-        const unsigned blocks = cu_blocks((rows + KQ_ROWS - 1) / KQ_ROWS, MV_WARPS);
-        const uint8_t *W = (const uint8_t *)w;
-        if (type == STRATA_TYPE_Q4_K)
-            k_matvec_kq<STRATA_TYPE_Q4_K><<<blocks, MV_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(W, rb, rows, cols,
-                                                                                        (const float *)x, y, accumulate);
-        else
-            k_matvec_kq<STRATA_TYPE_Q6_K><<<blocks, MV_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(W, rb, rows, cols,
-                                                                                        (const float *)x, y, accumulate);
-        CU_LAUNCHED(ctx, "matvec");
-        return STRATA_OK;
-    }
     if (T == 1) return launch<1>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, 1, T, accumulate);
     return launch<8>(ctx, type, w, NULL, rows, cols, x, x_stride, NULL, NULL, y, y_stride, (T + 7) / 8, T,
                      accumulate);
