@@ -368,10 +368,7 @@ void cuda_mirror_experts(pool *p, int32_t simd, int32_t n, const void *const *ga
 
 /* ---- public entry point (tests, benchmarks) -------------------------------------------------------- */
 
-static int mirror_shape_ok(int32_t type, int64_t cols) {
-    const int blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
-    return cols > 0 && cols % blk == 0 && gq_row_bytes(type, cols) > 0;
-}
+static int mirror_shape_ok(int32_t type, int64_t cols) { return gq_shape_ok(type, cols); }
 
 static double mirror_now_us(void) {
     struct timespec ts;
