@@ -83,7 +83,7 @@ def test_mirror_rejects_bad_shapes():
         assert st == 1, (type_, cols)
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", *NEW_TYPES])
 def test_mmq_mirror_matches_reference(name):
     """The host copy of the prompt product (cuda/mmq.cu): right values, and the same exact block
     products as the matrix-vector mirror, summed in another order (so close, not equal)."""
@@ -97,13 +97,13 @@ def test_mmq_mirror_matches_reference(name):
     ref = dense.astype(np.float64) @ _quantized_activations(x[None, :])[0].astype(np.float64)
     err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
     assert err < 1e-5, f"{name}: relative error {err:.2e}; worst row {int(np.argmax(np.abs(y - ref)))}"
-    if name in ("Q4_K", "Q6_K"):
-        return  # the matrix-vector mirror multiplies K-quants with float activations
+    # only the weight types whose activations are 8-bit blocks
+    assert _mirror(C.strata_cuda_mirror_mmq, TYPES["F16"], w, rows, cols, x)[0] == 1
+    if name not in ("Q8_0", "Q4_0"):
+        return  # the matrix-vector mirror multiplies the other types with float activations
     st, ym = _mirror(C.strata_cuda_mirror_matvec, TYPES[name], w, rows, cols, x)
     assert st == 0
     assert np.abs(y - ym).max() <= 1e-5 * np.abs(ym).max()
-    # only the weight types whose activations are 8-bit blocks
-    assert _mirror(C.strata_cuda_mirror_mmq, TYPES["F16"], w, rows, cols, x)[0] == 1
 
 
 # ---- the SIMD levels of the mirror (--miss host runs the engine's level) ----------------------------

@@ -105,10 +105,7 @@ done:
 }
 
 /* the weight types of the tensor-core prompt product (checked here too: the stub build has no kernels) */
-static int mmq_type(int32_t type) {
-    return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0 || type == STRATA_TYPE_Q4_K ||
-           type == STRATA_TYPE_Q6_K;
-}
+static int mmq_type(int32_t type) { return gq_mmq_form(type) >= 0; }
 
 strata_status strata_cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                                      float *y) {

@@ -216,4 +216,217 @@ GQ_FN void gq_dq8_iq1_m(const uint8_t *row, int64_t g, int e0, float *w) {
     for (int l = 0; l < 8; l++) w[l] = dl * ((float)(int8_t)(uint8_t)(gr >> (8 * l)) + delta);
 }
 
+/* ---- the 8-bit forms of the tensor-core prompt product (cuda/mmq_types.cu, cuda_mirror_mmq) ----------
+ * Each type's group of 32 values as int8 values q and float scales with w = s * q (+ m): gq_w4_<type> packs
+ * values v0 .. v0 + 3 (v0 = 0, 4, .. 28) of group j of block b little-endian (b: the block; j: the group
+ * within it, 0 for the 32-value types); gq_ws_<type> gives s[0], s[1] (the scales of values 0..15 and
+ * 16..31) and m[0], m[1] (additive terms, negated for the types that subtract a minimum: an exact
+ * negation). GQ_MQ_SPLIT: the halves have their own scales (and minimums); GQ_MQ_MIN: the type has a
+ * minimum. The values are integers of the format (the i-quants' signed grid values, IQ1's 8 g +- 1 with
+ * s = dl / 8, exact), so a block's integer dot is exact and the float expression of cuda_mirror_mmq is
+ * the only rounding. */
+#define GQ_MQ_SPLIT 1
+#define GQ_MQ_MIN 2
+
+GQ_FN uint32_t gq_pack4(int a, int b, int c, int d) {
+    return (uint32_t)(uint8_t)a | ((uint32_t)(uint8_t)b << 8) | ((uint32_t)(uint8_t)c << 16) | ((uint32_t)(uint8_t)d << 24);
+}
+/* 4 magnitudes (bytes of m) with sign bits sg >> 0..3 */
+GQ_FN uint32_t gq_signed4(uint32_t m, uint32_t sg) {
+    int v[4];
+    for (int k = 0; k < 4; k++) {
+        const int x = (int)((m >> (8 * k)) & 0xFF);
+        v[k] = ((sg >> k) & 1) ? -x : x;
+    }
+    return gq_pack4(v[0], v[1], v[2], v[3]);
+}
+
+GQ_FN uint32_t gq_w4_q4_1(const uint8_t *b, int j, int v0) {
+    (void)j;
+    return gq_pack4(gq_nib(b + 4, v0 & 16, (v0 & 15)), gq_nib(b + 4, v0 & 16, (v0 & 15) + 1),
+                    gq_nib(b + 4, v0 & 16, (v0 & 15) + 2), gq_nib(b + 4, v0 & 16, (v0 & 15) + 3));
+}
+GQ_FN void gq_ws_q4_1(const uint8_t *b, int j, float *s, float *m) {
+    (void)j;
+    s[0] = s[1] = gq_f16(b);
+    m[0] = m[1] = gq_f16(b + 2);
+}
+GQ_FN int gq_q5v(const uint8_t *qs, uint32_t qh, int v) {
+    return gq_nib(qs, v & 16, v & 15) | (int)(((qh >> v) & 1u) << 4);
+}
+GQ_FN uint32_t gq_w4_q5_0(const uint8_t *b, int j, int v0) {
+    (void)j;
+    const uint32_t qh = gq_u32(b + 2);
+    return gq_pack4(gq_q5v(b + 6, qh, v0) - 16, gq_q5v(b + 6, qh, v0 + 1) - 16, gq_q5v(b + 6, qh, v0 + 2) - 16,
+                    gq_q5v(b + 6, qh, v0 + 3) - 16);
+}
+GQ_FN void gq_ws_q5_0(const uint8_t *b, int j, float *s, float *m) {
+    (void)j;
+    s[0] = s[1] = gq_f16(b);
+    m[0] = m[1] = 0.0f;
+}
+GQ_FN uint32_t gq_w4_q5_1(const uint8_t *b, int j, int v0) {
+    (void)j;
+    const uint32_t qh = gq_u32(b + 4);
+    return gq_pack4(gq_q5v(b + 8, qh, v0), gq_q5v(b + 8, qh, v0 + 1), gq_q5v(b + 8, qh, v0 + 2),
+                    gq_q5v(b + 8, qh, v0 + 3));
+}
+GQ_FN void gq_ws_q5_1(const uint8_t *b, int j, float *s, float *m) { gq_ws_q4_1(b, j, s, m); }
+GQ_FN uint32_t gq_w4_iq4_nl(const uint8_t *b, int j, int v0) {
+    (void)j;
+    int v[4];
+    for (int k = 0; k < 4; k++) v[k] = GQ_TAB(iq4nl_values)[gq_nib(b + 2, v0 & 16, (v0 & 15) + k)];
+    return gq_pack4(v[0], v[1], v[2], v[3]);
+}
+GQ_FN void gq_ws_iq4_nl(const uint8_t *b, int j, float *s, float *m) { gq_ws_q5_0(b, j, s, m); }
+GQ_FN uint32_t gq_w4_mxfp4(const uint8_t *b, int j, int v0) {
+    (void)j;
+    int v[4];
+    for (int k = 0; k < 4; k++) v[k] = GQ_TAB(mxfp4_values)[gq_nib(b + 1, v0 & 16, (v0 & 15) + k)];
+    return gq_pack4(v[0], v[1], v[2], v[3]);
+}
+GQ_FN void gq_ws_mxfp4(const uint8_t *b, int j, float *s, float *m) {
+    (void)j;
+    s[0] = s[1] = gq_e8m0_half(b[0]);
+    m[0] = m[1] = 0.0f;
+}
+
+GQ_FN uint32_t gq_w4_q2_k(const uint8_t *b, int j, int v0) {
+    const uint8_t *qs = b + 16 + 32 * (j >> 2) + v0;
+    const int sh = 2 * (j & 3);
+    return gq_pack4((qs[0] >> sh) & 3, (qs[1] >> sh) & 3, (qs[2] >> sh) & 3, (qs[3] >> sh) & 3);
+}
+GQ_FN void gq_ws_q2_k(const uint8_t *b, int j, float *s, float *m) {
+    const float d = gq_f16(b + 80), dmin = gq_f16(b + 82);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t sc = b[2 * j + h];
+        s[h] = d * (float)(sc & 0xF);
+        m[h] = -(dmin * (float)(sc >> 4));
+    }
+}
+GQ_FN uint32_t gq_w4_q3_k(const uint8_t *b, int j, int v0) {
+    const uint8_t *qs = b + 32 + 32 * (j >> 2) + v0, *hm = b + v0;
+    const int sh = 2 * (j & 3);
+    int v[4];
+    for (int k = 0; k < 4; k++) v[k] = ((qs[k] >> sh) & 3) - (((hm[k] >> j) & 1) ? 0 : 4);
+    return gq_pack4(v[0], v[1], v[2], v[3]);
+}
+GQ_FN void gq_ws_q3_k(const uint8_t *b, int j, float *s, float *m) {
+    const float d = gq_f16(b + 108);
+    const uint8_t *sc = b + 96;
+    for (int h = 0; h < 2; h++) {
+        const int i = 2 * j + h;
+        const int lo = (i < 8 ? sc[i] : sc[i - 8] >> 4) & 0xF, hi = (sc[8 + (i & 3)] >> (2 * (i >> 2))) & 3;
+        s[h] = d * (float)((lo | (hi << 4)) - 32);
+        m[h] = 0.0f;
+    }
+}
+GQ_FN uint32_t gq_w4_q5_k(const uint8_t *b, int j, int v0) {
+    const uint8_t *qs = b + 48 + 32 * (j >> 1) + v0, *qh = b + 16 + v0;
+    const int sh = 4 * (j & 1);
+    int v[4];
+    for (int k = 0; k < 4; k++) v[k] = ((qs[k] >> sh) & 0xF) | (((qh[k] >> j) & 1) << 4);
+    return gq_pack4(v[0], v[1], v[2], v[3]);
+}
+GQ_FN void gq_ws_q5_k(const uint8_t *b, int j, float *s, float *m) {
+    int sc, mn;
+    gq_q4k_scale_min(b + 4, j, &sc, &mn);
+    s[0] = s[1] = gq_f16(b) * (float)sc;
+    m[0] = m[1] = -(gq_f16(b + 2) * (float)mn);
+}
+GQ_FN uint32_t gq_w4_iq4_xs(const uint8_t *b, int j, int v0) {
+    int v[4];
+    for (int k = 0; k < 4; k++) v[k] = GQ_TAB(iq4nl_values)[gq_nib(b + 8 + 16 * j, v0 & 16, (v0 & 15) + k)];
+    return gq_pack4(v[0], v[1], v[2], v[3]);
+}
+GQ_FN void gq_ws_iq4_xs(const uint8_t *b, int j, float *s, float *m) {
+    const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (int)(((gq_u16(b + 2) >> (2 * j)) & 3u) << 4);
+    s[0] = s[1] = gq_f16(b) * (float)(ls - 32);
+    m[0] = m[1] = 0.0f;
+}
+GQ_FN uint32_t gq_w4_iq3_xxs(const uint8_t *b, int j, int v0) {
+    const uint32_t aux = gq_u32(b + 66 + 4 * j);
+    const uint32_t sg = GQ_TAB(iq_ksigns)[(aux >> (7 * (v0 >> 3))) & 127];
+    return gq_signed4(GQ_TAB(iq3xxs_grid)[b[2 + 8 * j + (v0 >> 2)]], sg >> (v0 & 7));
+}
+GQ_FN void gq_ws_iq3_xxs(const uint8_t *b, int j, float *s, float *m) {
+    const uint32_t aux = gq_u32(b + 66 + 4 * j);
+    s[0] = s[1] = gq_f16(b) * (0.5f + (float)(aux >> 28)) * 0.5f;
+    m[0] = m[1] = 0.0f;
+}
+GQ_FN uint32_t gq_w4_iq3_s(const uint8_t *b, int j, int v0) {
+    const int tt = 8 * j + (v0 >> 2);
+    const uint32_t gr = GQ_TAB(iq3s_grid)[b[2 + tt] | (((b[66 + tt / 8] >> (tt % 8)) & 1) << 8)];
+    return gq_signed4(gr, (uint32_t)b[74 + 4 * j + (v0 >> 3)] >> (v0 & 7));
+}
+GQ_FN void gq_ws_iq3_s(const uint8_t *b, int j, float *s, float *m) {
+    s[0] = s[1] = gq_f16(b) * (float)(1 + 2 * ((b[106 + j / 2] >> (4 * (j % 2))) & 0xF));
+    m[0] = m[1] = 0.0f;
+}
+GQ_FN uint32_t gq_w4_iq2_xs(const uint8_t *b, int j, int v0) {
+    const uint32_t q = gq_u16(b + 2 + 2 * (4 * j + (v0 >> 3)));
+    const uint64_t gr = GQ_TAB(iq2xs_grid)[q & 511] >> (8 * (v0 & 7));
+    return gq_signed4((uint32_t)gr, (uint32_t)GQ_TAB(iq_ksigns)[q >> 9] >> (v0 & 7));
+}
+/* the scales of 16 values k = 2 j, 2 j + 1 of the IQ2 types with (0.5 + s) / 4 per 16 values */
+GQ_FN void gq_ws_iq2_16(const uint8_t *b, const uint8_t *sc, int j, float *s, float *m) {
+    const float d = gq_f16(b);
+    for (int h = 0; h < 2; h++) {
+        const int k = 2 * j + h;
+        s[h] = d * (0.5f + (float)((sc[k / 2] >> (4 * (k % 2))) & 0xF)) * 0.25f;
+        m[h] = 0.0f;
+    }
+}
+GQ_FN void gq_ws_iq2_xs(const uint8_t *b, int j, float *s, float *m) { gq_ws_iq2_16(b, b + 66, j, s, m); }
+GQ_FN uint32_t gq_w4_iq2_xxs(const uint8_t *b, int j, int v0) {
+    const uint32_t a1 = gq_u32(b + 2 + 8 * j + 4);
+    const uint64_t gr = GQ_TAB(iq2xxs_grid)[b[2 + 8 * j + (v0 >> 3)]] >> (8 * (v0 & 7));
+    return gq_signed4((uint32_t)gr, (uint32_t)GQ_TAB(iq_ksigns)[(a1 >> (7 * (v0 >> 3))) & 127] >> (v0 & 7));
+}
+GQ_FN void gq_ws_iq2_xxs(const uint8_t *b, int j, float *s, float *m) {
+    const uint32_t a1 = gq_u32(b + 2 + 8 * j + 4);
+    s[0] = s[1] = gq_f16(b) * (0.5f + (float)(a1 >> 28)) * 0.25f;
+    m[0] = m[1] = 0.0f;
+}
+GQ_FN uint32_t gq_w4_iq2_s(const uint8_t *b, int j, int v0) {
+    const int t = 4 * j + (v0 >> 3);
+    const uint64_t gr = GQ_TAB(iq2s_grid)[b[2 + t] | (((b[66 + t / 4] >> (2 * (t % 4))) & 3) << 8)] >> (8 * (v0 & 7));
+    return gq_signed4((uint32_t)gr, (uint32_t)b[34 + t] >> (v0 & 7));
+}
+GQ_FN void gq_ws_iq2_s(const uint8_t *b, int j, float *s, float *m) { gq_ws_iq2_16(b, b + 74, j, s, m); }
+/* IQ1: 4 grid values g (int8 -1, 0, 1) as 8 g + 1 (delta > 0) or 8 g - 1 */
+GQ_FN uint32_t gq_iq1_4(uint64_t gr, int neg) {
+    int v[4];
+    for (int k = 0; k < 4; k++) v[k] = 8 * (int)(int8_t)(uint8_t)(gr >> (8 * k)) + (neg ? -1 : 1);
+    return gq_pack4(v[0], v[1], v[2], v[3]);
+}
+GQ_FN uint32_t gq_w4_iq1_s(const uint8_t *b, int j, int v0) {
+    const uint32_t h = gq_u16(b + 34 + 2 * j);
+    const int l = v0 >> 3;
+    const uint64_t gr = GQ_TAB(iq1s_grid)[b[2 + 4 * j + l] | (((h >> (3 * l)) & 7) << 8)] >> (8 * (v0 & 7));
+    return gq_iq1_4(gr, (h & 0x8000) != 0);
+}
+GQ_FN void gq_ws_iq1_s(const uint8_t *b, int j, float *s, float *m) {
+    const uint32_t h = gq_u16(b + 34 + 2 * j);
+    s[0] = s[1] = gq_f16(b) * (float)(2 * ((h >> 12) & 7) + 1) * 0.125f;
+    m[0] = m[1] = 0.0f;
+}
+GQ_FN uint32_t gq_w4_iq1_m(const uint8_t *b, int j, int v0) {
+    const int t = 4 * j + (v0 >> 3);
+    const int h = (b[32 + t / 2] >> (4 * (t % 2))) & 0xF;
+    const uint64_t gr = GQ_TAB(iq1s_grid)[b[t] | ((h & 7) << 8)] >> (8 * (v0 & 7));
+    return gq_iq1_4(gr, (h & 8) != 0);
+}
+GQ_FN void gq_ws_iq1_m(const uint8_t *b, int j, float *s, float *m) {
+    const uint32_t s0 = gq_u16(b + 48), s1 = gq_u16(b + 50), s2 = gq_u16(b + 52), s3 = gq_u16(b + 54);
+    const float d = gq_f16_bits((uint16_t)((s0 >> 12) | ((s1 >> 8) & 0x00F0) | ((s2 >> 4) & 0x0F00) | (s3 & 0xF000)));
+    for (int h = 0; h < 2; h++) {
+        const int k = 2 * j + h;
+        const uint32_t sk = gq_u16(b + 48 + 2 * (k / 4));
+        s[h] = d * (float)(2 * ((sk >> (3 * (k % 4))) & 7) + 1) * 0.125f;
+        m[h] = 0.0f;
+    }
+}
+
+
 #endif

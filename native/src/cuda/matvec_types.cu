@@ -10,7 +10,7 @@
  */
 #include "matvec_kernels.cuh"
 
-#define MV_ENTRY(T, V, B, F) MV_KERNELS_F(T),
+#define MV_ENTRY(T, V, B, N, MQ) MV_KERNELS_F(T),
 const mv_kernels cuda_mv_types[] = {GQ_NEW_TYPES(MV_ENTRY)};
 #undef MV_ENTRY
 const int cuda_mv_types_n = (int)(sizeof cuda_mv_types / sizeof cuda_mv_types[0]);
