@@ -96,8 +96,11 @@ static int arrange(mirror_x *px, int32_t simd) {
         return 1;
     }
     const int kq = px->type == STRATA_TYPE_Q4_K || px->type == STRATA_TYPE_Q6_K;
-    if (!kq && px->type != STRATA_TYPE_F32 && px->type != STRATA_TYPE_F16 && px->type != STRATA_TYPE_BF16) return 0;
-    /* F32 / F16 / BF16: vector element e is lane e. K-quants: element e (0..31) is byte e % 16 of the
+    const int fl = px->type == STRATA_TYPE_F32 || px->type == STRATA_TYPE_F16 || px->type == STRATA_TYPE_BF16;
+    /* the types of GQ_NEW_TYPES: dequantized a step at a time (gq_dequant8) into the float kernel's buffer */
+    px->deq = !kq && !fl && gq_block_values(px->type) > 0;
+    if (!kq && !fl && !px->deq) return 0;
+    /* F32 / F16 / BF16 and deq: vector element e is lane e. K-quants: element e (0..31) is byte e % 16 of the
      * per-value vector, its low nibble for e < 16 */
     for (int e = 0; e < 32 && !kq; e++) px->lane_of[e] = e;
     for (int e = 0; e < 32 && kq; e++) {
