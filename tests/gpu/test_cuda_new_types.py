@@ -179,6 +179,13 @@ def test_engine_runs_the_type_on_cuda(name, model_of, monkeypatch):
     # far as unrelated logits.
     nmse = float(np.mean((ref[1] - cpu_first) ** 2) / np.mean(cpu_first**2))
     assert nmse < 0.1, f"{name}: first logits' nMSE against the CPU's is {nmse:.2e}"
+    # the portable path (plain copies, m8n8k16 products, no programmatic launches): the same bits
+    monkeypatch.setenv("STRATA_CUDA_PORTABLE", "1")
+    tok, first, top, _ = _generate(path, EngineConfig(device="cuda"), prompt, 16)
+    assert (tok, first.tobytes(), top) == (ref[0], ref[1].tobytes(), ref[2]), (
+        f"{name}: STRATA_CUDA_PORTABLE=1 differs"
+    )
+    monkeypatch.delenv("STRATA_CUDA_PORTABLE")
     # without the tensor cores (STRATA_CUDA_MMQ=0: the batched matrix-vector kernel in prompt chunks): the
     # same prompt logits whatever the chunk, close to the tensor cores' (8-bit activations there)
     monkeypatch.setenv("STRATA_CUDA_MMQ", "0")
