@@ -24,8 +24,9 @@ static size_t wbytes(const wview *w) { return (size_t)w->rows * w->row_bytes; }
 static strata_status check_type(strata_engine *e, const wview *w, const char *name) {
     if (!cuda_type_supported(w->type))
         return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
-                       "--device cuda: tensor %s is %s, which the CUDA kernels do not run yet (they run F32, F16, "
-                       "BF16, Q8_0, Q4_0, Q4_K and Q6_K); use --device cpu for this file",
+                       "--device cuda: tensor %s is %s, which the CUDA kernels do not run (they run F32, F16, BF16, "
+                       "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, "
+                       "IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M and MXFP4); use --device cpu for this file",
                        name, quant_type_name(w->type) ? quant_type_name(w->type) : "an unknown type");
     return STRATA_OK;
 }
