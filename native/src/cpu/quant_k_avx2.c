@@ -374,6 +374,7 @@ static inline __attribute__((always_inline)) void kx_vec_dot_4xn(int64_t n, cons
                         const kx_unpacked *u0 = &u[2 * rp][c], *u1 = &u[2 * rp + 1][c];
                         __m256i acc[8];
                         for (int p = 0; p < 8; p++) acc[p] = _mm256_setzero_si256();
+#pragma GCC unroll 2
                         for (int j = 0; j < 8; j++) {
                             const __m256i w0 = u0->w[j], w1 = u1->w[j];
                             for (int k = 0; k < 4; k++) {
