@@ -418,10 +418,77 @@ static inline __attribute__((always_inline)) void kx_vec_dot_4xn(int64_t n, cons
     }
 }
 
+/* Four vectors of 8 int32 lanes -> their four sums (exact). */
+static inline __m128i reduce4(__m256i v0, __m256i v1, __m256i v2, __m256i v3) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(v0, v1), _mm256_hadd_epi32(v2, v3));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+static inline __attribute__((always_inline)) int kx_block_bytes(const int kt) {
+    switch (kt) {
+    case KX_Q2_K: return (int)sizeof(block_q2_K);
+    case KX_Q3_K: return (int)sizeof(block_q3_K);
+    case KX_Q4_K: return (int)sizeof(block_q4_K);
+    case KX_Q5_K: return (int)sizeof(block_q5_K);
+    default: return (int)sizeof(block_q6_K);
+    }
+}
+
+/* Decode streams whole matrices once per token and waits on memory: each call asks for the blocks it
+ * will read KX_PREFETCH_ROWS rows (four calls) ahead, every cache line of them. A prefetch past the end
+ * of a matrix is a hint that never faults. */
+#define KX_PREFETCH_ROWS 16
+static inline __attribute__((always_inline)) void kx_prefetch(const void *p, int bytes) {
+    const char *c = (const char *)p;
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
+    _mm_prefetch(c + bytes - 1, _MM_HINT_T0);
+}
+
+/* Four weight rows against one activation row (decode): per block, each row's integer sums are
+ * vec_dot's (the activation block read once for the four rows), reduced together, and per row the
+ * float step of vec_dot, blocks in order, runs in lane r: out[r] is bit for bit vec_dot of row r. */
+static inline __attribute__((always_inline)) void kx_vec_dot_x4(int64_t n, const void *w, size_t ws, const void *act,
+                                                                float out[4], const int kt) {
+    const block_q8_K *y = act;
+    const int bsz = kx_block_bytes(kt);
+    __m128 sum = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const __m256i bs = load256(y[i].bsums);
+        __m256i acc[4], bacc[4];
+        float dd[4], dm[4];
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *row = (const uint8_t *)w + (size_t)r * ws;
+            kx_prefetch(row + KX_PREFETCH_ROWS * ws + i * bsz, bsz);
+            kx_unpacked u;
+            kx_unpack(row, i, &u, kt);
+            acc[r] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++)
+                acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(_mm256_maddubs_epi16(u.w[j], load256(y[i].qs + 32 * j)), u.s[j]));
+            bacc[r] = _mm256_madd_epi16(bs, u.f);
+            dd[r] = u.d;
+            dm[r] = u.dmin;
+        }
+        const __m128i A = reduce4(acc[0], acc[1], acc[2], acc[3]), B = reduce4(bacc[0], bacc[1], bacc[2], bacc[3]);
+        const __m128 yd = _mm_set1_ps(y[i].d);
+        if (kt == KX_Q6_K || kt == KX_Q3_K) {
+            const __m128i Ai = _mm_sub_epi32(A, _mm_slli_epi32(B, kt == KX_Q6_K ? 5 : 2));
+            sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dd), yd), _mm_cvtepi32_ps(Ai)));
+        } else {
+            const __m128 ta = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dd), yd), _mm_cvtepi32_ps(A));
+            const __m128 tb = _mm_mul_ps(_mm_mul_ps(_mm_loadu_ps(dm), yd), _mm_cvtepi32_ps(B));
+            sum = _mm_add_ps(sum, _mm_sub_ps(ta, tb));
+        }
+    }
+    _mm_storeu_ps(out, sum);
+}
+
 #define KX_4XN(name, kt)                                                                                     \
     static void name##_vec_dot_4xn_avx2(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act, \
                                         float *out) {                                                        \
         kx_vec_dot_4xn(n, w, ws, act, n_act, out, kt);                                                       \
+    }                                                                                                        \
+    static void name##_vec_dot_x4_avx2(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {  \
+        kx_vec_dot_x4(n, w, ws, act, out, kt);                                                               \
     }
 KX_4XN(q2k, KX_Q2_K)
 KX_4XN(q3k, KX_Q3_K)
@@ -441,4 +508,9 @@ void quant_k_avx2(quant_traits t[]) {
     quant_set_4xn(t, STRATA_TYPE_Q4_K, q4k_vec_dot_4xn_avx2);
     quant_set_4xn(t, STRATA_TYPE_Q5_K, q5k_vec_dot_4xn_avx2);
     quant_set_4xn(t, STRATA_TYPE_Q6_K, q6k_vec_dot_4xn_avx2);
+    quant_set_x4(t, STRATA_TYPE_Q2_K, q2k_vec_dot_x4_avx2);
+    quant_set_x4(t, STRATA_TYPE_Q3_K, q3k_vec_dot_x4_avx2);
+    quant_set_x4(t, STRATA_TYPE_Q4_K, q4k_vec_dot_x4_avx2);
+    quant_set_x4(t, STRATA_TYPE_Q5_K, q5k_vec_dot_x4_avx2);
+    quant_set_x4(t, STRATA_TYPE_Q6_K, q6k_vec_dot_x4_avx2);
 }
