@@ -497,7 +497,54 @@ KX_4XN(q5k, KX_Q5_K)
 KX_4XN(q6k, KX_Q6_K)
 #undef KX_4XN
 
+/* ---- Q8_K activations --------------------------------------------------------------------------- */
+
+/* The scalar q8k_quantize_act's operations on 8 lanes: the same IEEE multiplies and adds (the
+ * magic-number round), the same max and clamp, so the same bytes and block sums. */
+static void q8k_quantize_act_avx2(const float *x, void *dst, int64_t n) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f), lim = _mm256_set1_ps(127.0f), nlim = _mm256_set1_ps(-127.0f);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    block_q8_K *b = dst;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m256 mx = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+        for (int j = 0; j < QK_K; j += 8) {
+            const __m256 v = _mm256_loadu_ps(x + j);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v));
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        if (_mm256_movemask_ps(nan) || !(amax <= 3.4028235e38f)) { /* NaN or inf inputs: the scalar kernel's path */
+            quant_q8k_quantize_act_scalar(x, &b[i], QK_K);
+            continue;
+        }
+        if (amax == 0.0f) {
+            memset(&b[i], 0, sizeof b[i]);
+            continue;
+        }
+        const __m256 id = _mm256_set1_ps(127.0f / amax);
+        b[i].d = amax / 127.0f;
+        for (int j = 0; j < QK_K; j += 16) {
+            __m256i q[2];
+            for (int h = 0; h < 2; h++) {
+                __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * h), id), magic), magic);
+                /* a block whose largest value is below 127 / FLT_MAX has an infinite id: 0 x inf is NaN,
+                 * which the scalar kernel turns into 0 */
+                v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+                q[h] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, nlim), lim));
+            }
+            const __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), _MM_SHUFFLE(3, 1, 2, 0));
+            _mm_storeu_si128((__m128i *)(b[i].qs + j),
+                             _mm_packs_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1)));
+            b[i].bsums[j / 16] = (int16_t)hsum_i32(_mm256_add_epi32(q[0], q[1]));
+        }
+    }
+}
+
 void quant_k_avx2(quant_traits t[]) {
+    t[STRATA_TYPE_Q8_K].quantize_act = q8k_quantize_act_avx2;
     t[STRATA_TYPE_Q2_K].vec_dot = q2k_vec_dot_avx2;
     t[STRATA_TYPE_Q3_K].vec_dot = q3k_vec_dot_avx2;
     t[STRATA_TYPE_Q4_K].vec_dot = q4k_vec_dot_avx2;
