@@ -83,10 +83,14 @@ static void att_item(void *ctx, int64_t item, int thread) {
     for (int32_t p = 0; p <= pos; p++) kv_acc_v(&e->kv, j->layer, p, kvh, sc[p] * inv, out);
 }
 
-/* The tiled kernel (cpu/attn_avx512.c): an item is one KV head and a block of tokens, the blocks
+/* Which tiled kernel an engine runs (att_use_tiled; 0: none, the per-query path above). */
+enum { ATT_TILED_AVX2 = 1, ATT_TILED_AVX512 = 2 };
+
+/* The tiled kernel (cpu/attn_avx512.c, cpu/attn_avx2.c): an item is one KV head and a block of tokens, the blocks
  * handed out last token first so that the longest (causal) items start early. */
 typedef struct att_tiled_ctx {
     attn_tile_job job;
+    int level; /* att_use_tiled */
     int32_t T, n_head_kv, tokens_per_item, n_blocks;
 } att_tiled_ctx;
 
@@ -97,14 +101,18 @@ static void att_tiled_item(void *ctx, int64_t item, int thread) {
     const int32_t blk = c->n_blocks - 1 - (int32_t)(item / c->n_head_kv);
     const int32_t t0 = blk * c->tokens_per_item;
     const int32_t t1 = t0 + c->tokens_per_item < c->T ? t0 + c->tokens_per_item : c->T;
-    attn_f16_tiled_avx512(&c->job, kvh, t0, t1);
+    if (c->level == ATT_TILED_AVX512) attn_f16_tiled_avx512(&c->job, kvh, t0, t1);
+    else attn_f16_tiled_avx2(&c->job, kvh, t0, t1);
 }
 
-/* 1 when this engine runs the tiled kernel: AVX-512 level, f16 cache, a head dim it handles. The
- * choice depends on the engine's configuration alone, so decode and prefill always agree. */
+/* Which tiled kernel this engine runs (0: none, the per-query path): the AVX-512 or AVX2 level, f16
+ * cache, a head dim it handles. The choice depends on the engine's configuration alone, so decode and
+ * prefill always agree. */
 static int att_use_tiled(const strata_engine *e) {
-    return e->kv.type == STRATA_KV_F16 && attn_f16_tiled_supported(e->hp.head_dim) &&
-           quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512);
+    if (e->kv.type != STRATA_KV_F16 || !attn_f16_tiled_supported(e->hp.head_dim)) return 0;
+    if (quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512)) return ATT_TILED_AVX512;
+    if (quant_simd_supported(STRATA_SIMD_AVX2) && e->qt == quant_table(STRATA_SIMD_AVX2)) return ATT_TILED_AVX2;
+    return 0;
 }
 
 /* ---- per-token steps, split over the pool by blocks of tokens ----------------------------------- */
@@ -118,7 +126,7 @@ typedef struct tok_job {
     strata_engine *e;
     int32_t l, T, pos0, step;
     int32_t wtype; /* the weight type the activations are quantized for */
-    int tiled;     /* att_use_tiled: the cache rows are stored by the AVX-512 converter */
+    int tiled;     /* att_use_tiled: the cache rows are stored by that level's converter */
 } tok_job;
 
 static void tok_item(void *ctx, int64_t item, int thread) {
@@ -155,10 +163,16 @@ static void tok_item(void *ctx, int64_t item, int thread) {
                 rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
                 rope_neox(kh, hd, cs);
             }
-            if (j->tiled) { /* the same row layout as kv_store, converted 16 values at a time */
+            if (j->tiled) { /* the same row layout as kv_store, converted 16 (AVX2: 8) values at a time */
                 const size_t off = ((size_t)j->l * (size_t)e->kv.n_ctx + (size_t)pos) * e->kv.row_bytes;
-                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.k + off), cb->k + t * KD, (int32_t)KD);
-                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.v + off), cb->v + t * KD, (int32_t)KD);
+                uint16_t *kd = (uint16_t *)(void *)(e->kv.k + off), *vd = (uint16_t *)(void *)(e->kv.v + off);
+                if (j->tiled == ATT_TILED_AVX512) {
+                    attn_store_f16_avx512(kd, cb->k + t * KD, (int32_t)KD);
+                    attn_store_f16_avx512(vd, cb->v + t * KD, (int32_t)KD);
+                } else {
+                    attn_store_f16_avx2(kd, cb->k + t * KD, (int32_t)KD);
+                    attn_store_f16_avx2(vd, cb->v + t * KD, (int32_t)KD);
+                }
             } else {
                 kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
             }
@@ -210,9 +224,11 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
 
     tok_run(e, l, T, pos0, TOK_ROPE_STORE, 0);
 
-    if (att_use_tiled(e)) {
+    const int tiled = att_use_tiled(e);
+    if (tiled) {
         const int32_t G = H / HKV;
         att_tiled_ctx c;
+        c.level = tiled;
         c.job = (attn_tile_job){cb->q, cb->att, e->kv.k + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes,
                                 e->kv.v + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes, e->kv.row_bytes, hd, H,
                                 G, pos0, 1.0f / sqrtf((float)hd)};

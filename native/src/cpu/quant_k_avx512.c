@@ -777,6 +777,9 @@ static void q8k_quantize_act_avx512(const float *x, void *dst, int64_t n) {
         b[i].d = amax / 127.0f;
         for (int j = 0; j < QK_K; j += 16) {
             __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), id), magic), magic);
+            /* a block whose largest value is below 127 / FLT_MAX has an infinite id: 0 x inf is NaN,
+             * which the scalar kernel turns into 0 (max_ps would have made it -127) */
+            v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
             v = _mm512_min_ps(_mm512_max_ps(v, nlim), lim);
             const __m512i q = _mm512_cvttps_epi32(v);
             _mm_storeu_si128((__m128i *)(b[i].qs + j), _mm512_cvtepi32_epi8(q));
