@@ -1,13 +1,16 @@
 /*
- * moe.c — the mixture-of-experts block of qwen3moe for a chunk of T tokens (T = 1 when decoding).
+ * moe.c — the mixture-of-experts block for a chunk of T tokens (T = 1 when decoding), composed from the
+ * architecture's description (arch.h).
  *
  *   xn = rmsnorm(x) * ffn_norm                               [T, D]
  *   p = softmax(xn Wr^T)                                      [T, E]
- *   per token: the K largest p (ties: lower expert id), renormalized to sum 1   [T, K]
+ *   per token: the K largest p (ties: lower expert id), renormalized to sum 1 when norm_topk,
+ *   times routed_scale                                        [T, K]
  *   tokens grouped by expert; per expert e and its tokens:
  *       h = silu(xn Wg_e^T) * (xn Wu_e^T)                     [n_e, F]
  *       y = h Wd_e^T                                          [n_e, D]
- *   x[t] += sum over k = 0..K-1 (best first) of w[t, k] * y[t, k]
+ *   x[t] += (sum over k = 0..K-1 (best first) of w[t, k] * y[t, k]  + shared(xn[t])) * residual_scale
+ *   shared: a resident SwiGLU of Fs = n_ff_shexp, times sigmoid(xn . gate_inp_shexp) under SHEXP_SIGMOID_GATE
  *
  * Every routed expert's weights are reached through moe_expert() alone: the memory plan replaces
  * what it returns (a cache slot, a staging slot of the prefill ring, or the mapped file) without
@@ -88,7 +91,7 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
 
 /* Softmax of E logits in place, then the K best (ties: lower id) with weights renormalized. Each pick
  * marks its entry with -1 (probabilities are >= 0), so a pick costs one pass over E. */
-static void route_token(float *p, int32_t E, int32_t K, int32_t *sel, float *w) {
+static void route_token(float *p, int32_t E, int32_t K, int32_t norm, float scale, int32_t *sel, float *w) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < E; i++) mx = p[i] > mx ? p[i] : mx;
     float sum = 0.0f;
@@ -107,10 +110,50 @@ static void route_token(float *p, int32_t E, int32_t K, int32_t *sel, float *w) 
         wsum += p[best];
         p[best] = -1.0f;
     }
-    for (int32_t k = 0; k < K; k++) w[k] /= wsum;
+    if (norm)
+        for (int32_t k = 0; k < K; k++) w[k] /= wsum;
+    if (scale != 1.0f)
+        for (int32_t k = 0; k < K; k++) w[k] *= scale;
 }
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- the shared expert ------------------------------------------------------------------------- */
+
+/* ysh = silu(xn Wg^T) * (xn Wu^T) Wd^T for every token, times sigmoid(xn . gate) under SHEXP_SIGMOID_GATE.
+ * Its weights are resident (they are not experts the cache moves). Reads cb->xn; clobbers cb->act. */
+static void shared_expert(strata_engine *e, const layer_weights *L, int32_t T) {
+    const hparams *hp = &e->hp;
+    chunk_buffers *cb = &e->cb;
+    const int32_t D = hp->n_embd, FS = hp->n_ff_shexp;
+    const quant_traits *qg = quant_lookup(e->qt, L->gate_shexp.type), *qu = quant_lookup(e->qt, L->up_shexp.type);
+    const quant_traits *qd = quant_lookup(e->qt, L->down_shexp.type);
+    mm_quantize(e->qt, L->gate_shexp.type, cb->xn, D, T, D, cb->act, cb->act_stride);
+    if (qg->act_type == qu->act_type) {
+        mm_seg s[2] = {{qg, L->gate_shexp, cb->act, cb->act_stride, NULL, T, cb->sg, FS, NULL},
+                       {qu, L->up_shexp, cb->act, cb->act_stride, NULL, T, cb->su, FS, NULL}};
+        mm_run(e->pool, s, 2);
+    } else {
+        mm_seg sg = {qg, L->gate_shexp, cb->act, cb->act_stride, NULL, T, cb->sg, FS, NULL};
+        mm_run(e->pool, &sg, 1);
+        mm_quantize(e->qt, L->up_shexp.type, cb->xn, D, T, D, cb->act, cb->act_stride);
+        mm_seg su = {qu, L->up_shexp, cb->act, cb->act_stride, NULL, T, cb->su, FS, NULL};
+        mm_run(e->pool, &su, 1);
+    }
+    for (int64_t i = 0; i < (int64_t)T * FS; i++) cb->sg[i] = silu(cb->sg[i]) * cb->su[i];
+    mm_quantize(e->qt, L->down_shexp.type, cb->sg, FS, T, FS, cb->shact, cb->act_stride);
+    mm_seg sd = {qd, L->down_shexp, cb->shact, cb->act_stride, NULL, T, cb->ysh, D, NULL};
+    mm_run(e->pool, &sd, 1);
+    if (hp->ad->shexp == SHEXP_SIGMOID_GATE)
+        for (int32_t t = 0; t < T; t++) {
+            const float *xt = cb->xn + (int64_t)t * D;
+            double z = 0.0; /* one dot of D values, in order */
+            for (int32_t d = 0; d < D; d++) z += (double)xt[d] * (double)L->shexp_gate[d];
+            const float gt = 1.0f / (1.0f + expf(-(float)z));
+            float *yt = cb->ysh + (int64_t)t * D;
+            for (int32_t d = 0; d < D; d++) yt[d] *= gt;
+        }
+}
 
 /* ---- the block --------------------------------------------------------------------------------- */
 
@@ -128,7 +171,8 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
     mm_seg sr = {quant_lookup(e->qt, L->router.type), L->router, cb->act, cb->act_stride, NULL, T, cb->router, E, NULL};
     mm_run(e->pool, &sr, 1);
     for (int32_t t = 0; t < T; t++)
-        route_token(cb->router + (int64_t)t * E, E, K, cb->sel + (int64_t)t * K, cb->wsel + (int64_t)t * K);
+        route_token(cb->router + (int64_t)t * E, E, K, hp->norm_topk, hp->routed_scale, cb->sel + (int64_t)t * K,
+                    cb->wsel + (int64_t)t * K);
 
     /* group the (token, k) pairs by expert, tokens ascending inside a group */
     memset(cb->grp_off, 0, sizeof(int32_t) * (size_t)(E + 1));
@@ -191,14 +235,20 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
         x0 = x1;
     }
 
-    /* weighted sum in k order (best expert first), then into the residual stream */
+    if (hp->n_ff_shexp > 0) shared_expert(e, L, T);
+
+    /* weighted sum in k order (best expert first), the shared expert after it, then into the residual
+     * stream (granite scales the block's output first) */
+    const float rs = hp->residual_scale;
     for (int32_t t = 0; t < T; t++) {
         float *xt = cb->x + (int64_t)t * D;
         const float *wt = cb->wsel + (int64_t)t * K;
+        const float *ys = hp->n_ff_shexp > 0 ? cb->ysh + (int64_t)t * D : NULL;
         for (int32_t d = 0; d < D; d++) {
             float acc = 0.0f;
             for (int32_t k = 0; k < K; k++) acc += wt[k] * cb->ye[((int64_t)t * K + k) * D + d];
-            xt[d] += acc;
+            if (ys) acc += ys[d];
+            xt[d] += rs != 1.0f ? acc * rs : acc;
         }
     }
     return STRATA_OK;
