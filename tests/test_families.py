@@ -98,6 +98,13 @@ FAMILIES = {
         ),
         ("mlp.gate.weight", "shared_expert_gate.weight"),
     ),
+    # the llama architecture with experts: q and k rows permuted by the converter (adjacent rotary pairs)
+    "mixtral": Family(
+        "llama",
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    ),
 }
 
 
