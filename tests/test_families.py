@@ -105,6 +105,13 @@ FAMILIES = {
         "MixtralForCausalLM",
         dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
     ),
+    # q and k norms over the whole projection, raw top-k weights
+    "olmoe": Family(
+        "olmoe",
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(intermediate_size=32, num_experts=8, num_experts_per_tok=3),
+    ),
 }
 
 
