@@ -112,6 +112,22 @@ FAMILIES = {
         "OlmoeForCausalLM",
         dict(intermediate_size=32, num_experts=8, num_experts_per_tok=3),
     ),
+    # embedding, attention, residual and logit multipliers (none of them the neutral value)
+    "granitemoe": Family(
+        "granitemoe",
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            embedding_multiplier=3.0,
+            attention_multiplier=0.1,
+            residual_multiplier=0.5,
+            logits_scaling=2.5,
+        ),
+        ("router.layer.weight",),
+    ),
 }
 
 

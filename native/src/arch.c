@@ -20,6 +20,7 @@ static const arch_desc ARCHS[] = {
     {"qwen2moe", "Qwen2-MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_SIGMOID_GATE, 0, NULL},
     {"llama", "Mixtral", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 0, NULL},
     {"olmoe", "OLMoE", QK_NORM_FULL, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_NONE, 0, NULL},
+    {"granitemoe", "Granite-MoE", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 1, NULL},
     /* known families whose blocks are not all here yet: opening one says which block is missing */
     {"glm4moe", "GLM-4.5 MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SIGMOID, 1, SHEXP_PLAIN, 0,
      "sigmoid routing with the expert correction bias, dense leading layers and the attention biases of "
@@ -41,7 +42,7 @@ const arch_desc *arch_find(const char *arch) {
 }
 
 const char *arch_supported_list(void) {
-    return "qwen3moe, qwen2moe, llama with experts (Mixtral), olmoe";
+    return "qwen3moe, qwen2moe, llama with experts (Mixtral), olmoe, granitemoe";
 }
 
 void arch_describe(const hparams *hp, char *buf, size_t len) {
