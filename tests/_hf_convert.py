@@ -3,7 +3,7 @@
 ``ensure_converter()`` fetches the ``llama-cpp-python`` source distribution with pip (the version the
 vocabulary tests use), keeps only ``convert_hf_to_gguf.py``, its ``conversion`` package and its
 ``gguf-py`` under ``<strata cache>/llama-convert/<version>/`` and returns that folder; it is never
-committed. ``convert(hf_dir, out, outtype)`` runs it in a subprocess (its ``gguf-py`` must not replace
+committed. ``convert(hf_dir, {outtype: path})`` runs it in a subprocess (its ``gguf-py`` must not replace
 the test process's ``gguf``).
 
 The converter names a byte-level BPE vocabulary's pre-tokenizer by the hash of how the tokenizer splits
@@ -45,8 +45,10 @@ def no_spm(self, *args, **kwargs):
     raise FileNotFoundError("a byte-level BPE vocabulary (tokenizer.json), no SentencePiece model")
 base.TextModel._set_vocab_sentencepiece = no_spm
 base.TextModel._set_vocab_llama_hf = no_spm
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
-runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
+hf_dir, jobs = sys.argv[2], sys.argv[3:]
+for out, outtype in zip(jobs[::2], jobs[1::2]):
+    sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", outtype]
+    runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
 
@@ -89,20 +91,21 @@ def ensure_converter() -> Path:
     return dest
 
 
-def convert(hf_dir: Path, out: Path, outtype: str) -> Path:
-    """Convert the saved model in hf_dir to out (outtype f32 or f16) with llama.cpp's converter."""
+def convert(hf_dir: Path, outs: dict[str, Path]) -> None:
+    """Convert the saved model in hf_dir with llama.cpp's converter, once per {outtype: path} (f32, f16),
+    in one process (the converter's imports are most of its time)."""
     root = ensure_converter()
+    jobs = [str(a) for t, out in outs.items() for a in (out, t)]
     p = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(root), str(hf_dir), "--outfile", str(out), "--outtype", outtype],
+        [sys.executable, "-c", _DRIVER, str(root), str(hf_dir), *jobs],
         capture_output=True,
         text=True,
         timeout=600,
     )
-    if p.returncode != 0 or not out.is_file():
+    if p.returncode != 0 or not all(out.is_file() for out in outs.values()):
         raise RuntimeError(
-            f"llama.cpp's converter failed on {hf_dir.name}: {(p.stderr or p.stdout).strip()[-1500:]}"
+            f"llama.cpp's converter failed on {hf_dir}: {(p.stderr or p.stdout).strip()[-1500:]}"
         )
-    return out
 
 
 if __name__ == "__main__":

@@ -128,6 +128,41 @@ FAMILIES = {
         ),
         ("router.layer.weight",),
     ),
+    # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
+    "qwen3moe-yarn": Family(
+        "qwen3moe",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=16,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+            rope_parameters={
+                "rope_theta": 50_000.0,
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            },
+        ),
+    ),
+    # and with linear scaling (positions divided by the factor)
+    "qwen3moe-linear": Family(
+        "qwen3moe",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=16,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+            rope_parameters={"rope_theta": 50_000.0, "rope_type": "linear", "factor": 3.0},
+        ),
+    ),
 }
 
 
@@ -173,8 +208,9 @@ def _files(name: str) -> Path:
         if not done.is_file():
             _random_model(fam).save_pretrained(d / "hf")
             _save_tokenizer(d / "hf")
-            convert(d / "hf", d / "model-f32.gguf", "f32")
-            convert(d / "hf", d / ".model-f16.part.gguf", "f16").replace(done)
+            part = d / ".model-f16.part.gguf"
+            convert(d / "hf", {"f32": d / "model-f32.gguf", "f16": part})
+            part.replace(done)
     return d
 
 

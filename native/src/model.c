@@ -89,7 +89,7 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
         hp->yarn_attn_factor = 0.1f * logf(hp->rope_factor) + 1.0f;
         if (hp->rope_factor < 1.0f) hp->yarn_attn_factor = 1.0f;
         float af = 0.0f;
-        STRATA_TRY(get_f32(f, KEY("rope.scaling.attn_factor"), &af, err));
+        STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_attn_factor"), &af, err));
         if (af > 0.0f) hp->yarn_attn_factor = af;
     } else {
         return err_set(err, STRATA_ERR_UNSUPPORTED,
