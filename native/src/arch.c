@@ -61,8 +61,8 @@ void arch_describe(const hparams *hp, char *buf, size_t len) {
     const char *shexp = a->shexp == SHEXP_SIGMOID_GATE ? ", shared expert with sigmoid gate"
                         : a->shexp == SHEXP_PLAIN      ? ", shared expert"
                                                        : "";
-    snprintf(buf, len, "%s: attention GQA %d/%d%s, %s%s; moe %s top-%d of %d%s%s%s", a->family, hp->n_head,
-             hp->n_head_kv, qk, rope, a->multipliers ? ", granite multipliers" : "",
+    snprintf(buf, len, "%s: attention GQA %d/%d%s%s, %s%s; moe %s top-%d of %d%s%s%s", a->family, hp->n_head,
+             hp->n_head_kv, hp->attn_bias ? ", q/k/v biases" : "", qk, rope, a->multipliers ? ", granite multipliers" : "",
              hp->gating == GATING_SIGMOID ? "sigmoid" : "softmax", hp->n_expert_used, hp->n_expert,
              hp->norm_topk ? " normalized" : "", hp->routed_scale != 1.0f ? " scaled" : "", shexp);
 }

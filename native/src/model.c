@@ -146,6 +146,10 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
     char key[128];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, hp->arch), key)
     const int32_t BIG = 1 << 24;
+    if (!gguf_find_kv(f, KEY("expert_count")))
+        return err_set(err, STRATA_ERR_UNSUPPORTED,
+                       "%s: this file has no experts (no %s.expert_count); strata runs mixture-of-experts models",
+                       hp->arch, hp->arch);
     STRATA_TRY(get_i32(f, KEY("embedding_length"), &hp->n_embd, 1, 1, BIG, err));
     STRATA_TRY(get_i32(f, KEY("block_count"), &hp->n_layer, 1, 1, 4096, err));
     STRATA_TRY(get_i32(f, KEY("attention.head_count"), &hp->n_head, 1, 1, 65536, err));
@@ -157,10 +161,6 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
     STRATA_TRY(get_i32(f, KEY("attention.value_length"), &vlen, 0, 2, 65536, err));
     hp->n_ctx_train = 4096;
     STRATA_TRY(get_i32(f, KEY("context_length"), &hp->n_ctx_train, 0, 1, 1 << 30, err));
-    if (!gguf_find_kv(f, KEY("expert_count")))
-        return err_set(err, STRATA_ERR_UNSUPPORTED,
-                       "%s: this file has no experts (no %s.expert_count); strata runs mixture-of-experts models",
-                       hp->arch, hp->arch);
     STRATA_TRY(get_i32(f, KEY("expert_count"), &hp->n_expert, 1, 1, 65536, err));
     STRATA_TRY(get_i32(f, KEY("expert_used_count"), &hp->n_expert_used, 1, 1, 65536, err));
     /* absent in some families' files (mixtral's experts have feed_forward_length): the tensors say it */
@@ -346,6 +346,7 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         STRATA_TRY(bind_opt_vec(&b, NAME("attn_q"), QD, &L->bq));
         STRATA_TRY(bind_opt_vec(&b, NAME("attn_k"), KD, &L->bk));
         STRATA_TRY(bind_opt_vec(&b, NAME("attn_v"), KD, &L->bv));
+        if (L->bq || L->bk || L->bv) hp->attn_bias = 1;
         STRATA_TRY(refuse_tensor(&b, NAME("attn_output"), "a bias on the attention output"));
         STRATA_TRY(refuse_tensor(&b, NAME("ffn_gate_inp"), "a bias on the router"));
         STRATA_TRY(refuse_tensor(&b, NAME("exp_probs_b"), "the expert correction bias"));

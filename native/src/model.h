@@ -54,6 +54,7 @@ typedef struct hparams {
     float residual_scale;        /* granite: each block's output multiplied by it before the residual add */
     float attn_scale;            /* softmax scale of q . k (1 / sqrt(head_dim) unless the file says) */
     float logit_scale;           /* granite: logits divided by it (1 when absent) */
+    int32_t attn_bias;           /* the file has q/k/v biases (bound per layer) */
 } hparams;
 
 /* A 2-D view of (part of) a tensor: rows of cols values each, in the file's type. */
