@@ -289,3 +289,30 @@ def test_engine_equals_transformers(family: tuple[str, Path], ftype: str) -> Non
                     near_ties += 1
     print(f"{name} {ftype}: worst max|d|/max|ref| = {worst:.2e} over {steps} steps, {near_ties} near-ties")
     assert near_ties <= 2, f"{name} {ftype}: {near_ties} near-tie divergences"
+
+
+@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe"])
+def test_maker_writes_the_converters_layout(name: str) -> None:
+    """strata's maker (preset tiny-<family>) writes the tensors and the family's metadata keys that
+    llama.cpp's converter writes for the same family (so benchmarks on made files run real files' path)."""
+    import gguf
+
+    from strata.model import ensure_model
+
+    def layout(path: Path) -> tuple[str, set[str], set[str]]:
+        r = gguf.GGUFReader(path)
+        arch = str(r.fields["general.architecture"].contents())
+        names = {".".join(p for p in t.name.split(".") if not p.isdigit()) for t in r.tensors}
+        keys = {k for k in r.fields if k.startswith(arch + ".")}
+        return arch, names, keys
+
+    arch, conv_names, conv_keys = layout(_files(name) / "model-f32.gguf")
+    made_arch, made_names, made_keys = layout(ensure_model(f"tiny-{name}", "f32", 0))
+    assert made_arch == arch
+    assert made_names == conv_names, (
+        f"only converter: {conv_names - made_names}; only maker: {made_names - conv_names}"
+    )
+    # every key the converter wrote for the family is in the made file (the maker writes more: key_length...)
+    assert conv_keys - {f"{arch}.vocab_size", f"{arch}.rope.dimension_count"} <= made_keys, (
+        conv_keys - made_keys
+    )

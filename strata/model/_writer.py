@@ -190,6 +190,9 @@ def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-u
     w.add_expert_feed_forward_length(p.d_ff_expert)
     if p.family == "qwen2moe":
         w.add_expert_shared_feed_forward_length(p.d_ff_shared)
+    if p.family in ("llama", "granitemoe"):  # as llama.cpp's converter writes these families
+        w.add_vocab_size(p.n_vocab)
+        w.add_rope_dimension_count(p.head_dim)
     if p.family == "granitemoe":
         for key, value in GRANITE_SCALES.items():
             w.add_float32(f"granitemoe.{key}", value)
