@@ -86,7 +86,10 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
     L = int(f.hp("block_count"))
     n_layers = L if n_layers is None else min(n_layers, L)
     H, Hkv = int(f.hp("attention.head_count")), int(f.hp("attention.head_count_kv"))
-    hd = int(f.hp("attention.key_length"))
+    try:
+        hd = int(f.hp("attention.key_length"))
+    except KeyError:  # converted files leave it to embedding_length / head_count
+        hd = int(f.hp("embedding_length")) // H
     K = int(f.hp("expert_used_count"))
     eps = float(f.hp("attention.layer_norm_rms_epsilon"))
     theta = float(f.hp("rope.freq_base"))

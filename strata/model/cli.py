@@ -277,9 +277,13 @@ def _cmd_routing(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"strata model routing: cannot read {args.file}: {e}", file=sys.stderr)
         return 1
-    if d["architecture"] != "qwen3moe" or "expert_count" not in d["dimensions"]:
+    from ._presets import FAMILIES
+
+    if d["architecture"] not in FAMILIES or "expert_count" not in d["dimensions"]:
         print(
-            f"strata model routing: {args.file} is {d['architecture']}, not a qwen3moe model", file=sys.stderr
+            f"strata model routing: {args.file} is {d['architecture']}; its NumPy forward pass routes "
+            f"{', '.join(FAMILIES)} models",
+            file=sys.stderr,
         )
         return 1
     n_expert = int(d["dimensions"]["expert_count"])
