@@ -10,7 +10,7 @@ The converter names a byte-level BPE vocabulary's pre-tokenizer by the hash of h
 a fixed text, and knows only published tokenizers' hashes; the random models here carry strata's own
 small vocabulary, so the driver names its pre-tokenizer (``qwen2``) instead of failing on the unknown
 hash, and families that look for a SentencePiece model first (llama, granite) are sent to the BPE
-vocabulary the folder has. The tokenizer is not what these files are checked for: the engine is given
+vocabulary the folder has (glm4moe's, which looks up GLM's own special tokens, too). The tokenizer is not what these files are checked for: the engine is given
 token ids.
 
     python tests/_hf_convert.py        # fetch the converter ahead of the tests (make test does it on demand)
@@ -45,6 +45,7 @@ def no_spm(self, *args, **kwargs):
     raise FileNotFoundError("a byte-level BPE vocabulary (tokenizer.json), no SentencePiece model")
 base.TextModel._set_vocab_sentencepiece = no_spm
 base.TextModel._set_vocab_llama_hf = no_spm
+base.TextModel._set_vocab_glm = base.TextModel._set_vocab_gpt2  # GLM's needs GLM's own special tokens
 hf_dir, jobs = sys.argv[2], sys.argv[3:]
 for out, outtype in zip(jobs[::2], jobs[1::2]):
     sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", outtype]

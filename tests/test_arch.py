@@ -38,7 +38,6 @@ def _stub(path: Path, arch: str, **ints: int) -> Path:
     [
         ("deepseek2", {}, "deepseek2: multi-head latent attention (MLA) is not supported yet"),
         ("gpt-oss", {}, "gpt-oss: attention sinks, sliding-window layers and the clamped SwiGLU"),
-        ("glm4moe", {}, "glm4moe: sigmoid routing with the expert correction bias, dense leading layers"),
         ("qwen3next", {}, "qwen3next: the gated delta-net (linear attention) layers"),
         ("llama", {"embedding_length": 64, "block_count": 2}, "llama: this file has no experts"),
         ("mamba", {}, "architecture 'mamba' is not supported; strata runs qwen3moe, qwen2moe"),

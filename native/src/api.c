@@ -217,7 +217,9 @@ strata_status strata_cache_residency(const strata_engine *e, int32_t *slot_of, i
     if (!e || !slot_of) return STRATA_ERR_INVALID_ARGUMENT;
     int64_t n = (int64_t)e->hp.n_layer * e->hp.n_expert;
     if (cap < n) return STRATA_ERR_INVALID_ARGUMENT;
-    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of ? e->cache.slot_of[i] : -1;
+    /* the cache counts MoE layers only: dense leading layers have no experts to hold */
+    const int64_t skip = (int64_t)e->hp.n_dense_lead * e->hp.n_expert;
+    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of && i >= skip ? e->cache.slot_of[i - skip] : -1;
     return STRATA_OK;
 }
 

@@ -55,6 +55,9 @@ typedef struct arch_desc {
     int32_t norm_topk;          /* top-k weights renormalized to sum 1 (default when no expert_weights_norm key) */
     shexp_kind shexp;
     int32_t multipliers;        /* reads granite's embedding, attention, residual and logit scales */
+    int32_t qk_norm_optional;   /* QK_NORM_NONE rows: per-head q/k norms when the file has them (glm4moe) */
+    const char *ffn_norm;       /* the name of the norm before the MoE ("post_attention_norm" in glm4moe files);
+                                 * NULL: "ffn_norm" */
     const char *missing;        /* not NULL: the block this family needs that strata does not have yet */
 } arch_desc;
 

@@ -186,7 +186,7 @@ static void tok_item(void *ctx, int64_t item, int thread) {
         double freq[ROPE_MAX_HD / 2];  /* [n_rot / 2] */
         const float mag = rope_freqs(freq, hp);
         const int32_t nr = hp->n_rot;
-        const qk_norm_kind qn = hp->ad->qk_norm;
+        const qk_norm_kind qn = hp->qk_norm;
         const rope_kind rk = hp->ad->rope;
         for (int32_t t = t0; t < t1; t++) {
             int32_t pos = j->pos0 + t;

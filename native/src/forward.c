@@ -21,8 +21,9 @@ static size_t act_stride_of(const strata_engine *e) {
     size_t m = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *L = &e->w.layers[l];
-        const wview *ws[] = {&L->wq,        &L->wk,        &L->wv,         &L->wo,         &L->router, &L->gate_exps,
-                             &L->up_exps,   &L->down_exps, &L->gate_shexp, &L->up_shexp, &L->down_shexp};
+        const wview *ws[] = {&L->wq,         &L->wk,       &L->wv,         &L->wo,         &L->router,
+                             &L->gate_exps,  &L->up_exps,  &L->down_exps,  &L->gate_shexp, &L->up_shexp,
+                             &L->down_shexp, &L->gate_dense, &L->up_dense, &L->down_dense};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (!ws[i]->data) continue; /* a block this family does not have */
             size_t b = mm_act_row_bytes(e->qt, ws[i]->type, ws[i]->cols);
@@ -68,13 +69,14 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     B(u, t * K * F * 4);
     B(hact, t * K * st);
     B(ye, t * K * D * 4);
-    if (hp->n_ff_shexp > 0) { /* only families with shared experts: the others' layout is unchanged */
-        const size_t FS = (size_t)hp->n_ff_shexp;
+    if (hp->n_ff_shexp > 0 || hp->n_ff_dense > 0) { /* only families with them: the others' layout is unchanged */
+        const size_t FS = (size_t)(hp->n_ff_shexp > hp->n_ff_dense ? hp->n_ff_shexp : hp->n_ff_dense);
         B(sg, t * FS * 4);
         B(su, t * FS * 4);
         B(shact, t * st);
         B(ysh, t * D * 4);
     }
+    if (hp->gating == GATING_SIGMOID) B(choice, t * E * 4);
     B(segs, 2 * E * sizeof(mm_seg));
     B(views, E * sizeof(expert_view));
 #undef B

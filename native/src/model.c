@@ -103,19 +103,31 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
         hp->gating = (gating_kind)gf;
     else if (gf != 0)
         return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: expert gating function %d is not supported yet", hp->arch, gf);
-    if (hp->gating == GATING_SIGMOID)
-        return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: sigmoid expert routing is not supported yet", hp->arch);
+    int32_t n_group = 1;
+    STRATA_TRY(get_i32(f, KEY("expert_group_count"), &n_group, 0, 1, 65536, err));
+    if (n_group > 1)
+        return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: group-limited top-k routing (%d expert groups) is not supported yet",
+                       hp->arch, n_group);
     hp->norm_topk = a->norm_topk;
     STRATA_TRY(get_bool(f, KEY("expert_weights_norm"), &hp->norm_topk, err));
     hp->routed_scale = 1.0f;
     STRATA_TRY(get_f32(f, KEY("expert_weights_scale"), &hp->routed_scale, err));
 
     if (a->shexp != SHEXP_NONE) {
-        STRATA_TRY(get_i32(f, KEY("expert_shared_feed_forward_length"), &hp->n_ff_shexp, 1, 1, BIG, err));
-        int32_t n_shared = 1;
-        STRATA_TRY(get_i32(f, KEY("expert_shared_count"), &n_shared, 0, 1, 4096, err));
-        hp->n_ff_shexp *= n_shared; /* several shared experts are one wider SwiGLU */
+        /* qwen2moe gives the width; glm4moe and deepseek2 give a count of expert-wide shared experts, which
+         * together are one SwiGLU of count * expert width (model_load, once that width is known) */
+        STRATA_TRY(get_i32(f, KEY("expert_shared_feed_forward_length"), &hp->n_ff_shexp, 0, 1, BIG, err));
+        if (hp->n_ff_shexp == 0) {
+            int32_t n_shared = 0;
+            STRATA_TRY(get_i32(f, KEY("expert_shared_count"), &n_shared, 0, 1, 4096, err));
+            hp->n_ff_shexp = -n_shared; /* resolved in model_load */
+        }
     }
+    STRATA_TRY(get_i32(f, KEY("leading_dense_block_count"), &hp->n_dense_lead, 0, 0, 4096, err));
+    if (hp->n_dense_lead > 0) STRATA_TRY(get_i32(f, KEY("feed_forward_length"), &hp->n_ff_dense, 1, 1, BIG, err));
+    int32_t nextn = 0; /* multi-token prediction layers at the end: not part of the forward */
+    STRATA_TRY(get_i32(f, KEY("nextn_predict_layers"), &nextn, 0, 0, 64, err));
+    hp->n_nextn = nextn;
 
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
     hp->attn_scale = 0.0f; /* 1 / sqrt(head_dim), once head_dim is known */
@@ -170,6 +182,13 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
     hp->rms_eps = 1e-6f;
     STRATA_TRY(get_f32(f, KEY("attention.layer_norm_rms_epsilon"), &hp->rms_eps, err));
     STRATA_TRY(read_blocks(f, hp, err));
+    if (hp->n_nextn >= hp->n_layer)
+        return err_set(err, STRATA_ERR_FORMAT, "%s.nextn_predict_layers %d leaves no layers of %d", hp->arch, hp->n_nextn,
+                       hp->n_layer);
+    hp->n_layer -= hp->n_nextn;
+    if (hp->n_dense_lead >= hp->n_layer)
+        return err_set(err, STRATA_ERR_FORMAT, "%s.leading_dense_block_count %d leaves no MoE layers of %d", hp->arch,
+                       hp->n_dense_lead, hp->n_layer);
 #undef KEY
     hp->bos_id = -1;
     hp->eos_id = -1;
@@ -297,7 +316,9 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
     STRATA_TRY(read_hparams(f, hp, err));
     binder b = {f, quant_tab, w, err};
     if (hp->n_ff_exp == 0) { /* no expert_feed_forward_length key: the experts' own shape */
-        const gguf_tensor *g0 = gguf_find_tensor(f, "blk.0.ffn_gate_exps.weight");
+        char g0n[64];
+        snprintf(g0n, sizeof g0n, "blk.%d.ffn_gate_exps.weight", hp->n_dense_lead);
+        const gguf_tensor *g0 = gguf_find_tensor(f, g0n);
         if (!g0)
             return err_set(err, STRATA_ERR_FORMAT,
                            "the model has no tensor 'blk.0.ffn_gate_exps.weight' (merged experts); the file is "
@@ -307,6 +328,10 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
                            (long long)g0->ne[1]);
         hp->n_ff_exp = (int32_t)g0->ne[1];
     }
+    if (hp->n_ff_shexp < 0) hp->n_ff_shexp *= -hp->n_ff_exp;
+    hp->qk_norm = hp->ad->qk_norm;
+    if (hp->qk_norm == QK_NORM_NONE && hp->ad->qk_norm_optional && gguf_find_tensor(f, "blk.0.attn_q_norm.weight"))
+        hp->qk_norm = QK_NORM_HEAD;
     const int64_t D = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, HD = hp->head_dim;
     const int64_t QD = (int64_t)hp->n_head * HD, KD = (int64_t)hp->n_head_kv * HD;
 
@@ -336,8 +361,8 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         STRATA_TRY(bind_matrix(&b, NAME("attn_k"), D, KD, 0, 0, &L->wk));
         STRATA_TRY(bind_matrix(&b, NAME("attn_v"), D, KD, 0, 0, &L->wv));
         STRATA_TRY(bind_matrix(&b, NAME("attn_output"), QD, D, 0, 0, &L->wo));
-        if (hp->ad->qk_norm != QK_NORM_NONE) {
-            const int full = hp->ad->qk_norm == QK_NORM_FULL;
+        if (hp->qk_norm != QK_NORM_NONE) {
+            const int full = hp->qk_norm == QK_NORM_FULL;
             STRATA_TRY(bind_norm(&b, NAME("attn_q_norm"), full ? QD : HD, &L->q_norm));
             STRATA_TRY(bind_norm(&b, NAME("attn_k_norm"), full ? KD : HD, &L->k_norm));
         }
@@ -349,10 +374,27 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         if (L->bq || L->bk || L->bv) hp->attn_bias = 1;
         STRATA_TRY(refuse_tensor(&b, NAME("attn_output"), "a bias on the attention output"));
         STRATA_TRY(refuse_tensor(&b, NAME("ffn_gate_inp"), "a bias on the router"));
-        STRATA_TRY(refuse_tensor(&b, NAME("exp_probs_b"), "the expert correction bias"));
+        if (hp->gating == GATING_SIGMOID && l >= hp->n_dense_lead) {
+            STRATA_TRY(bind_opt_vec(&b, NAME("exp_probs_b"), E, &L->exp_bias));
+            if (L->exp_bias) hp->expert_bias = 1;
+        } else {
+            STRATA_TRY(refuse_tensor(&b, NAME("exp_probs_b"), "the expert correction bias"));
+        }
 #undef NAME
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", l), n)
-        STRATA_TRY(bind_norm(&b, NAME("ffn_norm"), D, &L->ffn_norm));
+        if (hp->ad->ffn_norm) {
+            snprintf(n, sizeof n, "blk.%d.%s.weight", l, hp->ad->ffn_norm);
+            STRATA_TRY(bind_norm(&b, n, D, &L->ffn_norm));
+        } else {
+            STRATA_TRY(bind_norm(&b, NAME("ffn_norm"), D, &L->ffn_norm));
+        }
+        if (l < hp->n_dense_lead) { /* a dense leading layer: no router, no experts */
+            const int64_t FD = hp->n_ff_dense;
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_gate"), D, FD, 0, 0, &L->gate_dense));
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_up"), D, FD, 0, 0, &L->up_dense));
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_down"), FD, D, 0, 0, &L->down_dense));
+            continue;
+        }
         STRATA_TRY(bind_matrix(&b, NAME("ffn_gate_inp"), D, E, 0, 0, &L->router));
         STRATA_TRY(bind_matrix(&b, NAME("ffn_gate_exps"), D, F, E, 0, &L->gate_exps));
         STRATA_TRY(bind_matrix(&b, NAME("ffn_up_exps"), D, F, E, 0, &L->up_exps));

@@ -55,6 +55,11 @@ typedef struct hparams {
     float attn_scale;            /* softmax scale of q . k (1 / sqrt(head_dim) unless the file says) */
     float logit_scale;           /* granite: logits divided by it (1 when absent) */
     int32_t attn_bias;           /* the file has q/k/v biases (bound per layer) */
+    qk_norm_kind qk_norm;        /* the row's, or per head where an optional norm is in the file */
+    int32_t expert_bias;         /* routing picks by score + exp_probs_b (the correction bias) */
+    int32_t n_dense_lead;        /* leading_dense_block_count: layers 0..n-1 run a dense SwiGLU, no experts */
+    int32_t n_ff_dense;          /* their width (feed_forward_length) */
+    int32_t n_nextn;             /* nextn_predict_layers: trailing multi-token-prediction layers, not run */
 } hparams;
 
 /* A 2-D view of (part of) a tensor: rows of cols values each, in the file's type. */
@@ -89,6 +94,11 @@ typedef struct layer_weights {
     wview up_shexp;           /* [Fs, D] */
     wview down_shexp;         /* [D, Fs] */
     const float *shexp_gate;  /* [D] ffn_gate_inp_shexp (SHEXP_SIGMOID_GATE) */
+    const float *exp_bias;    /* [E] exp_probs_b: added to the scores to pick the experts, not to their weights */
+    /* Dense leading layers (l < n_dense_lead): a SwiGLU of width n_ff_dense in place of the MoE. */
+    wview gate_dense;         /* [Fd, D] */
+    wview up_dense;           /* [Fd, D] */
+    wview down_dense;         /* [D, Fd] */
 } layer_weights;
 
 typedef struct model_weights {
