@@ -141,6 +141,18 @@ def _cmd_make(args: argparse.Namespace) -> int:
     return 0
 
 
+def _blocks(path: Path) -> tuple[str | None, str | None]:
+    """The engine's own account of the file: (family and blocks, None), or (None, why it cannot run it)."""
+    import ctypes
+
+    from .. import _cdefs as C
+
+    buf = ctypes.create_string_buffer(1024)
+    status = C.strata_model_describe(str(path).encode(), buf, len(buf))
+    text = buf.value.decode(errors="replace")
+    return (text, None) if status == 0 else (None, text)
+
+
 def describe(path: Path) -> dict[str, Any]:
     """What ``strata model info`` prints, as a dict."""
     from gguf import GGUFReader
@@ -193,9 +205,12 @@ def describe(path: Path) -> dict[str, Any]:
             expert_bytes[layer] = expert_bytes.get(layer, 0) + nbytes // n_expert
         else:
             resident += nbytes
+    blocks, unsupported = _blocks(path)
     return {
         "file": str(path),
         "architecture": arch,
+        "blocks": blocks,
+        "unsupported": unsupported,
         "name": field("general.name"),
         "file_type": field("general.file_type"),
         "dimensions": dims,
@@ -224,6 +239,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
         f"{d['file']}: {d['architecture']} ({d['name'] or 'unnamed'}), vocabulary {d['vocab_size']} "
         f"({d['tokenizer']['model']}/{d['tokenizer']['pre']})"
     )
+    if d["blocks"]:
+        print(f"  family and blocks: {d['blocks']}")
+    else:
+        print(f"  strata cannot run it: {d['unsupported']}")
     for k, v in d["dimensions"].items():
         print(f"  {k:34s} {v}")
     types: dict[str, int] = {}
@@ -258,9 +277,13 @@ def _cmd_routing(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"strata model routing: cannot read {args.file}: {e}", file=sys.stderr)
         return 1
-    if d["architecture"] != "qwen3moe" or "expert_count" not in d["dimensions"]:
+    from ._presets import FAMILIES
+
+    if d["architecture"] not in FAMILIES or "expert_count" not in d["dimensions"]:
         print(
-            f"strata model routing: {args.file} is {d['architecture']}, not a qwen3moe model", file=sys.stderr
+            f"strata model routing: {args.file} is {d['architecture']}; its NumPy forward pass routes "
+            f"{', '.join(FAMILIES)} models",
+            file=sys.stderr,
         )
         return 1
     n_expert = int(d["dimensions"]["expert_count"])

@@ -404,8 +404,37 @@ static void store_open(strata_engine *e) {
 
 /* ---- open / close ------------------------------------------------------------------------------ */
 
+/* The first block of the model's architecture (arch.h) that the CUDA forward does not compose yet, in
+ * words, or NULL when it runs them all. The CUDA kernels are qwen3moe's blocks: per-head q/k norms, NeoX
+ * RoPE over the whole head without scaling, softmax routing with renormalized top-k weights, no biases,
+ * no shared experts, no multipliers. A model needing more is refused at open, never run without it. */
+static const char *cuda_missing_block(const strata_engine *e) {
+    const hparams *hp = &e->hp;
+    if (hp->n_dense_lead > 0) return "dense leading layers";
+    if (hp->qk_norm != QK_NORM_HEAD)
+        return hp->qk_norm == QK_NORM_FULL ? "q/k norms over the whole projection" : "attention without q/k norms";
+    if (hp->ad->rope != ROPE_NEOX) return "RoPE with adjacent pairs (the llama layout)";
+    if (hp->n_rot != hp->head_dim) return "partial rotary embeddings";
+    if (hp->rope_scaling != ROPE_SCALING_NONE) return "rope scaling";
+    if (hp->gating != GATING_SOFTMAX || hp->expert_bias || !hp->norm_topk || hp->routed_scale != 1.0f)
+        return "routing other than softmax with renormalized top-k weights";
+    if (hp->n_ff_shexp > 0) return "shared experts";
+    if (hp->embd_scale != 1.0f || hp->residual_scale != 1.0f || hp->logit_scale != 1.0f ||
+        hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim))
+        return "granite's embedding, attention, residual and logit multipliers";
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        if (e->w.layers[l].bq || e->w.layers[l].bk || e->w.layers[l].bv) return "attention biases";
+    return NULL;
+}
+
 /* Create the device context (e->gpu) and report the free device memory the plan may use. */
 static strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
+    const char *missing = cuda_missing_block(e);
+    if (missing)
+        return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
+                       "--device cuda: %s (%s) needs %s, which the CUDA backend does not run yet; use --device cpu "
+                       "for this file",
+                       e->hp.arch, e->hp.ad->family, missing);
     char err[512];
     cuda_state *g = calloc(1, sizeof *g);
     if (!g) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
