@@ -67,7 +67,9 @@ def split_model(src: str | Path, out: str | Path, *, max_tensors: int = 0, max_s
                     continue
                 vtype = field.types[0]
                 if vtype == GGUFValueType.ARRAY and len(field.types) > 2:
-                    raise SplitError(f"{src}: metadata {name!r} is an array of arrays, which this writer does not copy")
+                    raise SplitError(
+                        f"{src}: metadata {name!r} is an array of arrays, which this writer does not copy"
+                    )
                 sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
                 w.add_key_value(name, field.contents(), vtype, sub_type=sub)
             for t in r.tensors:
