@@ -219,3 +219,16 @@ def test_model_make_and_split_write_split_models(
     assert "is already one part of a split model" in capsys.readouterr().err
     assert main(["model", "split", str(unsplit), str(tmp_path / "t.gguf")]) == 1
     assert "give a limit per part" in capsys.readouterr().err
+
+
+def test_model_info_describes_every_part(unsplit: Path, parts: list[Path], tmp_path: Path) -> None:
+    from strata.model.cli import describe
+
+    whole, split = describe(unsplit), describe(parts[0])
+    assert split["parts"] == [str(p) for p in parts] and whole["parts"] == [str(unsplit)]
+    for k in ("tensors", "resident_bytes", "expert_bytes_per_layer", "dimensions", "vocab_size"):
+        assert split[k] == whole[k], k
+    renamed = tmp_path / "model.gguf"
+    shutil.copyfile(parts[0], renamed)
+    with pytest.raises(SplitError, match="-00001-of-00006.gguf, so the other parts cannot be found"):
+        describe(renamed)

@@ -15,7 +15,7 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["SplitError", "parse_size", "part_names", "split_model"]
+__all__ = ["SplitError", "model_files", "parse_size", "part_names", "split_model"]
 
 
 class SplitError(ValueError):
@@ -36,6 +36,20 @@ def parse_size(text: str) -> int:
 def part_names(out: Path, n: int) -> list[Path]:
     """The names of the n parts of a split model written as ``out`` (``out``'s stem and suffix)."""
     return [out.with_name(f"{out.stem}-{k:05d}-of-{n:05d}{out.suffix}") for k in range(1, n + 1)]
+
+
+def model_files(first: Path, split_count: int) -> list[Path]:
+    """The files of the model whose first file is ``first`` and whose header says ``split.count``:
+    ``[first]`` for a plain file, every part (as the engine finds them) for a split model."""
+    if split_count <= 1:
+        return [first]
+    m = re.fullmatch(r"(.*)-00001-of-(\d{5})(\.gguf)", first.name)
+    if not m or int(m.group(2)) != split_count:
+        raise SplitError(
+            f"{first} is the first of {split_count} parts of a split model, but its name does not end in "
+            f"-00001-of-{split_count:05d}.gguf, so the other parts cannot be found"
+        )
+    return part_names(first.with_name(m.group(1) + m.group(3)), split_count)
 
 
 def split_model(src: str | Path, out: str | Path, *, max_tensors: int = 0, max_size: int = 0) -> list[Path]:

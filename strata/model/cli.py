@@ -232,6 +232,8 @@ def describe(path: Path) -> dict[str, Any]:
     """What ``strata model info`` prints, as a dict."""
     from gguf import GGUFReader
 
+    from ._split import model_files
+
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     try:
@@ -270,7 +272,9 @@ def describe(path: Path) -> dict[str, Any]:
     resident = 0
     expert_bytes: dict[int, int] = {}
     n_expert = int(dims.get("expert_count") or 0)
-    for t in r.tensors:
+    parts = model_files(path, int(field("split.count") or 1))
+    readers = [r] + [GGUFReader(str(p)) for p in parts[1:]]  # a missing part: FileNotFoundError
+    for t in (t for rd in readers for t in rd.tensors):
         nbytes = int(t.n_bytes)
         tensors.append(
             {"name": t.name, "type": t.tensor_type.name, "shape": [int(x) for x in t.shape], "bytes": nbytes}
@@ -282,6 +286,7 @@ def describe(path: Path) -> dict[str, Any]:
             resident += nbytes
     return {
         "file": str(path),
+        "parts": [str(p) for p in parts],
         "architecture": arch,
         "name": field("general.name"),
         "file_type": field("general.file_type"),
