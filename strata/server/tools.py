@@ -7,9 +7,9 @@ and ``format_for`` picks it from the chat template. Qwen3 (and every ChatML temp
 ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``; gpt-oss as a harmony message to
 ``functions.NAME`` on the commentary channel; DeepSeek V3/R1 between ``<｜tool▁call▁begin｜>`` and
 ``<｜tool▁call▁end｜>`` with the arguments in a fenced json block; GLM-4.5 as ``<tool_call>NAME`` with
-``<arg_key>``/``<arg_value>`` pairs; Mistral/Mixtral as ``[TOOL_CALLS]`` and a JSON list. A template that does not render tools
-itself (no ``tools`` in its source, as in the made models' template) gets the tool list in its system
-message and past calls in the assistant turns, written by the format here.
+``<arg_key>``/``<arg_value>`` pairs; Mistral/Mixtral as ``[TOOL_CALLS]`` and a JSON list. A template
+that does not render tools itself (no ``tools`` in its source, as in the made models' template) gets the
+tool list in its system message and past calls in the assistant turns, written by the format here.
 
 What the model writes is parsed after the fact (``parse_calls``) or while it streams (``ToolStream``).
 A block that is not a JSON object with a ``name`` of one of the request's tools and object (or string)
