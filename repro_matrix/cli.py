@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from strata._failure import add_debug_flag, run_reporting
+from strata._failure import add_debug_flag, run_command
 
 from ._commits import BuildError
 from ._matrix import MatrixError
@@ -653,20 +653,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if not getattr(args, "func", None):
-        p.print_help()
-        return 2
     # a failure is one paragraph (strata's rule; --debug or STRATA_DEBUG=1 shows the traceback), with exit
     # status 2 so that 1 keeps meaning "a cell failed"
-    return run_reporting(
-        f"repro_matrix {args.command}",
-        lambda: args.func(args),
-        debug=args.debug,
-        expected=(MatrixError, BuildError),
-        code=2,
-    )
+    return run_command(build_parser(), argv, expected=(MatrixError, BuildError), code=2)
 
 
 if __name__ == "__main__":

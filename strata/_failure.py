@@ -15,10 +15,19 @@ import sqlite3
 import sys
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 from ._exceptions import StrataError
 
-__all__ = ["DEBUG_HELP", "UserError", "add_debug_flag", "debug_from_env", "describe", "run_reporting"]
+__all__ = [
+    "DEBUG_HELP",
+    "UserError",
+    "add_debug_flag",
+    "debug_from_env",
+    "describe",
+    "run_command",
+    "run_reporting",
+]
 
 DEBUG_HELP = "print the traceback of a failure as well (also STRATA_DEBUG=1)"
 
@@ -106,3 +115,23 @@ def run_reporting(
             traceback.print_exc()
         print(f"{prog}: {describe(e, expected)}", file=sys.stderr)
         return code
+
+
+def run_command(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    *,
+    run: Callable[[argparse.Namespace], int | None] | None = None,
+    expected: tuple[type[BaseException], ...] = (),
+    code: int = 1,
+) -> int:
+    """An entry point's ``main``: parse ``argv``, print the help (exit 2) without a subcommand, else run
+    it (``args.func(args)``, or ``run(args)``) through ``run_reporting`` as "PROG COMMAND"."""
+    args: Any = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    body = run or args.func
+    return run_reporting(
+        f"{parser.prog} {args.command}", lambda: body(args), debug=args.debug, expected=expected, code=code
+    )

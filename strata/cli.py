@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from . import _cli_generate, _cli_profile
-from ._failure import add_debug_flag, run_reporting
+from ._failure import add_debug_flag, run_command
 from .model import cli as _model_cli
 from .server import cli as _server_cli
 
@@ -44,12 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if not getattr(args, "func", None):
-        p.print_help()
-        return 2
-    return run_reporting(f"strata {args.command}", lambda: args.func(args), debug=args.debug)
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

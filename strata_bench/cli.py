@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from strata._failure import add_debug_flag, run_reporting
+from strata._failure import add_debug_flag, run_command
 
 __all__ = ["build_parser", "exit_process", "main"]
 
@@ -792,37 +792,32 @@ def exit_process(rc: int) -> int:
     return rc
 
 
+def _run_keeping_rows(args: argparse.Namespace) -> int:
+    """Run the command; a run that stops or fails says which finished rows it kept, before the failure
+    itself is reported."""
+    try:
+        return int(args.func(args) or 0)
+    except BaseException as e:
+        writer = getattr(args, "_writer", None)
+        kept = (
+            f"{len(writer.rows)} finished rows kept in {writer.path}"
+            if writer is not None and writer.path is not None and writer.rows
+            else ""
+        )
+        if isinstance(e, KeyboardInterrupt):
+            _err(f"interrupted: {kept}" if kept else "interrupted")
+        elif kept and not isinstance(e, (SystemExit, BrokenPipeError)):
+            _err(kept)
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if not getattr(args, "func", None):
-        p.print_help()
-        return 2
     from ._llamacpp import LlamaBenchError
     from ._server_bench import ServerBenchError
 
-    def body() -> int:
-        try:
-            return int(args.func(args) or 0)
-        except BaseException as e:  # what a stopped or failed run kept, before the failure is reported
-            writer = getattr(args, "_writer", None)
-            kept = (
-                f"{len(writer.rows)} finished rows kept in {writer.path}"
-                if writer is not None and writer.path is not None and writer.rows
-                else ""
-            )
-            if isinstance(e, KeyboardInterrupt):
-                _err(f"interrupted: {kept}" if kept else "interrupted")
-            elif kept and not isinstance(e, (SystemExit, BrokenPipeError)):
-                _err(kept)
-            raise
-
     # a failure is one paragraph (strata's rule; --debug or STRATA_DEBUG=1 shows the traceback)
-    return run_reporting(
-        f"strata-bench {args.command}",
-        body,
-        debug=args.debug,
-        expected=(ValueError, LlamaBenchError, ServerBenchError),
+    return run_command(
+        build_parser(), argv, run=_run_keeping_rows, expected=(ValueError, LlamaBenchError, ServerBenchError)
     )
 
 
