@@ -36,8 +36,8 @@ static int rd_need(cursor *c, uint64_t n) { return n <= c->size - c->pos; }
 static strata_status rd_u32(cursor *c, uint32_t *v, const char *what) {
     if (!rd_need(c, 4))
         return err_set(c->err, STRATA_ERR_FORMAT,
-                       "GGUF file is truncated: %s at byte %llu needs 4 bytes, the file has %llu",
-                       what, (unsigned long long)c->pos, (unsigned long long)c->size);
+                       "GGUF file is truncated: %s at byte %llu needs 4 bytes, the file has %llu", what,
+                       (unsigned long long)c->pos, (unsigned long long)c->size);
     memcpy(v, c->base + c->pos, 4);
     c->pos += 4;
     return STRATA_OK;
@@ -46,8 +46,8 @@ static strata_status rd_u32(cursor *c, uint32_t *v, const char *what) {
 static strata_status rd_u64(cursor *c, uint64_t *v, const char *what) {
     if (!rd_need(c, 8))
         return err_set(c->err, STRATA_ERR_FORMAT,
-                       "GGUF file is truncated: %s at byte %llu needs 8 bytes, the file has %llu",
-                       what, (unsigned long long)c->pos, (unsigned long long)c->size);
+                       "GGUF file is truncated: %s at byte %llu needs 8 bytes, the file has %llu", what,
+                       (unsigned long long)c->pos, (unsigned long long)c->size);
     memcpy(v, c->base + c->pos, 8);
     c->pos += 8;
     return STRATA_OK;
@@ -70,23 +70,22 @@ static strata_status rd_str(cursor *c, const char **s, uint64_t *len, const char
 }
 
 static const uint8_t k_scalar_size[GGUF_VT_COUNT] = {
-    [GGUF_VT_UINT8] = 1, [GGUF_VT_INT8] = 1,   [GGUF_VT_UINT16] = 2,  [GGUF_VT_INT16] = 2,
+    [GGUF_VT_UINT8] = 1,  [GGUF_VT_INT8] = 1,  [GGUF_VT_UINT16] = 2,  [GGUF_VT_INT16] = 2,
     [GGUF_VT_UINT32] = 4, [GGUF_VT_INT32] = 4, [GGUF_VT_FLOAT32] = 4, [GGUF_VT_BOOL] = 1,
     [GGUF_VT_UINT64] = 8, [GGUF_VT_INT64] = 8, [GGUF_VT_FLOAT64] = 8,
 };
 
 const char *gguf_vtype_name(uint32_t t) {
-    static const char *names[GGUF_VT_COUNT] = {"uint8", "int8",   "uint16", "int16", "uint32",
-                                               "int32", "float32", "bool",  "string", "array",
-                                               "uint64", "int64", "float64"};
+    static const char *names[GGUF_VT_COUNT] = {"uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+                                               "bool",  "string", "array",  "uint64", "int64",  "float64"};
     return t < GGUF_VT_COUNT ? names[t] : "unknown";
 }
 
 /* Skip over one value of type t (recursing into arrays), checking every extent. */
 static strata_status skip_value(cursor *c, uint32_t t, int depth, const char *key) {
     if (t >= GGUF_VT_COUNT)
-        return err_set(c->err, STRATA_ERR_FORMAT,
-                       "GGUF metadata '%s' has value type %u, which does not exist (0..12)", key, t);
+        return err_set(c->err, STRATA_ERR_FORMAT, "GGUF metadata '%s' has value type %u, which does not exist (0..12)",
+                       key, t);
     if (t == GGUF_VT_STRING) {
         const char *s = NULL;
         uint64_t n = 0;
@@ -94,23 +93,22 @@ static strata_status skip_value(cursor *c, uint32_t t, int depth, const char *ke
     }
     if (t == GGUF_VT_ARRAY) {
         if (depth >= GGUF_MAX_ARRAY_DEPTH)
-            return err_set(c->err, STRATA_ERR_FORMAT,
-                           "GGUF metadata '%s' nests arrays more than %d deep", key, GGUF_MAX_ARRAY_DEPTH);
+            return err_set(c->err, STRATA_ERR_FORMAT, "GGUF metadata '%s' nests arrays more than %d deep", key,
+                           GGUF_MAX_ARRAY_DEPTH);
         uint32_t et = 0;
         uint64_t n = 0;
         STRATA_TRY(rd_u32(c, &et, "an array's element type"));
         STRATA_TRY(rd_u64(c, &n, "an array's length"));
         if (et >= GGUF_VT_COUNT)
-            return err_set(c->err, STRATA_ERR_FORMAT,
-                           "GGUF metadata '%s' is an array of type %u, which does not exist", key, et);
+            return err_set(c->err, STRATA_ERR_FORMAT, "GGUF metadata '%s' is an array of type %u, which does not exist",
+                           key, et);
         if (et != GGUF_VT_STRING && et != GGUF_VT_ARRAY) {
             uint64_t es = k_scalar_size[et];
             if (n > (c->size - c->pos) / es)
                 return err_set(c->err, STRATA_ERR_FORMAT,
                                "GGUF metadata '%s' claims %llu elements of %s, more than the %llu bytes "
                                "left in the file",
-                               key, (unsigned long long)n, gguf_vtype_name(et),
-                               (unsigned long long)(c->size - c->pos));
+                               key, (unsigned long long)n, gguf_vtype_name(et), (unsigned long long)(c->size - c->pos));
             c->pos += n * es;
             return STRATA_OK;
         }
@@ -148,14 +146,13 @@ strata_status gguf_parse(gguf_file *f, errbuf *err) {
     cursor c = {f->map, 0, f->size, err};
     uint32_t magic;
     if (f->size < 24)
-        return err_set(err, STRATA_ERR_FORMAT,
-                       "not a GGUF file: %llu bytes is shorter than the 24-byte GGUF header",
+        return err_set(err, STRATA_ERR_FORMAT, "not a GGUF file: %llu bytes is shorter than the 24-byte GGUF header",
                        (unsigned long long)f->size);
     STRATA_TRY(rd_u32(&c, &magic, "the magic"));
     if (magic != GGUF_MAGIC)
         return err_set(err, STRATA_ERR_FORMAT,
-                       "not a GGUF file: it starts with bytes %02x %02x %02x %02x instead of \"GGUF\"",
-                       f->map[0], f->map[1], f->map[2], f->map[3]);
+                       "not a GGUF file: it starts with bytes %02x %02x %02x %02x instead of \"GGUF\"", f->map[0],
+                       f->map[1], f->map[2], f->map[3]);
     STRATA_TRY(rd_u32(&c, &f->version, "the version"));
     if (f->version != 2 && f->version != 3) {
         if (f->version == 1)
@@ -167,8 +164,8 @@ strata_status gguf_parse(gguf_file *f, errbuf *err) {
                            "this GGUF file is big-endian (version field %u); strata reads little-endian "
                            "files only",
                            f->version);
-        return err_set(err, STRATA_ERR_FORMAT,
-                       "GGUF version %u is not one strata knows (2 and 3 are read)", f->version);
+        return err_set(err, STRATA_ERR_FORMAT, "GGUF version %u is not one strata knows (2 and 3 are read)",
+                       f->version);
     }
     STRATA_TRY(rd_u64(&c, &f->n_tensors, "the tensor count"));
     STRATA_TRY(rd_u64(&c, &f->n_kv, "the metadata count"));
@@ -180,8 +177,7 @@ strata_status gguf_parse(gguf_file *f, errbuf *err) {
                        "GGUF header claims %llu metadata entries, more than a %llu-byte file can hold",
                        (unsigned long long)f->n_kv, (unsigned long long)f->size);
     if (f->n_tensors > left / 24)
-        return err_set(err, STRATA_ERR_FORMAT,
-                       "GGUF header claims %llu tensors, more than a %llu-byte file can hold",
+        return err_set(err, STRATA_ERR_FORMAT, "GGUF header claims %llu tensors, more than a %llu-byte file can hold",
                        (unsigned long long)f->n_tensors, (unsigned long long)f->size);
 
     f->kv = calloc(f->n_kv ? f->n_kv : 1, sizeof *f->kv);
@@ -214,8 +210,7 @@ strata_status gguf_parse(gguf_file *f, errbuf *err) {
                                gguf_vtype_name(kv->type));
             if (a <= 0 || (a & (a - 1)) != 0 || a > (1 << 20))
                 return err_set(err, STRATA_ERR_FORMAT,
-                               "general.alignment is %lld; it must be a power of two up to 1 MiB",
-                               (long long)a);
+                               "general.alignment is %lld; it must be a power of two up to 1 MiB", (long long)a);
             f->alignment = (uint64_t)a;
         }
     }
@@ -227,8 +222,8 @@ strata_status gguf_parse(gguf_file *f, errbuf *err) {
         printable(t->name, t->name_len, nb, sizeof nb);
         STRATA_TRY(rd_u32(&c, &t->n_dims, "a tensor's dimension count"));
         if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
-            return err_set(err, STRATA_ERR_FORMAT, "tensor '%s' has %u dimensions (1..%d are valid)", nb,
-                           t->n_dims, GGUF_MAX_DIMS);
+            return err_set(err, STRATA_ERR_FORMAT, "tensor '%s' has %u dimensions (1..%d are valid)", nb, t->n_dims,
+                           GGUF_MAX_DIMS);
         uint64_t total = 1;
         for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
@@ -247,8 +242,8 @@ strata_status gguf_parse(gguf_file *f, errbuf *err) {
         int64_t rb = quant_row_bytes((int32_t)t->type, t->ne[0]);
         if (rb < 0) {
             if (quant_type_name((int32_t)t->type) == NULL)
-                return err_set(err, STRATA_ERR_FORMAT, "tensor '%s' has type id %u, which is not a GGUF type",
-                               nb, t->type);
+                return err_set(err, STRATA_ERR_FORMAT, "tensor '%s' has type id %u, which is not a GGUF type", nb,
+                               t->type);
             return err_set(err, STRATA_ERR_FORMAT,
                            "tensor '%s' has rows of %lld values, not a whole number of %s blocks", nb,
                            (long long)t->ne[0], quant_type_name((int32_t)t->type));
@@ -295,8 +290,7 @@ static strata_status open_one(const char *path, gguf_file *f, errbuf *err) {
     f->fd = -1;
     if (!path) return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "no model path given");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return err_set(err, STRATA_ERR_IO, "cannot open model file '%s': %s", path, strerror(errno));
+    if (fd < 0) return err_set(err, STRATA_ERR_IO, "cannot open model file '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
@@ -470,8 +464,8 @@ static strata_status open_parts(const char *path, gguf_file *f, const int64_t sp
             free(all);
             free(sorted);
             return err_set(err, STRATA_ERR_FORMAT,
-                           "split model %s: tensor '%s' is in two of its parts; a part belongs to another split",
-                           path, nb);
+                           "split model %s: tensor '%s' is in two of its parts; a part belongs to another split", path,
+                           nb);
         }
     free(sorted);
     free(f->tensors);
@@ -528,10 +522,30 @@ int gguf_kv_get_int(const gguf_kv *kv, int64_t *out) {
     case GGUF_VT_UINT8: *out = p[0]; return 1;
     case GGUF_VT_INT8: *out = (int8_t)p[0]; return 1;
     case GGUF_VT_BOOL: *out = p[0] != 0; return 1;
-    case GGUF_VT_UINT16: { uint16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GGUF_VT_INT16: { int16_t v; memcpy(&v, p, 2); *out = v; return 1; }
-    case GGUF_VT_UINT32: { uint32_t v; memcpy(&v, p, 4); *out = v; return 1; }
-    case GGUF_VT_INT32: { int32_t v; memcpy(&v, p, 4); *out = v; return 1; }
+    case GGUF_VT_UINT16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return 1;
+    }
+    case GGUF_VT_INT16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return 1;
+    }
+    case GGUF_VT_UINT32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return 1;
+    }
+    case GGUF_VT_INT32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return 1;
+    }
     case GGUF_VT_UINT64: {
         uint64_t v;
         memcpy(&v, p, 8);
@@ -539,7 +553,12 @@ int gguf_kv_get_int(const gguf_kv *kv, int64_t *out) {
         *out = (int64_t)v;
         return 1;
     }
-    case GGUF_VT_INT64: { int64_t v; memcpy(&v, p, 8); *out = v; return 1; }
+    case GGUF_VT_INT64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        *out = v;
+        return 1;
+    }
     default: return 0;
     }
 }

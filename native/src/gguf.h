@@ -42,39 +42,39 @@ enum gguf_vtype {
 #define GGUF_MAX_DIMS 4
 
 typedef struct gguf_kv {
-    const char *key;        /* not NUL-terminated */
+    const char *key; /* not NUL-terminated */
     uint64_t key_len;
-    uint32_t type;          /* gguf_vtype */
-    const uint8_t *val;     /* the value's bytes (for arrays: the first element) */
-    uint32_t arr_type;      /* arrays: element type */
-    uint64_t arr_n;         /* arrays: element count */
+    uint32_t type;      /* gguf_vtype */
+    const uint8_t *val; /* the value's bytes (for arrays: the first element) */
+    uint32_t arr_type;  /* arrays: element type */
+    uint64_t arr_n;     /* arrays: element count */
 } gguf_kv;
 
 typedef struct gguf_tensor {
-    const char *name;       /* not NUL-terminated */
+    const char *name; /* not NUL-terminated */
     uint64_t name_len;
     uint32_t n_dims;
     int64_t ne[GGUF_MAX_DIMS]; /* ne[0] is the row length (contiguous); unused dims are 1 */
-    uint32_t type;          /* GGUF (ggml) type id */
-    uint64_t offset;        /* from the start of the data section */
-    uint64_t bytes;         /* extent in the file */
-    const uint8_t *data;    /* into the mapping */
+    uint32_t type;             /* GGUF (ggml) type id */
+    uint64_t offset;           /* from the start of the data section */
+    uint64_t bytes;            /* extent in the file */
+    const uint8_t *data;       /* into the mapping */
 } gguf_tensor;
 
 typedef struct gguf_file {
     int fd;
-    uint8_t *map;           /* whole file, read-only */
+    uint8_t *map; /* whole file, read-only */
     uint64_t size;
     uint32_t version;
     uint64_t n_kv;
-    gguf_kv *kv;            /* [n_kv] */
+    gguf_kv *kv; /* [n_kv] */
     uint64_t n_tensors;
-    gguf_tensor *tensors;   /* [n_tensors] */
+    gguf_tensor *tensors; /* [n_tensors] */
     uint64_t alignment;
-    uint64_t data_off;      /* start of the tensor data */
-    uint32_t n_parts;       /* 1, or split.count for a split model (map and size are then the first part's) */
+    uint64_t data_off;       /* start of the tensor data */
+    uint32_t n_parts;        /* 1, or split.count for a split model (map and size are then the first part's) */
     struct gguf_file *parts; /* a split model's parts 2..n_parts ([n_parts - 1]; their kv belong to them) */
-    uint64_t total_size;    /* the bytes of every part together */
+    uint64_t total_size;     /* the bytes of every part together */
 } gguf_file;
 
 /* Map and parse a file, and the other parts when it is the first part of a split model. On failure f is
