@@ -92,7 +92,7 @@ strata_status strata_model_info_get(const strata_engine *e, strata_model_info *o
     out->bos_id = hp->bos_id;
     out->eos_id = hp->eos_id;
     out->n_params = e->w.n_params;
-    out->file_bytes = (int64_t)e->file.size;
+    out->file_bytes = (int64_t)e->file.total_size; /* every part of a split model */
     out->resident_bytes = e->w.resident_bytes;
     out->expert_bytes = e->w.expert_bytes;
     out->expert_type = e->w.layers[0].gate_exps.type;

@@ -194,7 +194,7 @@ strata_status gpu_expert_to(strata_engine *e, uint8_t *dst, int32_t l, int32_t e
     if (g->store) {
         /* pinned: one DMA at full PCIe speed, nothing for the host to copy and nothing to wait for */
         DEV(e, cuda_h2d(g->ctx, dst, g->store + g->store_off[l] + ex * n, (size_t)n, stream));
-    } else if (g->reg_ptr || !g->ring[0]) {
+    } else if (g->reg_parts || !g->ring[0]) {
         /* the mapping page-locked (or, without staging, pageable): three DMAs straight from the file */
         DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)gb, stream));
         DEV(e, cuda_h2d(g->ctx, dst + gb, src_u, (size_t)ub, stream));
@@ -360,7 +360,7 @@ static void store_open(strata_engine *e) {
     cuda_state *g = e->gpu;
     const int64_t all = (int64_t)e->hp.n_layer * e->hp.n_expert;
     const int store = env_cuda_store();
-    const int64_t bytes = store == 1 ? (int64_t)e->file.size : g->store_off[e->hp.n_layer];
+    const int64_t bytes = store == 1 ? (int64_t)e->file.total_size : g->store_off[e->hp.n_layer];
     const double gib = (double)bytes / (1 << 30);
     char why[640];
     why[0] = 0;
@@ -374,14 +374,27 @@ static void store_open(strata_engine *e) {
                  (double)e->plan.host_avail_bytes / (1 << 30));
     } else if (store == 1) {
         const double t0 = engine_now_ms();
-        if (cuda_host_register(g->ctx, e->file.map, (size_t)e->file.size) == STRATA_OK) {
-            g->reg_ptr = e->file.map;
+        /* a split model is one mapping per part: each is registered */
+        uint32_t i = 0;
+        for (uint8_t *m; i < e->file.n_parts; i++) {
+            uint64_t n;
+            gguf_part_map(&e->file, i, &m, &n);
+            if (cuda_host_register(g->ctx, m, (size_t)n) != STRATA_OK) break;
+        }
+        if (i == e->file.n_parts) {
+            g->reg_parts = i;
             g->direct = 1;
-            trace_emit(&e->trace, "cuda: expert store: the mapped file (%.1f GiB) registered with the device in %.0f ms; "
-                       "experts are copied straight from it", gib, engine_now_ms() - t0);
+            trace_emit(&e->trace, "cuda: expert store: the mapped file (%.1f GiB, %u part%s) registered with the device "
+                       "in %.0f ms; experts are copied straight from it", gib, i, i == 1 ? "" : "s", engine_now_ms() - t0);
             return;
         }
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
+        while (i-- > 0) {
+            uint8_t *m;
+            uint64_t n;
+            gguf_part_map(&e->file, i, &m, &n);
+            cuda_host_unregister(g->ctx, m);
+        }
     } else {
         const double t0 = engine_now_ms();
         if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->store) == STRATA_OK) {
@@ -651,8 +664,13 @@ static void cuda_forward_close(strata_engine *e) {
         cuda_event_free(g->ev_half[1]);
         for (int i = 0; i < SEQ_EVENTS; i++) cuda_event_free(g->seq_ev[i]);
         /* before the file is unmapped (engine_close closes the file after this) */
-        if (g->reg_ptr) cuda_host_unregister(g->ctx, g->reg_ptr);
-        g->reg_ptr = NULL;
+        for (uint32_t i = 0; i < g->reg_parts; i++) {
+            uint8_t *m;
+            uint64_t n;
+            gguf_part_map(&e->file, i, &m, &n);
+            cuda_host_unregister(g->ctx, m);
+        }
+        g->reg_parts = 0;
         cuda_host_free(g->ctx, g->store);
         g->store = NULL;
         cuda_ctx_destroy(g->ctx);
