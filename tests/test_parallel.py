@@ -5,6 +5,7 @@ leaving at different steps and a finished sequence's KV cache reused by the next
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -135,3 +136,42 @@ def test_bad_batches_are_refused_with_the_reason(tiny: Path) -> None:
         assert (eng.seq_n_past(0), eng.seq_n_past(1)) == (4, 2)
     with pytest.raises(ValueError, match="--parallel"):
         EngineConfig(parallel=0).validate()
+
+
+@pytest.mark.parametrize("n_seq", [1, 4, 8])
+def test_batch_generations_equal_generate_alone(tiny: Path, n_seq: int) -> None:
+    """strata._batch.Batch, the server's scheduler: each generation (greedy and sampled, stop tokens, a
+    max_tokens of 0, a context that fills) returns what Engine.generate returns for it alone."""
+    from strata._batch import Batch, BatchRequest
+
+    cfg = EngineConfig(threads=2, prefill="16", max_context=96)
+    with Engine(tiny, cfg) as one:
+        prompts = _prompts(one.info.n_vocab, n_seq + 4)
+        reqs = []
+        for i, p in enumerate(prompts):
+            kw: dict[str, Any] = {"max_tokens": [12, 0, 7, 90][i % 4], "seed": 100 + i}
+            if i % 3 == 1:
+                kw.update(temperature=0.9, top_k=40, top_p=0.95)
+            if i % 5 == 2:
+                kw.update(stop_tokens=[int(t) for t in range(3, one.info.n_vocab, 7)])
+            reqs.append((p, kw))
+        ref = []
+        for p, kw in reqs:
+            one.kv_reset()
+            ref.append(one.generate(p, top_logits=2, **kw))
+    with Engine(tiny, EngineConfig(**{**cfg.to_dict(), "parallel": n_seq})) as eng:
+        b = Batch(eng, chunk=16)
+        got: dict[int, Any] = {}
+        todo = list(enumerate(reqs))
+        while todo or b.active:
+            free = b.free_sequences()
+            if todo and free:
+                i, (p, kw) = todo.pop(0)
+                b.start(BatchRequest(i, p, top_logits=2, **kw), free[0])
+            for key, res, err in b.step():
+                assert err is None, err
+                got[key] = res
+    for i, r in enumerate(ref):
+        g = got[i]
+        assert (g.tokens, g.finish_reason, g.prompt_tokens) == (r.tokens, r.finish_reason, r.prompt_tokens), i
+        assert g.top == r.top, i

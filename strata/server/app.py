@@ -54,7 +54,7 @@ class _Api:
             stats=sup.stats,
             restarts=sup.restarts,
             queue_length=sup.queue_length,
-            running=sup.running is not None,
+            running=len(sup.running_jobs()),
             ready=sup.ready,
         )
 
@@ -113,6 +113,17 @@ class _Api:
                     "length": sup.queue_length,
                     "waiting": [{"seq": j.seq, "position": k + 1} for k, j in enumerate(sup.waiting())],
                     "running": running.seq if running is not None else None,
+                    # every request the engine runs now, one per sequence (--parallel), first started first
+                    "parallel": sup.parallel,
+                    "sequences": [
+                        {
+                            "seq": j.seq,
+                            "state": j.phase,
+                            "prompt": j.progress if j.phase == "reading" else None,
+                            "tokens": j.n_tokens,
+                        }
+                        for j in sup.running_jobs()
+                    ],
                 },
                 "plan": plan,
                 "stats": stats,

@@ -140,7 +140,8 @@ class Generation:
         Raises ApiError when the engine fails."""
         try:
             pos = self.job.position
-            if pos > 1 or (pos == 1 and self.state.supervisor.running is not None):
+            sup = self.state.supervisor
+            if pos > 1 or (pos == 1 and len(sup.running_jobs()) >= sup.parallel):
                 yield {"queued": pos}
             while True:
                 ev = await self.job.events.get()
