@@ -68,14 +68,31 @@ def model() -> str:
     return str(ensure_model("tiny"))
 
 
+N_CHOICES = 3
+SAMPLED = {
+    "messages": [{"role": "user", "content": "Pick a few words."}],
+    "max_tokens": 16,
+    "temperature": 0.9,
+}
+
+
 @pytest.fixture(scope="module")
-def reference(model: str) -> list[tuple[str, str, int]]:
-    """Each request alone: a server of one sequence, one client at a time."""
+def alone(model: str) -> dict[str, list[tuple[str, str, int]]]:
+    """Each request alone: a server of one sequence, one client at a time; and the single replies that the
+    choices of an n > 1 request are (seed + i)."""
     s = Served(model, *ARGS)
     try:
-        return [_ask(s.url, _request(i)) for i in range(N_REQ)]
+        return {
+            "requests": [_ask(s.url, _request(i)) for i in range(N_REQ)],
+            "choices": [_ask(s.url, {**SAMPLED, "seed": 77 + i}) for i in range(N_CHOICES)],
+        }
     finally:
         assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def reference(alone: dict[str, list[tuple[str, str, int]]]) -> list[tuple[str, str, int]]:
+    return alone["requests"]
 
 
 @pytest.fixture(scope="module", params=[1, 4, 8])
@@ -159,3 +176,26 @@ def test_a_killed_engine_ends_every_sequence_and_the_next_engine_serves(
         got = list(pool.map(lambda i: _ask(server.url, _request(i)), range(n)))
     assert got == reference[:n]
     assert server.status()["engine"]["restarts"] >= 1
+
+
+def test_n_choices_are_the_single_replies_of_their_seeds(
+    server: Served, alone: dict[str, list[tuple[str, str, int]]]
+) -> None:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300) as c:
+        r = c.chat.completions.create(model="m", n=N_CHOICES, seed=77, **SAMPLED)
+        assert [ch.index for ch in r.choices] == list(range(N_CHOICES))
+        got = [(ch.message.content or "", ch.finish_reason) for ch in r.choices]
+        assert got == [(t, f) for t, f, _n in alone["choices"]]
+        assert r.usage is not None
+        assert r.usage.completion_tokens == sum(n for _t, _f, n in alone["choices"])
+        # streamed: the chunks of every choice, each naming its index, add up to the same choices
+        text = [""] * N_CHOICES
+        finish = [""] * N_CHOICES
+        for chunk in c.chat.completions.create(model="m", n=N_CHOICES, seed=77, stream=True, **SAMPLED):
+            for ch in chunk.choices:
+                text[ch.index] += ch.delta.content or ""
+                finish[ch.index] = ch.finish_reason or finish[ch.index]
+        assert list(zip(text, finish, strict=True)) == got
+        # greedy: n equal choices, each the reply alone
+        g = c.chat.completions.create(model="m", n=N_CHOICES, **_request(0))
+        assert [ch.message.content for ch in g.choices] == [alone["requests"][0][0]] * N_CHOICES
