@@ -39,28 +39,53 @@ def _request(i: int) -> dict[str, Any]:
     }
     if i % 3 == 1:
         body.update(temperature=0.8, seed=1000 + i)
+    if i % 4 == 2:
+        body.update(logprobs=True, top_logprobs=2)
+    if i % 5 == 3:
+        body.update(response_format={"type": "json_object"})  # the grammar's mask in the batch's sampler
     return body
 
 
-def _ask(url: str, body: dict[str, Any], stream: bool = False) -> tuple[str, str, int]:
+def _ask(url: str, body: dict[str, Any], stream: bool = False) -> Reply:
     with openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=300) as c:
         if not stream:
             r = c.chat.completions.create(model="m", **body)
             assert r.usage is not None
-            return r.choices[0].message.content or "", r.choices[0].finish_reason, r.usage.completion_tokens
-        text, finish, n = "", "", 0
+            lp = r.choices[0].logprobs
+            lps = (
+                [
+                    (t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs])
+                    for t in lp.content or []
+                ]
+                if lp
+                else []
+            )
+            return (
+                r.choices[0].message.content or "",
+                r.choices[0].finish_reason,
+                r.usage.completion_tokens,
+                lps,
+            )
+        text, finish, n, lps = "", "", 0, []
         for ch in c.chat.completions.create(
             model="m", stream=True, stream_options={"include_usage": True}, **body
         ):
             if ch.choices:
                 text += ch.choices[0].delta.content or ""
                 finish = ch.choices[0].finish_reason or finish
+                lp = ch.choices[0].logprobs
+                if lp is not None:
+                    lps += [
+                        (t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs])
+                        for t in lp.content or []
+                    ]
             if ch.usage is not None:
                 n = ch.usage.completion_tokens
-        return text, finish, n
+        return text, finish, n, lps
 
 
 N_REQ = 12
+Reply = tuple[str, str, int, list[Any]]  # content, finish reason, completion tokens, logprobs
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +101,20 @@ SAMPLED = {
 }
 
 
+FIRST = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 12, "temperature": 0}
+FOLLOW_UP = {
+    "messages": [
+        *FIRST["messages"],
+        {"role": "assistant", "content": "Blue."},
+        {"role": "user", "content": "And another one?"},
+    ],
+    "max_tokens": 12,
+    "temperature": 0,
+}
+
+
 @pytest.fixture(scope="module")
-def alone(model: str) -> dict[str, list[tuple[str, str, int]]]:
+def alone(model: str) -> dict[str, list[Reply]]:
     """Each request alone: a server of one sequence, one client at a time; and the single replies that the
     choices of an n > 1 request are (seed + i)."""
     s = Served(model, *ARGS)
@@ -85,13 +122,14 @@ def alone(model: str) -> dict[str, list[tuple[str, str, int]]]:
         return {
             "requests": [_ask(s.url, _request(i)) for i in range(N_REQ)],
             "choices": [_ask(s.url, {**SAMPLED, "seed": 77 + i}) for i in range(N_CHOICES)],
+            "follow_up": [_ask(s.url, FOLLOW_UP)],
         }
     finally:
         assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")
-def reference(alone: dict[str, list[tuple[str, str, int]]]) -> list[tuple[str, str, int]]:
+def reference(alone: dict[str, list[Reply]]) -> list[Reply]:
     return alone["requests"]
 
 
@@ -102,9 +140,7 @@ def server(request: pytest.FixtureRequest, model: str) -> Iterator[Served]:
     assert s.stop() == 0
 
 
-def test_concurrent_replies_equal_the_replies_alone(
-    server: Served, reference: list[tuple[str, str, int]]
-) -> None:
+def test_concurrent_replies_equal_the_replies_alone(server: Served, reference: list[Reply]) -> None:
     n = server.status()["queue"]["parallel"]
     with ThreadPoolExecutor(max_workers=N_REQ) as pool:  # more clients than sequences: the rest queue
         got = list(pool.map(lambda i: _ask(server.url, _request(i), stream=i % 2 == 0), range(N_REQ)))
@@ -115,9 +151,7 @@ def test_concurrent_replies_equal_the_replies_alone(
     assert st["config"]["parallel"] == n
 
 
-def test_a_client_that_leaves_frees_its_sequence(
-    server: Served, reference: list[tuple[str, str, int]]
-) -> None:
+def test_a_client_that_leaves_frees_its_sequence(server: Served, reference: list[Reply]) -> None:
     n = server.status()["queue"]["parallel"]
     long = {
         "messages": [{"role": "user", "content": "Go on and on."}],
@@ -147,7 +181,7 @@ def test_a_client_that_leaves_frees_its_sequence(
 
 
 def test_a_killed_engine_ends_every_sequence_and_the_next_engine_serves(
-    server: Served, reference: list[tuple[str, str, int]]
+    server: Served, reference: list[Reply]
 ) -> None:
     n = server.status()["queue"]["parallel"]
     pid = server.status()["engine"]["pid"]
@@ -179,15 +213,15 @@ def test_a_killed_engine_ends_every_sequence_and_the_next_engine_serves(
 
 
 def test_n_choices_are_the_single_replies_of_their_seeds(
-    server: Served, alone: dict[str, list[tuple[str, str, int]]]
+    server: Served, alone: dict[str, list[Reply]]
 ) -> None:
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300) as c:
         r = c.chat.completions.create(model="m", n=N_CHOICES, seed=77, **SAMPLED)
         assert [ch.index for ch in r.choices] == list(range(N_CHOICES))
         got = [(ch.message.content or "", ch.finish_reason) for ch in r.choices]
-        assert got == [(t, f) for t, f, _n in alone["choices"]]
+        assert got == [(t, f) for t, f, _n, _lp in alone["choices"]]
         assert r.usage is not None
-        assert r.usage.completion_tokens == sum(n for _t, _f, n in alone["choices"])
+        assert r.usage.completion_tokens == sum(n for _t, _f, n, _lp in alone["choices"])
         # streamed: the chunks of every choice, each naming its index, add up to the same choices
         text = [""] * N_CHOICES
         finish = [""] * N_CHOICES
@@ -199,3 +233,12 @@ def test_n_choices_are_the_single_replies_of_their_seeds(
         # greedy: n equal choices, each the reply alone
         g = c.chat.completions.create(model="m", n=N_CHOICES, **_request(0))
         assert [ch.message.content for ch in g.choices] == [alone["requests"][0][0]] * N_CHOICES
+
+
+def test_a_follow_up_reuses_its_sequences_cache(server: Served, alone: dict[str, list[Reply]]) -> None:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=300) as c:
+        c.chat.completions.create(model="m", extra_body={"cache_prompt": True}, **FIRST)
+        r = c.chat.completions.create(model="m", extra_body={"cache_prompt": True}, **FOLLOW_UP)
+    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+    assert r.usage.prompt_tokens_details.cached_tokens > 0  # the first request's prompt, kept in its sequence
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == alone["follow_up"][0][:2]
