@@ -350,7 +350,8 @@ def test_products_on_raw_blocks_agree_across_levels(name: str) -> None:
     # pattern, all-zero and all-one blocks: the largest |value x scale|), against activations that
     # quantize to +-127: the integer sums must still be exact at every level.
     bs, ts = _geom(name)
-    rows, n_blocks, n_tok = 9, 5, 18  # two groups of four rows and one alone; a tile of the many-token kernels
+    # two groups of four rows and one alone; 18 tokens: a tile of the many-token kernels
+    rows, n_blocks, n_tok = 9, 5, 18
     raw = _random_blocks(name, 11, rows * n_blocks, []).reshape(rows, n_blocks * ts)
     for r, fill in ((0, 0x00), (1, 0xFF)):
         keep = raw[r].reshape(n_blocks, ts).copy()
