@@ -213,7 +213,8 @@ def test_products_levels_threads_batch(name: str, wide: bool) -> None:
     bs, _ = _geom(name)
     # wide rows span several chunks of blocks in the many-token kernels
     blocks = (19 if wide else 3) if bs == 256 else (75 if wide else 26)
-    rows, cols, n_tok = 37, blocks * bs, 70 if wide else 5  # 70 tokens: more than a token tile (64)
+    # 70 tokens: more than a token tile (64); 18: one tile, enough for the kernels that decode a row once
+    rows, cols, n_tok = 37, blocks * bs, 70 if wide else 18
     q, wd = _weights(name, rows, cols, 7)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
@@ -349,7 +350,8 @@ def test_products_on_raw_blocks_agree_across_levels(name: str) -> None:
     # pattern, all-zero and all-one blocks: the largest |value x scale|), against activations that
     # quantize to +-127: the integer sums must still be exact at every level.
     bs, ts = _geom(name)
-    rows, n_blocks, n_tok = 9, 5, 6  # two groups of four rows and one alone
+    # two groups of four rows and one alone; 18 tokens: a tile of the many-token kernels
+    rows, n_blocks, n_tok = 9, 5, 18
     raw = _random_blocks(name, 11, rows * n_blocks, []).reshape(rows, n_blocks * ts)
     for r, fill in ((0, 0x00), (1, 0xFF)):
         keep = raw[r].reshape(n_blocks, ts).copy()
