@@ -55,7 +55,9 @@ def test_unsupported_family_names_the_missing_piece(
     assert d["blocks"] is None and words in d["unsupported"]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen2moe", "tiny-mixtral", "tiny-olmoe", "tiny-granitemoe"])
+@pytest.mark.parametrize(
+    "preset", ["tiny", "tiny-qwen2moe", "tiny-mixtral", "tiny-olmoe", "tiny-granitemoe", "tiny-glm4moe"]
+)
 def test_maker_preset_of_each_family(preset: str) -> None:
     """The maker's file is the family's architecture, the engine names the family and its blocks, and a
     greedy reply and its logits are bit-identical with the whole model cached at 1 thread and with 16 of
@@ -71,6 +73,8 @@ def test_maker_preset_of_each_family(preset: str) -> None:
         "llama": "rope norm",
         "olmoe": "q/k norm over the projection",
         "granitemoe": "granite multipliers",
+        "glm4moe": "rope neox 16/32 dims; moe sigmoid with expert bias top-4 of 32 normalized scaled, shared expert, "
+        "1 dense leading layer(s)",
     }[arch]
     assert want_blocks in d["blocks"], d["blocks"]
     replies = []

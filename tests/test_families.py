@@ -318,7 +318,7 @@ def test_engine_equals_transformers(family: tuple[str, Path], ftype: str) -> Non
     assert near_ties <= 2, f"{name} {ftype}: {near_ties} near-tie divergences"
 
 
-@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe"])
+@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe", "glm4moe"])
 def test_maker_writes_the_converters_layout(name: str) -> None:
     """strata's maker (preset tiny-<family>) writes the tensors and the family's metadata keys that
     llama.cpp's converter writes for the same family (so benchmarks on made files run real files' path)."""
