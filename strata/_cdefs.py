@@ -60,6 +60,7 @@ __all__ = [
     "strata_cuda_mmq",
     "strata_cuda_router_topk",
     "strata_decode",
+    "strata_decode_batch",
     "strata_default_generate_params",
     "strata_default_params",
     "strata_default_sampling",
@@ -82,6 +83,10 @@ __all__ = [
     "strata_sampler_free",
     "strata_sampler_init",
     "strata_sampler_sample",
+    "strata_seq_kv_truncate",
+    "strata_seq_logits",
+    "strata_seq_n_past",
+    "strata_seq_prefill",
     "strata_simd_set",
     "strata_stats_get",
     "strata_stats_reset",
@@ -127,6 +132,7 @@ class StrataParams(Structure):
         ("simd", c_int32),
         ("trace", TRACE_FN),
         ("trace_user", c_void_p),
+        ("n_seq", c_int32),
     ]
 
 
@@ -184,6 +190,7 @@ class StrataPlan(Structure):
         ("host_avail_bytes", c_int64),
         ("n_threads", c_int32),
         ("simd", c_int32),
+        ("n_seq", c_int32),
     ]
 
 
@@ -406,6 +413,35 @@ def strata_n_past(eng: int) -> int: ...
 # STRATA_API strata_status strata_kv_truncate(strata_engine *eng, int32_t n_keep);
 @c_function("strata_kv_truncate", [_engine_p, c_int32], c_int32)
 def strata_kv_truncate(eng: int, n_keep: int) -> int: ...
+
+
+# STRATA_API strata_status strata_seq_prefill(strata_engine *eng, int32_t seq, const int32_t *tokens,
+#                                             int32_t n_tokens, strata_progress_fn progress, void *user);
+@c_function(
+    "strata_seq_prefill", [_engine_p, c_int32, POINTER(c_int32), c_int32, PROGRESS_FN, c_void_p], c_int32
+)
+def strata_seq_prefill(eng: int, seq: int, tokens: Any, n_tokens: int, progress: Any, user: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_decode_batch(strata_engine *eng, int32_t n, const int32_t *seqs,
+#                                              const int32_t *tokens);
+@c_function("strata_decode_batch", [_engine_p, c_int32, POINTER(c_int32), POINTER(c_int32)], c_int32)
+def strata_decode_batch(eng: int, n: int, seqs: Any, tokens: Any) -> int: ...
+
+
+# STRATA_API const float *strata_seq_logits(const strata_engine *eng, int32_t seq);
+@c_function("strata_seq_logits", [_engine_p, c_int32], POINTER(c_float))
+def strata_seq_logits(eng: int, seq: int) -> Any: ...
+
+
+# STRATA_API int32_t strata_seq_n_past(const strata_engine *eng, int32_t seq);
+@c_function("strata_seq_n_past", [_engine_p, c_int32], c_int32)
+def strata_seq_n_past(eng: int, seq: int) -> int: ...
+
+
+# STRATA_API strata_status strata_seq_kv_truncate(strata_engine *eng, int32_t seq, int32_t n_keep);
+@c_function("strata_seq_kv_truncate", [_engine_p, c_int32, c_int32], c_int32)
+def strata_seq_kv_truncate(eng: int, seq: int, n_keep: int) -> int: ...
 
 
 # STRATA_API void strata_kv_reset(strata_engine *eng);

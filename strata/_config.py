@@ -82,6 +82,7 @@ class EngineConfig:
     expert_profile: str | None = None  # --expert-profile FILE
     host_ram_budget: int | None = None  # --host-ram-budget SIZE
     simd: str = "auto"  # --simd auto|scalar|avx2|avx512
+    parallel: int | None = None  # --parallel N sequences decoded together (each its own KV cache)
 
     def validate(self) -> EngineConfig:
         """Raise ValueError naming the flag when a value is out of range."""
@@ -106,6 +107,8 @@ class EngineConfig:
             )
         if self.lend_pct is not None and not 0 < self.lend_pct <= 1:
             raise ValueError(f"--lend-pct: {self.lend_pct} is not in (0, 1]")
+        if self.parallel is not None and not 1 <= self.parallel <= 64:
+            raise ValueError(f"--parallel: {self.parallel} is not a count of sequences from 1 to 64")
         if self.adapt_decay is not None and not 0 <= self.adapt_decay <= 1:
             raise ValueError(f"--adapt-decay: {self.adapt_decay} is not in [0, 1]")
         return self
@@ -181,6 +184,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--expert-profile", help="file of ranked (layer, expert) pairs to fill the cache at start")
     g.add_argument("--host-ram-budget", type=parse_size, help="host RAM the plan may pin or borrow")
     g.add_argument("--simd", default="auto", choices=names(Simd), help="CPU kernel level")
+    g.add_argument(
+        "--parallel",
+        type=int,
+        help="sequences decoded together, each with its own KV cache of --max-context tokens (default 1)",
+    )
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:

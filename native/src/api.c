@@ -92,7 +92,7 @@ strata_status strata_model_info_get(const strata_engine *e, strata_model_info *o
     out->bos_id = hp->bos_id;
     out->eos_id = hp->eos_id;
     out->n_params = e->w.n_params;
-    out->file_bytes = (int64_t)e->file.size;
+    out->file_bytes = (int64_t)e->file.total_size; /* every part of a split model */
     out->resident_bytes = e->w.resident_bytes;
     out->expert_bytes = e->w.expert_bytes;
     out->expert_type = e->w.layers[0].gate_exps.type;
@@ -120,21 +120,66 @@ strata_status strata_predict_loan(const strata_engine *e, int32_t n_tokens, stra
 
 strata_status strata_prefill(strata_engine *e, const int32_t *tokens, int32_t n_tokens, strata_progress_fn progress,
                              void *user) {
-    if (!e) return STRATA_ERR_INVALID_ARGUMENT;
-    return engine_prefill(e, tokens, n_tokens, progress, user);
+    return strata_seq_prefill(e, 0, tokens, n_tokens, progress, user);
 }
 
 strata_status strata_decode(strata_engine *e, int32_t token) {
     if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    engine_seq_select(e, 0);
     return engine_decode(e, token);
 }
 
-const float *strata_logits(const strata_engine *e) { return e && e->has_logits ? e->logits : NULL; }
+const float *strata_logits(const strata_engine *e) { return strata_seq_logits(e, 0); }
 
-int32_t strata_n_past(const strata_engine *e) { return e ? e->n_past : 0; }
+int32_t strata_n_past(const strata_engine *e) { return strata_seq_n_past(e, 0); }
 
-strata_status strata_kv_truncate(strata_engine *e, int32_t n_keep) {
+strata_status strata_kv_truncate(strata_engine *e, int32_t n_keep) { return strata_seq_kv_truncate(e, 0, n_keep); }
+
+void strata_kv_reset(strata_engine *e) {
+    if (!e) return;
+    engine_seq_select(e, 0);
+    e->n_past = 0;
+    e->has_logits = 0;
+    e->stats.n_past = 0;
+}
+
+/* ---- several sequences ------------------------------------------------------------------------- */
+
+static strata_status check_seq(strata_engine *e, int32_t seq, const char *what) {
+    if (seq < 0 || seq >= e->n_seq)
+        return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "%s: sequence %d is not in 0..%d (the engine holds %d)",
+                       what, seq, e->n_seq - 1, e->n_seq);
+    return STRATA_OK;
+}
+
+strata_status strata_seq_prefill(strata_engine *e, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                                 strata_progress_fn progress, void *user) {
     if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    STRATA_TRY(check_seq(e, seq, "prefill"));
+    engine_seq_select(e, seq);
+    return engine_prefill(e, tokens, n_tokens, progress, user);
+}
+
+strata_status strata_decode_batch(strata_engine *e, int32_t n, const int32_t *seqs, const int32_t *tokens) {
+    if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    return engine_decode_batch(e, n, seqs, tokens);
+}
+
+const float *strata_seq_logits(const strata_engine *e, int32_t seq) {
+    if (!e || seq < 0 || seq >= e->n_seq) return NULL;
+    if (seq == e->cur_seq) return e->has_logits ? e->logits : NULL; /* the current one's fields are the live ones */
+    return e->seqs[seq].has_logits ? e->seqs[seq].logits : NULL;
+}
+
+int32_t strata_seq_n_past(const strata_engine *e, int32_t seq) {
+    if (!e || seq < 0 || seq >= e->n_seq) return 0;
+    return seq == e->cur_seq ? e->n_past : e->seqs[seq].n_past;
+}
+
+strata_status strata_seq_kv_truncate(strata_engine *e, int32_t seq, int32_t n_keep) {
+    if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    STRATA_TRY(check_seq(e, seq, "kv_truncate"));
+    engine_seq_select(e, seq);
     if (n_keep < 0 || n_keep > e->n_past)
         return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT,
                        "kv_truncate: cannot keep %d tokens of a context holding %d", n_keep, e->n_past);
@@ -142,13 +187,6 @@ strata_status strata_kv_truncate(strata_engine *e, int32_t n_keep) {
     e->n_past = n_keep;
     e->stats.n_past = n_keep;
     return STRATA_OK;
-}
-
-void strata_kv_reset(strata_engine *e) {
-    if (!e) return;
-    e->n_past = 0;
-    e->has_logits = 0;
-    e->stats.n_past = 0;
 }
 
 strata_status strata_generate(strata_engine *e, const int32_t *prompt, int32_t n_prompt,
@@ -169,6 +207,7 @@ strata_status strata_generate(strata_engine *e, const int32_t *prompt, int32_t n
                        "generate: sampling settings out of range (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, "
                        "top_k >= 0)");
     strata_status s = STRATA_OK;
+    engine_seq_select(e, 0);
     if (n_prompt > 0) {
         s = engine_prefill(e, prompt, n_prompt, g.on_prompt, user);
     } else if (!e->has_logits) {

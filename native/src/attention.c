@@ -106,14 +106,16 @@ static void att_item(void *ctx, int64_t item, int thread) {
     const int32_t hd = hp->head_dim, H = hp->n_head;
     int32_t t = (int32_t)(item / H), h = (int32_t)(item % H);
     int32_t kvh = h / (H / hp->n_head_kv);
-    int32_t pos = j->pos0 + t;
+    /* a decode step of several sequences: each row at its own position in its own cache */
+    const kv_cache *kv = e->batch_seq ? &e->seqs[e->batch_seq[t]].kv : &e->kv;
+    int32_t pos = e->batch_seq ? e->seqs[e->batch_seq[t]].n_past : j->pos0 + t;
     const float *q = e->cb.q + (int64_t)t * H * hd + (int64_t)h * hd;
     float *out = e->cb.att + (int64_t)t * H * hd + (int64_t)h * hd;
     float *sc = e->cb.scores + (int64_t)thread * e->n_ctx; /* [pos + 1] */
     const float scale = hp->attn_scale;
     float mx = -INFINITY;
     for (int32_t p = 0; p <= pos; p++) {
-        sc[p] = kv_dot_k(&e->kv, j->layer, p, kvh, q) * scale;
+        sc[p] = kv_dot_k(kv, j->layer, p, kvh, q) * scale;
         if (sc[p] > mx) mx = sc[p];
     }
     float sum = 0.0f;
@@ -123,15 +125,36 @@ static void att_item(void *ctx, int64_t item, int thread) {
     }
     memset(out, 0, sizeof(float) * (size_t)hd);
     float inv = 1.0f / sum;
-    for (int32_t p = 0; p <= pos; p++) kv_acc_v(&e->kv, j->layer, p, kvh, sc[p] * inv, out);
+    for (int32_t p = 0; p <= pos; p++) kv_acc_v(kv, j->layer, p, kvh, sc[p] * inv, out);
 }
 
-/* The tiled kernel (cpu/attn_avx512.c): an item is one KV head and a block of tokens, the blocks
+/* Which tiled kernel an engine runs (att_use_tiled; 0: none, the per-query path above). */
+enum { ATT_TILED_AVX2 = 1, ATT_TILED_AVX512 = 2 };
+
+/* The tiled kernel (cpu/attn_avx512.c, cpu/attn_avx2.c): an item is one KV head and a block of tokens, the blocks
  * handed out last token first so that the longest (causal) items start early. */
 typedef struct att_tiled_ctx {
     attn_tile_job job;
+    int level; /* att_use_tiled */
     int32_t T, n_head_kv, tokens_per_item, n_blocks;
 } att_tiled_ctx;
+
+/* A decode step of several sequences: item = row * H_kv + KV head, each row the one-token call of its own
+ * sequence (its query and output rows, its cache, its position), as a decode step alone makes it. */
+typedef struct att_tiled_batch {
+    const attn_tile_job *jobs; /* [T] */
+    int32_t n_head_kv;
+    int level; /* att_use_tiled */
+} att_tiled_batch;
+
+static void att_tiled_batch_item(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const att_tiled_batch *c = ctx;
+    const attn_tile_job *job = &c->jobs[item / c->n_head_kv];
+    const int32_t kvh = (int32_t)(item % c->n_head_kv);
+    if (c->level == ATT_TILED_AVX512) attn_f16_tiled_avx512(job, kvh, 0, 1);
+    else attn_f16_tiled_avx2(job, kvh, 0, 1);
+}
 
 static void att_tiled_item(void *ctx, int64_t item, int thread) {
     (void)thread;
@@ -140,14 +163,18 @@ static void att_tiled_item(void *ctx, int64_t item, int thread) {
     const int32_t blk = c->n_blocks - 1 - (int32_t)(item / c->n_head_kv);
     const int32_t t0 = blk * c->tokens_per_item;
     const int32_t t1 = t0 + c->tokens_per_item < c->T ? t0 + c->tokens_per_item : c->T;
-    attn_f16_tiled_avx512(&c->job, kvh, t0, t1);
+    if (c->level == ATT_TILED_AVX512) attn_f16_tiled_avx512(&c->job, kvh, t0, t1);
+    else attn_f16_tiled_avx2(&c->job, kvh, t0, t1);
 }
 
-/* 1 when this engine runs the tiled kernel: AVX-512 level, f16 cache, a head dim it handles. The
- * choice depends on the engine's configuration alone, so decode and prefill always agree. */
+/* Which tiled kernel this engine runs (0: none, the per-query path): the AVX-512 or AVX2 level, f16
+ * cache, a head dim it handles. The choice depends on the engine's configuration alone, so decode and
+ * prefill always agree. */
 static int att_use_tiled(const strata_engine *e) {
-    return e->kv.type == STRATA_KV_F16 && attn_f16_tiled_supported(e->hp.head_dim) &&
-           quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512);
+    if (e->kv.type != STRATA_KV_F16 || !attn_f16_tiled_supported(e->hp.head_dim)) return 0;
+    if (quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512)) return ATT_TILED_AVX512;
+    if (quant_simd_supported(STRATA_SIMD_AVX2) && e->qt == quant_table(STRATA_SIMD_AVX2)) return ATT_TILED_AVX2;
+    return 0;
 }
 
 /* ---- per-token steps, split over the pool by blocks of tokens ----------------------------------- */
@@ -161,7 +188,7 @@ typedef struct tok_job {
     strata_engine *e;
     int32_t l, T, pos0, step;
     int32_t wtype; /* the weight type the activations are quantized for */
-    int tiled;     /* att_use_tiled: the cache rows are stored by the AVX-512 converter */
+    int tiled;     /* att_use_tiled: the cache rows are stored by that level's converter */
 } tok_job;
 
 static void tok_item(void *ctx, int64_t item, int thread) {
@@ -189,7 +216,8 @@ static void tok_item(void *ctx, int64_t item, int thread) {
         const qk_norm_kind qn = hp->qk_norm;
         const rope_kind rk = hp->ad->rope;
         for (int32_t t = t0; t < t1; t++) {
-            int32_t pos = j->pos0 + t;
+            kv_cache *kv = e->batch_seq ? &e->seqs[e->batch_seq[t]].kv : &e->kv;
+            int32_t pos = e->batch_seq ? e->seqs[e->batch_seq[t]].n_past : j->pos0 + t;
             rope_angles(cs, nr, pos, freq, mag);
             float *qt = cb->q + t * QD, *kt = cb->k + t * KD, *vt = cb->v + t * KD;
             if (L->bq)
@@ -212,12 +240,18 @@ static void tok_item(void *ctx, int64_t item, int thread) {
                 if (qn == QK_NORM_HEAD) rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
                 rope_apply(kh, nr, cs, rk);
             }
-            if (j->tiled) { /* the same row layout as kv_store, converted 16 values at a time */
-                const size_t off = ((size_t)j->l * (size_t)e->kv.n_ctx + (size_t)pos) * e->kv.row_bytes;
-                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.k + off), cb->k + t * KD, (int32_t)KD);
-                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.v + off), cb->v + t * KD, (int32_t)KD);
+            if (j->tiled) { /* the same row layout as kv_store, converted 16 (AVX2: 8) values at a time */
+                const size_t off = ((size_t)j->l * (size_t)kv->n_ctx + (size_t)pos) * kv->row_bytes;
+                uint16_t *kd = (uint16_t *)(void *)(kv->k + off), *vd = (uint16_t *)(void *)(kv->v + off);
+                if (j->tiled == ATT_TILED_AVX512) {
+                    attn_store_f16_avx512(kd, cb->k + t * KD, (int32_t)KD);
+                    attn_store_f16_avx512(vd, cb->v + t * KD, (int32_t)KD);
+                } else {
+                    attn_store_f16_avx2(kd, cb->k + t * KD, (int32_t)KD);
+                    attn_store_f16_avx2(vd, cb->v + t * KD, (int32_t)KD);
+                }
             } else {
-                kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
+                kv_store(kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
             }
         }
         break;
@@ -249,7 +283,7 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
     chunk_buffers *cb = &e->cb;
     const int32_t D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
     const int64_t QD = (int64_t)H * hd, KD = (int64_t)HKV * hd;
-    STRATA_ASSERT(&e->err, T <= cb->cap && pos0 + T <= e->n_ctx);
+    STRATA_ASSERT(&e->err, T <= cb->cap && (e->batch_seq || pos0 + T <= e->n_ctx));
 
     STRATA_ASSERT(&e->err, hd <= ROPE_MAX_HD);
 
@@ -270,9 +304,22 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
 
     tok_run(e, l, T, pos0, TOK_ROPE_STORE, 0);
 
-    if (att_use_tiled(e)) {
+    const int tiled = att_use_tiled(e);
+    if (tiled && e->batch_seq) {
+        attn_tile_job jobs[STRATA_MAX_SEQ];
+        STRATA_ASSERT(&e->err, T <= STRATA_MAX_SEQ);
+        for (int32_t t = 0; t < T; t++) {
+            const seq_state *sq = &e->seqs[e->batch_seq[t]];
+            const size_t lo = (size_t)l * (size_t)sq->kv.n_ctx * sq->kv.row_bytes;
+            jobs[t] = (attn_tile_job){cb->q + t * QD, cb->att + t * QD, sq->kv.k + lo, sq->kv.v + lo, sq->kv.row_bytes,
+                                      hd, H, H / HKV, sq->n_past, hp->attn_scale};
+        }
+        att_tiled_batch c = {jobs, HKV, tiled};
+        pool_run(e->pool, (int64_t)T * HKV, att_tiled_batch_item, &c);
+    } else if (tiled) {
         const int32_t G = H / HKV;
         att_tiled_ctx c;
+        c.level = tiled;
         c.job = (attn_tile_job){cb->q, cb->att, e->kv.k + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes,
                                 e->kv.v + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes, e->kv.row_bytes, hd, H,
                                 G, pos0, hp->attn_scale};

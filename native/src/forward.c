@@ -111,7 +111,7 @@ int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
 
 strata_status chunk_buffers_use_scratch(strata_engine *e) {
     arena_reset(&e->scratch);
-    return chunk_buffers_alloc(e, &e->scratch, 1);
+    return chunk_buffers_alloc(e, &e->scratch, e->n_seq); /* a decode step of every sequence */
 }
 
 void chunk_buffers_free(strata_engine *e) { memset(&e->cb, 0, sizeof e->cb); }
@@ -154,6 +154,35 @@ static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_
             for (int32_t i = 0; i < hp->n_vocab; i++) e->logits[i] /= hp->logit_scale;
         e->has_logits = 1;
     }
+    return STRATA_OK;
+}
+
+/* One decode step of T sequences: token t at position seqs[batch_seq[t]].n_past of its own sequence. The
+ * pass is the prefill's pass over T rows (every product, norm and routing step computes a row the same way
+ * whatever the other rows are); only attention reads each row's own KV cache (attention.c), and the
+ * logits of every row are computed into its sequence's. */
+static strata_status cpu_forward_batch(strata_engine *e, const int32_t *tokens, int32_t T) {
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd;
+    chunk_buffers *cb = &e->cb;
+    STRATA_ASSERT(&e->err, e->batch_seq && T <= cb->cap);
+
+    const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
+    for (int32_t t = 0; t < T; t++)
+        te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
+
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        strata_status s = attention_block(e, l, T, 0);
+        if (s == STRATA_OK) s = moe_block(e, l, T, MOE_PHASE_DECODE);
+        if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+    }
+
+    /* the output of every row, into row batch_seq[t] of logits_all (each sequence's logits) */
+    rmsnorm_rows(cb->xn, cb->x, e->w.output_norm, T, D, hp->rms_eps);
+    mm_quantize(e->qt, e->w.output.type, cb->xn, D, T, D, cb->act, cb->act_stride);
+    mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, T,
+                 e->logits_all, hp->n_vocab, e->batch_seq};
+    mm_run(e->pool, &so, 1);
     return STRATA_OK;
 }
 
@@ -215,7 +244,7 @@ static strata_status cpu_init(strata_engine *e, int64_t *free_bytes, errbuf *err
     return STRATA_OK;
 }
 
-static int64_t cpu_scratch_bytes(const strata_engine *e) { return chunk_buffers_bytes(e, 1); }
+static int64_t cpu_scratch_bytes(const strata_engine *e) { return chunk_buffers_bytes(e, e->n_seq); }
 
 static strata_status cpu_ready(strata_engine *e, double t_fill, errbuf *err) {
     (void)e;
@@ -251,5 +280,6 @@ const backend_ops cpu_backend_ops = {
     .cache_changed = cpu_nothing,
     .fail_msg = cpu_fail_msg,
     .forward = cpu_forward,
+    .forward_batch = cpu_forward_batch,
 };
 

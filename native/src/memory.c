@@ -52,6 +52,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     const hparams *hp = &e->hp;
     strata_params prm = e->params;
     prm.max_context = e->n_ctx; /* decided by the engine: the attention scratch depends on it */
+    prm.n_seq = e->n_seq;
     plan_inputs in;
     memset(&in, 0, sizeof in);
     in.n_layer = hp->n_layer;
@@ -73,6 +74,11 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     STRATA_TRY(e->be->init(e, &in.device_free, err));
     if (on_gpu) {
         in.device = STRATA_DEVICE_CUDA;
+        if (e->n_seq > 1)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--parallel %d: the CUDA backend decodes one sequence at a time and cannot yet step several "
+                           "together; use --parallel 1 with --device cuda, or --device cpu for several sequences",
+                           e->n_seq);
         if (prm.expert_cache == 0)
             return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
                            "--expert-cache 0 runs every expert from host memory, which only the CPU backend does; "
