@@ -55,6 +55,7 @@ def test_unsupported_family_names_the_missing_piece(
     assert d["blocks"] is None and words in d["unsupported"]
 
 
+@pytest.mark.asan
 @pytest.mark.parametrize(
     "preset", ["tiny", "tiny-qwen2moe", "tiny-mixtral", "tiny-olmoe", "tiny-granitemoe", "tiny-glm4moe"]
 )
@@ -96,6 +97,7 @@ def test_maker_preset_of_each_family(preset: str) -> None:
     assert np.array_equal(replies[0][1], replies[1][1])
 
 
+@pytest.mark.asan
 def test_profile_of_a_model_with_dense_leading_layers_names_model_layers(tmp_path: Path) -> None:
     """glm4moe's first layer is dense: the cache holds experts of layers 1.. only, and a saved profile names
     model layers (1..), which the next open reads back into the same residency."""
