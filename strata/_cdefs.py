@@ -74,6 +74,7 @@ __all__ = [
     "strata_logits",
     "strata_matmul",
     "strata_matvec",
+    "strata_model_describe",
     "strata_model_info_get",
     "strata_n_past",
     "strata_plan_get",
@@ -355,6 +356,11 @@ def strata_engine_open(path: bytes, params: Any, out: Any, err: Any, err_len: in
 # STRATA_API void strata_engine_close(strata_engine *eng);
 @c_function("strata_engine_close", [_engine_p], None)
 def strata_engine_close(eng: int) -> None: ...
+
+
+# STRATA_API strata_status strata_model_describe(const char *path, char *buf, size_t len);
+@c_function("strata_model_describe", [c_char_p, c_char_p, c_size_t], c_int32)
+def strata_model_describe(path: bytes, buf: Any, len: int) -> int: ...
 
 
 # STRATA_API const char *strata_last_error(const strata_engine *eng);

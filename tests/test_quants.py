@@ -385,3 +385,30 @@ def test_products_on_raw_blocks_agree_across_levels(name: str) -> None:
     for level, y in results.items():
         bad = np.argwhere(y.view(np.uint32) != results["scalar"].view(np.uint32))
         assert bad.size == 0, f"{name}: {level} differs from scalar at (token, row) {bad[:4].tolist()}"
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_tiny_activation_blocks_agree_across_levels(name: str) -> None:
+    # Activation blocks whose largest value is so small that 127 / max overflows to infinity (below
+    # about 3.7e-37, subnormals included) next to zeros: 0 x inf is NaN in the quantizer, which every
+    # level must turn into the scalar kernel's 0, and the products must stay bit-identical.
+    rows, cols = 8, 3 * 256
+    q, _ = _weights(name, rows, cols, 21)
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    x[0] *= np.float32(1e-39)  # subnormal
+    x[1] *= np.float32(1e-37)
+    x[2, ::2] = 0.0
+    x[2] *= np.float32(2e-38)
+    x[3, :256] = np.float32(1e-45)  # the smallest subnormal in one block, normal values after it
+    t = int(GGMLQuantizationType[name])
+    results = {}
+    try:
+        for level in SIMD_LEVELS:
+            _engine.simd_set(level)
+            results[level] = _engine.matmul(t, q, rows, cols, x, threads=1)
+    finally:
+        _engine.simd_set("auto")
+    for level, y in results.items():
+        bad = np.argwhere(y.view(np.uint32) != results["scalar"].view(np.uint32))
+        assert bad.size == 0, f"{name}: {level} differs from scalar at (token, row) {bad[:4].tolist()}"

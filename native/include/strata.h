@@ -326,6 +326,10 @@ STRATA_API strata_status strata_engine_open(const char *path, const strata_param
                                             strata_engine **out, char *err, size_t err_len);
 /* Free everything; NULL is fine. */
 STRATA_API void strata_engine_close(strata_engine *eng);
+/* Read a model file's metadata and tensors (no engine, no plan) and write into buf the family and the
+ * blocks its forward pass composes ("Qwen2-MoE: attention GQA 4/2, rope neox; moe softmax top-3 of 8,
+ * shared expert with sigmoid gate"), or on failure why strata cannot run it. Returns as strata_engine_open. */
+STRATA_API strata_status strata_model_describe(const char *path, char *buf, size_t len);
 /* The message of the last failed call on this engine ("" when none). Valid until the next call. */
 STRATA_API const char *strata_last_error(const strata_engine *eng);
 STRATA_API strata_status strata_model_info_get(const strata_engine *eng, strata_model_info *out);

@@ -44,6 +44,31 @@ strata_status strata_engine_open(const char *path, const strata_params *params, 
 
 void strata_engine_close(strata_engine *eng) { engine_close(eng); }
 
+strata_status strata_model_describe(const char *path, char *buf, size_t len) {
+    errbuf eb;
+    err_clear(&eb);
+    gguf_file f;
+    memset(&f, 0, sizeof f);
+    f.fd = -1;
+    hparams hp;
+    model_weights w;
+    memset(&w, 0, sizeof w);
+    strata_status s = path ? gguf_open(path, &f, &eb) : err_set(&eb, STRATA_ERR_INVALID_ARGUMENT, "path is NULL");
+    if (s == STRATA_OK) {
+        s = model_load(&f, quant_table(STRATA_SIMD_AUTO), &hp, &w, &eb);
+        if (s != STRATA_OK) err_prefix(&eb, "%s: ", path);
+        model_free(&w);
+        gguf_close(&f);
+    }
+    if (buf && len > 0) {
+        if (s == STRATA_OK)
+            arch_describe(&hp, buf, len);
+        else
+            snprintf(buf, len, "%s", eb.msg);
+    }
+    return s;
+}
+
 const char *strata_last_error(const strata_engine *eng) { return eng ? eng->err.msg : "no engine (NULL)"; }
 
 strata_status strata_model_info_get(const strata_engine *e, strata_model_info *out) {
@@ -67,7 +92,7 @@ strata_status strata_model_info_get(const strata_engine *e, strata_model_info *o
     out->bos_id = hp->bos_id;
     out->eos_id = hp->eos_id;
     out->n_params = e->w.n_params;
-    out->file_bytes = (int64_t)e->file.size;
+    out->file_bytes = (int64_t)e->file.total_size; /* every part of a split model */
     out->resident_bytes = e->w.resident_bytes;
     out->expert_bytes = e->w.expert_bytes;
     out->expert_type = e->w.layers[0].gate_exps.type;
@@ -231,7 +256,9 @@ strata_status strata_cache_residency(const strata_engine *e, int32_t *slot_of, i
     if (!e || !slot_of) return STRATA_ERR_INVALID_ARGUMENT;
     int64_t n = (int64_t)e->hp.n_layer * e->hp.n_expert;
     if (cap < n) return STRATA_ERR_INVALID_ARGUMENT;
-    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of ? e->cache.slot_of[i] : -1;
+    /* the cache counts MoE layers only: dense leading layers have no experts to hold */
+    const int64_t skip = (int64_t)e->hp.n_dense_lead * e->hp.n_expert;
+    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of && i >= skip ? e->cache.slot_of[i - skip] : -1;
     return STRATA_OK;
 }
 

@@ -197,6 +197,11 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
         goto fail;
     }
 
+    {
+        char blocks[320];
+        arch_describe(&e->hp, blocks, sizeof blocks);
+        trace_emit(&e->trace, "architecture %s, %s", e->hp.arch, blocks);
+    }
     e->n_ctx = p.max_context > 0 ? p.max_context
                                  : (e->hp.n_ctx_train < DEFAULT_MAX_CONTEXT ? e->hp.n_ctx_train : DEFAULT_MAX_CONTEXT);
     int nt = p.n_threads > 0 ? p.n_threads : pool_cpu_count();

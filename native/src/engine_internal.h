@@ -67,6 +67,13 @@ typedef struct chunk_buffers {
     float *u;             /* [T * K, F] up products, rows in group order */
     uint8_t *hact;        /* [T * K, act_stride] silu(g) * u, quantized for down */
     float *ye;            /* [T * K, D] expert outputs, row t * K + k */
+    float *sg;            /* [T, Fs] shared expert's or dense layer's gate products (Fs: the wider of
+                           * n_ff_shexp and n_ff_dense; absent when both are 0) */
+    float *su;            /* [T, Fs] their up products */
+    uint8_t *shact;       /* [T, act_stride] silu(sg) * su, quantized for their down */
+    float *ysh;           /* [T, D] their output */
+    float *choice;        /* [T, E] sigmoid routing: the scores plus the correction bias the experts are
+                           * picked by (absent under softmax routing) */
     struct mm_seg *segs;  /* [2 * E] product segments of the expert jobs */
     expert_view *views;   /* [E] views of the active experts */
 } chunk_buffers;

@@ -21,8 +21,11 @@ static size_t act_stride_of(const strata_engine *e) {
     size_t m = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *L = &e->w.layers[l];
-        const wview *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router, &L->gate_exps, &L->up_exps, &L->down_exps};
+        const wview *ws[] = {&L->wq,         &L->wk,       &L->wv,         &L->wo,         &L->router,
+                             &L->gate_exps,  &L->up_exps,  &L->down_exps,  &L->gate_shexp, &L->up_shexp,
+                             &L->down_shexp, &L->gate_dense, &L->up_dense, &L->down_dense};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (!ws[i]->data) continue; /* a block this family does not have */
             size_t b = mm_act_row_bytes(e->qt, ws[i]->type, ws[i]->cols);
             m = b > m ? b : m;
         }
@@ -66,6 +69,14 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     B(u, t * K * F * 4);
     B(hact, t * K * st);
     B(ye, t * K * D * 4);
+    if (hp->n_ff_shexp > 0 || hp->n_ff_dense > 0) { /* only families with them: the others' layout is unchanged */
+        const size_t FS = (size_t)(hp->n_ff_shexp > hp->n_ff_dense ? hp->n_ff_shexp : hp->n_ff_dense);
+        B(sg, t * FS * 4);
+        B(su, t * FS * 4);
+        B(shact, t * st);
+        B(ysh, t * D * 4);
+    }
+    if (hp->gating == GATING_SIGMOID) B(choice, t * E * 4);
     B(segs, 2 * E * sizeof(mm_seg));
     B(views, E * sizeof(expert_view));
 #undef B
@@ -123,6 +134,8 @@ static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
+    if (hp->embd_scale != 1.0f) /* granite's embedding multiplier */
+        for (int64_t i = 0; i < (int64_t)T * D; i++) cb->x[i] *= hp->embd_scale;
 
     for (int32_t l = 0; l < hp->n_layer; l++) {
         strata_status s = attention_block(e, l, T, e->n_past);
@@ -137,6 +150,8 @@ static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_
         mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, 1,
                      e->logits, hp->n_vocab, NULL};
         mm_run(e->pool, &so, 1);
+        if (hp->logit_scale != 1.0f) /* granite's logits scaling */
+            for (int32_t i = 0; i < hp->n_vocab; i++) e->logits[i] /= hp->logit_scale;
         e->has_logits = 1;
     }
     return STRATA_OK;

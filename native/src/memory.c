@@ -56,6 +56,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     plan_inputs in;
     memset(&in, 0, sizeof in);
     in.n_layer = hp->n_layer;
+    in.n_moe_layer = hp->n_layer - hp->n_dense_lead;
     in.n_expert = hp->n_expert;
     in.n_expert_used = hp->n_expert_used;
     in.n_embd = hp->n_embd;
@@ -65,7 +66,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     in.n_ctx_train = hp->n_ctx_train;
     in.resident_bytes = e->w.resident_bytes;
     in.expert_bytes = e->w.expert_bytes;
-    in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * hp->n_layer;
+    in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * (hp->n_layer - hp->n_dense_lead);
     in.kv_bytes = kv_bytes;
     in.device = STRATA_DEVICE_CPU;
     const int on_gpu = prm.device == STRATA_DEVICE_CUDA || (prm.device == STRATA_DEVICE_AUTO && cuda_backend_ops.present());
@@ -102,7 +103,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
 
     /* the one expert cache, over the backend's slab */
     cache_config cc = {prm.cache_policy, pp->miss_policy, prm.adapt_every, prm.adapt_swaps, prm.adapt_decay};
-    STRATA_TRY(cache_init(&e->cache, slab, pp->n_slots, pp->slot_bytes, hp->n_layer, hp->n_expert, &cc,
+    STRATA_TRY(cache_init(&e->cache, slab, pp->n_slots, pp->slot_bytes, hp->n_layer - hp->n_dense_lead, hp->n_expert, &cc,
                           e->be->copy_expert, e, err));
     const double t_fill = engine_now_ms();
     if (prm.expert_profile && prm.expert_profile[0]) {

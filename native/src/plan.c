@@ -180,7 +180,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
                           ? STRATA_MISS_HOST
                           : prm->miss_policy;
     pp->kv_type = prm->kv_type;
-    pp->n_experts_total = in->n_layer * in->n_expert;
+    pp->n_experts_total = (in->n_moe_layer > 0 ? in->n_moe_layer : in->n_layer) * in->n_expert;
     pp->slot_bytes = slot_round(in->expert_bytes);
     pp->small_chunk = 0;
 

@@ -34,6 +34,8 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
     """(name, NumPy shape) of every tensor, in file order."""
     D, E, F = p.d_model, p.n_expert, p.d_ff_expert
     q, kv = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
+    # the family's q/k norms: per head (qwen3moe), over the whole projection (olmoe), or none
+    qk_norm = {"qwen3moe": (p.head_dim, p.head_dim), "olmoe": (q, kv)}.get(p.family)
     specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (p.n_vocab, D))]
     for i in range(p.n_layer):
         b = f"blk.{i}."
@@ -42,8 +44,12 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
             (b + "attn_q.weight", (q, D)),
             (b + "attn_k.weight", (kv, D)),
             (b + "attn_v.weight", (kv, D)),
-            (b + "attn_q_norm.weight", (p.head_dim,)),
-            (b + "attn_k_norm.weight", (p.head_dim,)),
+        ]
+        if p.family == "qwen2moe":
+            specs += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
+        if qk_norm is not None:
+            specs += [(b + "attn_q_norm.weight", (qk_norm[0],)), (b + "attn_k_norm.weight", (qk_norm[1],))]
+        specs += [
             (b + "attn_output.weight", (D, q)),
             (b + "ffn_norm.weight", (D,)),
             (b + "ffn_gate_inp.weight", (E, D)),
@@ -51,6 +57,14 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
             (b + "ffn_up_exps.weight", (E, F, D)),
             (b + "ffn_down_exps.weight", (E, D, F)),
         ]
+        if p.family == "qwen2moe":
+            FS = p.d_ff_shared
+            specs += [
+                (b + "ffn_gate_inp_shexp.weight", (1, D)),
+                (b + "ffn_gate_shexp.weight", (FS, D)),
+                (b + "ffn_up_shexp.weight", (FS, D)),
+                (b + "ffn_down_shexp.weight", (D, FS)),
+            ]
     specs.append(("output_norm.weight", (D,)))
     if not p.tie_embeddings:
         specs.append(("output.weight", (p.n_vocab, D)))
@@ -97,6 +111,10 @@ class WeightGen:
             "ffn_gate_exps": 1.0 / math.sqrt(D),
             "ffn_up_exps": 1.0 / math.sqrt(D),
             "ffn_down_exps": 2.0 * self.out_gain / math.sqrt(F),
+            "ffn_gate_inp_shexp": 1.0 / math.sqrt(D),
+            "ffn_gate_shexp": 1.0 / math.sqrt(D),
+            "ffn_up_shexp": 1.0 / math.sqrt(D),
+            "ffn_down_shexp": self.out_gain / math.sqrt(max(1, p.d_ff_shared)),
             "output": 2.0 / math.sqrt(D),
         }[kind]
 
@@ -104,6 +122,8 @@ class WeightGen:
         """The float32 values of one tensor."""
         rng = stream_rng(self.seed, name)
         kind = self.kind(name)
+        if name.endswith(".bias"):  # attention biases: small, of both signs
+            return self.normal(rng, shape, 0.1)
         if len(shape) == 1:  # norm weights: positive, around 1
             return rng.uniform(0.8, 1.2, size=shape).astype(np.float32)
         if kind == "ffn_gate_inp":
@@ -126,6 +146,8 @@ class WeightGen:
             a[0, :] = 0.0
         elif kind == "ffn_down_exps":
             a[:, 0, :] = 0.0
+        elif kind == "ffn_down_shexp":
+            a[0, :] = 0.0
 
     def router(self, rng: np.random.Generator, layer: int, shape: tuple[int, ...]) -> np.ndarray:
         E, D = shape

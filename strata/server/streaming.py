@@ -131,7 +131,7 @@ class Generation:
         self.job: Job = state.supervisor.submit(command)
         self.decoder = tok.stream_decoder()
         # a family whose tool-call tags are control tokens: their text is kept for the parser
-        marks = (self.tools.fmt.open, self.tools.fmt.close) if self.tools is not None else ()
+        marks = self.tools.fmt.kept if self.tools is not None else ()
         self.keep_ids = {i for i in (tok.token_id(m) for m in marks) if i is not None and tok.is_special(i)}
         self.stopper = StopMatcher(gen.stop)
         self.tokens: list[int] = []
