@@ -394,3 +394,32 @@ def test_expert_cache_and_chunks_change_nothing(family: tuple[str, Path]) -> Non
     assert np.array_equal(runs[0], runs[1]), (
         f"{name}: logits differ with a small expert cache and small chunks"
     )
+
+
+def test_several_sequences_decode_as_each_alone(family: tuple[str, Path]) -> None:
+    """Each family's decode step of several sequences (--parallel) gives every row the bits of that
+    sequence decoded alone: its blocks (multipliers, biases, shared experts, dense layers) run per row."""
+    name, d = family
+    path = d / "model-f32.gguf"
+    prompts = [_prompt(n, salt) for salt, n in enumerate((1, 9, 40, 17))]
+    alone = []
+    with engine_mod.Engine(path, EngineConfig(threads=2)) as eng:
+        for p in prompts:
+            eng.kv_reset()
+            eng.prefill(p)
+            out = [eng.logits()]
+            for _ in range(5):
+                eng.decode(int(np.argmax(out[-1])))
+                out.append(eng.logits())
+            alone.append(np.stack(out))
+    with engine_mod.Engine(path, EngineConfig(threads=2, parallel=len(prompts))) as eng:
+        for q, p in enumerate(prompts):
+            eng.seq_prefill(q, p)
+        got = [[eng.seq_logits(q)] for q in range(len(prompts))]
+        for _ in range(5):
+            seqs = list(range(len(prompts)))
+            eng.decode_batch(seqs, [int(np.argmax(got[q][-1])) for q in seqs])
+            for q in seqs:
+                got[q].append(eng.seq_logits(q))
+    for q, (a, g) in enumerate(zip(alone, got, strict=True)):
+        assert np.array_equal(a, np.stack(g)), f"{name}: sequence {q} differs decoded beside others"

@@ -142,7 +142,7 @@ def test_bad_batches_are_refused_with_the_reason(tiny: Path) -> None:
 def test_batch_generations_equal_generate_alone(tiny: Path, n_seq: int) -> None:
     """strata._batch.Batch, the server's scheduler: each generation (greedy and sampled, stop tokens, a
     max_tokens of 0, a context that fills) returns what Engine.generate returns for it alone."""
-    from strata._batch import Batch, BatchRequest
+    from strata import Batch, BatchRequest
 
     cfg = EngineConfig(threads=2, prefill="16", max_context=96)
     with Engine(tiny, cfg) as one:

@@ -233,6 +233,9 @@ def test_n_choices_are_the_single_replies_of_their_seeds(
         # greedy: n equal choices, each the reply alone
         g = c.chat.completions.create(model="m", n=N_CHOICES, **_request(0))
         assert [ch.message.content for ch in g.choices] == [alone["requests"][0][0]] * N_CHOICES
+        # completions too, with the choices in index order
+        t = c.completions.create(model="m", prompt="Once upon", n=2, max_tokens=8, temperature=0)
+        assert [ch.index for ch in t.choices] == [0, 1] and t.choices[0].text == t.choices[1].text
 
 
 def test_a_follow_up_reuses_its_sequences_cache(server: Served, alone: dict[str, list[Reply]]) -> None:

@@ -122,21 +122,44 @@ strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T,
     return e->be->forward(e, tokens, T, phase == MOE_PHASE_PREFILL, want_logits);
 }
 
-/* The CPU backend's forward pass (attention.c, moe.c). */
-static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
+/* The embeddings of T tokens into the residual stream x [T, D]. */
+static void embed_rows(strata_engine *e, const int32_t *tokens, int32_t T) {
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
-    const moe_phase phase = prompt ? MOE_PHASE_PREFILL : MOE_PHASE_DECODE;
     chunk_buffers *cb = &e->cb;
-    STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
-    STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
-
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
     if (hp->embd_scale != 1.0f) /* granite's embedding multiplier */
         for (int64_t i = 0; i < (int64_t)T * D; i++) cb->x[i] *= hp->embd_scale;
+}
 
+/* The logits of n rows of x from row r0 on: row i's into y + (y_idx ? y_idx[i] : i) * V. Each row is
+ * computed the same way whatever n is (the one-token step and a step of several sequences agree). */
+static void logits_rows(strata_engine *e, int32_t r0, int32_t n, float *y, const int32_t *y_idx) {
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd, V = hp->n_vocab;
+    chunk_buffers *cb = &e->cb;
+    rmsnorm_rows(cb->xn, cb->x + (int64_t)r0 * D, e->w.output_norm, n, D, hp->rms_eps);
+    mm_quantize(e->qt, e->w.output.type, cb->xn, D, n, D, cb->act, cb->act_stride);
+    mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, n, y, V, y_idx};
+    mm_run(e->pool, &so, 1);
+    if (hp->logit_scale != 1.0f) /* granite's logits scaling */
+        for (int32_t i = 0; i < n; i++) {
+            float *yi = y + (int64_t)(y_idx ? y_idx[i] : i) * V;
+            for (int32_t v = 0; v < V; v++) yi[v] /= hp->logit_scale;
+        }
+}
+
+/* The CPU backend's forward pass (attention.c, moe.c). */
+static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
+    const hparams *hp = &e->hp;
+    const moe_phase phase = prompt ? MOE_PHASE_PREFILL : MOE_PHASE_DECODE;
+    chunk_buffers *cb = &e->cb;
+    STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
+    STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
+
+    embed_rows(e, tokens, T);
     for (int32_t l = 0; l < hp->n_layer; l++) {
         strata_status s = attention_block(e, l, T, e->n_past);
         if (s == STRATA_OK) s = moe_block(e, l, T, phase);
@@ -144,14 +167,7 @@ static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_
     }
 
     if (want_logits) {
-        const float *xl = cb->x + (int64_t)(T - 1) * D;
-        rmsnorm_rows(cb->xn, xl, e->w.output_norm, 1, D, hp->rms_eps);
-        mm_quantize(e->qt, e->w.output.type, cb->xn, D, 1, D, cb->act, cb->act_stride);
-        mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, 1,
-                     e->logits, hp->n_vocab, NULL};
-        mm_run(e->pool, &so, 1);
-        if (hp->logit_scale != 1.0f) /* granite's logits scaling */
-            for (int32_t i = 0; i < hp->n_vocab; i++) e->logits[i] /= hp->logit_scale;
+        logits_rows(e, T - 1, 1, e->logits, NULL);
         e->has_logits = 1;
     }
     return STRATA_OK;
@@ -163,26 +179,15 @@ static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_
  * logits of every row are computed into its sequence's. */
 static strata_status cpu_forward_batch(strata_engine *e, const int32_t *tokens, int32_t T) {
     const hparams *hp = &e->hp;
-    const int32_t D = hp->n_embd;
-    chunk_buffers *cb = &e->cb;
-    STRATA_ASSERT(&e->err, e->batch_seq && T <= cb->cap);
+    STRATA_ASSERT(&e->err, e->batch_seq && T <= e->cb.cap);
 
-    const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
-    for (int32_t t = 0; t < T; t++)
-        te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
-
+    embed_rows(e, tokens, T);
     for (int32_t l = 0; l < hp->n_layer; l++) {
         strata_status s = attention_block(e, l, T, 0);
         if (s == STRATA_OK) s = moe_block(e, l, T, MOE_PHASE_DECODE);
         if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
     }
-
-    /* the output of every row, into row batch_seq[t] of logits_all (each sequence's logits) */
-    rmsnorm_rows(cb->xn, cb->x, e->w.output_norm, T, D, hp->rms_eps);
-    mm_quantize(e->qt, e->w.output.type, cb->xn, D, T, D, cb->act, cb->act_stride);
-    mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, T,
-                 e->logits_all, hp->n_vocab, e->batch_seq};
-    mm_run(e->pool, &so, 1);
+    logits_rows(e, 0, T, e->logits_all, e->batch_seq); /* row t into sequence batch_seq[t]'s logits */
     return STRATA_OK;
 }
 

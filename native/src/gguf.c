@@ -361,7 +361,7 @@ static int by_name(const void *a, const void *b) {
  * that each says it is that part of this model, and merge every part's tensors into f->tensors. */
 static strata_status open_parts(const char *path, gguf_file *f, const int64_t sp[3], errbuf *err) {
     const int64_t n = sp[SPLIT_COUNT];
-    char want[40], got[40];
+    char want[64], got[64]; /* room for any two 64-bit part numbers: no truncation for the Debug build to see */
     if (n > GGUF_SPLIT_MAX)
         return err_set(err, STRATA_ERR_FORMAT, "%s: split.count is %lld; a split model has at most %d parts", path,
                        (long long)n, GGUF_SPLIT_MAX);
