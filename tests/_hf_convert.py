@@ -1,7 +1,7 @@
 """Random tiny Hugging Face models converted to GGUF by llama.cpp's own converter (a reference strata did not write).
 
-``ensure_converter()`` fetches the ``llama-cpp-python`` source distribution with pip (the version the
-vocabulary tests use), keeps only ``convert_hf_to_gguf.py``, its ``conversion`` package and its
+``ensure_converter()`` reads the ``llama-cpp-python`` source distribution (fetched once with pip into the
+cache by ``_llama_vocab.cached_sdist``, the version and file the vocabulary tests use), copies ``convert_hf_to_gguf.py``, its ``conversion`` package and its
 ``gguf-py`` under ``<strata cache>/llama-convert/<version>/`` and returns that folder; it is never
 committed. ``convert(hf_dir, {outtype: path})`` runs it in a subprocess (its ``gguf-py`` must not replace
 the test process's ``gguf``).
@@ -21,10 +21,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
-from _llama_vocab import VERSION, download_sdist
+from _llama_vocab import VERSION, cached_sdist
 
 from strata.model._cache import cache_dir, file_lock
 
@@ -69,22 +68,20 @@ def ensure_converter() -> Path:
     with file_lock(dest / ".lock"):
         if _complete(dest):
             return dest
-        with tempfile.TemporaryDirectory(prefix="strata-llama-convert-") as tmp:
-            sdist = download_sdist(Path(tmp))
-            with tarfile.open(sdist) as tar:
-                for m in tar:
-                    if not m.isfile() or _ROOT not in m.name:
-                        continue
-                    rel = m.name.split(_ROOT, 1)[1]
-                    if not any(rel == k or (k.endswith("/") and rel.startswith(k)) for k in _KEEP):
-                        continue
-                    src = tar.extractfile(m)
-                    assert src is not None
-                    out = dest / rel
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    part = out.with_name(out.name + ".part")
-                    part.write_bytes(src.read())
-                    part.replace(out)
+        with tarfile.open(cached_sdist()) as tar:
+            for m in tar:
+                if not m.isfile() or _ROOT not in m.name:
+                    continue
+                rel = m.name.split(_ROOT, 1)[1]
+                if not any(rel == k or (k.endswith("/") and rel.startswith(k)) for k in _KEEP):
+                    continue
+                src = tar.extractfile(m)
+                assert src is not None
+                out = dest / rel
+                out.parent.mkdir(parents=True, exist_ok=True)
+                part = out.with_name(out.name + ".part")
+                part.write_bytes(src.read())
+                part.replace(out)
     if not _complete(dest):
         raise RuntimeError(
             f"llama-cpp-python {VERSION} does not carry convert_hf_to_gguf.py and its packages"

@@ -2,8 +2,10 @@
 
 The ``llama-cpp-python`` source distribution carries llama.cpp's vocab-only GGUF files
 (``vendor/llama.cpp/models/ggml-vocab-NAME.gguf``) with texts (``.inp``) and the ids llama.cpp
-produces for them (``.out``). ``ensure_llama_vocab()`` downloads the sdist once with pip, keeps only
-those files under ``<strata cache>/llama-vocab/<version>/`` and returns that folder.
+produces for them (``.out``). ``ensure_llama_vocab()`` has pip download the sdist once into
+``<strata cache>/llama-cpp-python/<version>/`` (``cached_sdist``; tests/_hf_convert.py reads llama.cpp's
+converter from the same file), copies those files to ``<strata cache>/llama-vocab/<version>/`` and
+returns that folder.
 
     python tests/_llama_vocab.py        # fetch them ahead of the tests (make test does it on demand)
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from strata.model._cache import cache_dir, file_lock
 
-__all__ = ["NAMES", "VERSION", "download_sdist", "ensure_llama_vocab", "read_cases"]
+__all__ = ["NAMES", "VERSION", "cached_sdist", "download_sdist", "ensure_llama_vocab", "read_cases"]
 
 VERSION = "0.3.36"
 # the vocabularies checked: byte-level BPE with several pre-tokenizers, and SentencePiece
@@ -69,6 +71,20 @@ def download_sdist(folder: Path) -> Path:
     return sdists[0]
 
 
+def cached_sdist() -> Path:
+    """The source distribution kept in the cache folder, downloaded once (the vocabularies and the
+    converter are both read from it, so a fresh machine fetches it one time)."""
+    dest = cache_dir(f"llama-cpp-python/{VERSION}")
+    final = dest / f"llama_cpp_python-{VERSION}.tar.gz"
+    if final.is_file():
+        return final
+    with file_lock(dest / ".lock"):
+        if not final.is_file():
+            with tempfile.TemporaryDirectory(prefix="strata-llama-sdist-") as tmp:
+                download_sdist(Path(tmp)).replace(final)
+    return final
+
+
 def _complete(d: Path) -> bool:
     return all((d / f"ggml-vocab-{n}.gguf{ext}").is_file() for n in NAMES for ext in ("", ".inp", ".out"))
 
@@ -81,18 +97,17 @@ def ensure_llama_vocab() -> Path:
     with file_lock(dest / ".lock"):
         if _complete(dest):
             return dest
-        with tempfile.TemporaryDirectory(prefix="strata-llama-vocab-") as tmp:
-            sdist = download_sdist(Path(tmp))
-            wanted = {f"ggml-vocab-{n}.gguf{ext}" for n in NAMES for ext in ("", ".inp", ".out")}
-            with tarfile.open(sdist) as tar:
-                for m in tar:
-                    name = m.name.rsplit("/", 1)[-1]
-                    if m.isfile() and name in wanted and "/vendor/llama.cpp/models/" in m.name:
-                        src = tar.extractfile(m)
-                        assert src is not None
-                        part = dest / (name + ".part")
-                        part.write_bytes(src.read())
-                        part.replace(dest / name)
+        sdist = cached_sdist()
+        wanted = {f"ggml-vocab-{n}.gguf{ext}" for n in NAMES for ext in ("", ".inp", ".out")}
+        with tarfile.open(sdist) as tar:
+            for m in tar:
+                name = m.name.rsplit("/", 1)[-1]
+                if m.isfile() and name in wanted and "/vendor/llama.cpp/models/" in m.name:
+                    src = tar.extractfile(m)
+                    assert src is not None
+                    part = dest / (name + ".part")
+                    part.write_bytes(src.read())
+                    part.replace(dest / name)
     if not _complete(dest):
         raise RuntimeError(f"llama-cpp-python {VERSION} does not carry every vocabulary of {NAMES}")
     return dest
