@@ -55,7 +55,10 @@ def test_unsupported_family_names_the_missing_piece(
     assert d["blocks"] is None and words in d["unsupported"]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen2moe", "tiny-mixtral", "tiny-olmoe", "tiny-granitemoe"])
+@pytest.mark.asan
+@pytest.mark.parametrize(
+    "preset", ["tiny", "tiny-qwen2moe", "tiny-mixtral", "tiny-olmoe", "tiny-granitemoe", "tiny-glm4moe"]
+)
 def test_maker_preset_of_each_family(preset: str) -> None:
     """The maker's file is the family's architecture, the engine names the family and its blocks, and a
     greedy reply and its logits are bit-identical with the whole model cached at 1 thread and with 16 of
@@ -71,6 +74,8 @@ def test_maker_preset_of_each_family(preset: str) -> None:
         "llama": "rope norm",
         "olmoe": "q/k norm over the projection",
         "granitemoe": "granite multipliers",
+        "glm4moe": "rope neox 16/32 dims; moe sigmoid with expert bias top-4 of 32 normalized scaled, shared expert, "
+        "1 dense leading layer(s)",
     }[arch]
     assert want_blocks in d["blocks"], d["blocks"]
     replies = []
@@ -90,3 +95,24 @@ def test_maker_preset_of_each_family(preset: str) -> None:
             replies.append((seq, eng.logits().copy()))
     assert replies[0][0] == replies[1][0]
     assert np.array_equal(replies[0][1], replies[1][1])
+
+
+@pytest.mark.asan
+def test_profile_of_a_model_with_dense_leading_layers_names_model_layers(tmp_path: Path) -> None:
+    """glm4moe's first layer is dense: the cache holds experts of layers 1.. only, and a saved profile names
+    model layers (1..), which the next open reads back into the same residency."""
+    path = ensure_model("tiny-glm4moe", "q8_0", 0)
+    prof = tmp_path / "glm.profile"
+    with engine_mod.Engine(path, EngineConfig(threads=1, expert_cache="24")) as eng:
+        eng.prefill(list(range(10, 60)))
+        eng.save_profile(prof)
+        res = eng.residency()
+    layers = {int(ln.split()[0]) for ln in prof.read_text().splitlines() if not ln.startswith("#")}
+    assert layers == {1, 2, 3}
+    assert (res[0] == -1).all() and (res[1:] >= 0).sum() == 24
+    with engine_mod.Engine(path, EngineConfig(threads=1, expert_cache="24", expert_profile=str(prof))) as eng:
+        again = eng.residency()
+    assert set(zip(*np.nonzero(again >= 0), strict=True)) <= {
+        (int(a), int(b)) for a in range(1, 4) for b in range(32)
+    }
+    assert (again[0] == -1).all() and (again[1:] >= 0).sum() == 24

@@ -152,6 +152,28 @@ FAMILIES = {
             rope_parameters={"rope_theta": 50_000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
         ),
     ),
+    # and with its optional per-head q/k norms (use_qk_norm), no dense layer, two shared experts, raw weights
+    "glm4moe-qknorm": Family(
+        "glm4moe",
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=2,
+            routed_scaling_factor=1.0,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=0,
+            norm_topk_prob=False,
+            use_qk_norm=True,
+            attention_bias=False,
+            num_mtp_layers=0,
+            rope_parameters={"rope_theta": 50_000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
+        ),
+    ),
     # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
     "qwen3moe-yarn": Family(
         "qwen3moe",
@@ -318,7 +340,7 @@ def test_engine_equals_transformers(family: tuple[str, Path], ftype: str) -> Non
     assert near_ties <= 2, f"{name} {ftype}: {near_ties} near-tie divergences"
 
 
-@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe"])
+@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe", "glm4moe"])
 def test_maker_writes_the_converters_layout(name: str) -> None:
     """strata's maker (preset tiny-<family>) writes the tensors and the family's metadata keys that
     llama.cpp's converter writes for the same family (so benchmarks on made files run real files' path)."""

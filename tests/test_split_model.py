@@ -18,6 +18,9 @@ from strata.cli import main
 from strata.model import ensure_model
 from strata.model._split import SplitError, parse_size, part_names, split_model
 
+# the engine's split reader runs under the sanitizers too (make test-asan)
+pytestmark = pytest.mark.asan
+
 PROMPT = [int(t) for t in np.random.default_rng(3).integers(10, 2000, size=70)]
 
 

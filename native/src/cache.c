@@ -122,11 +122,12 @@ strata_status cache_profile_load(expert_cache *c, const char *path, errbuf *err)
                          "--expert-profile %s line %d: expected 'layer expert [score]', got '%.60s'", path, lineno, s);
             break;
         }
+        layer -= c->layer0; /* a model layer: the cache counts from the first with experts */
         if (layer < 0 || layer >= c->n_layer || expert < 0 || expert >= c->n_expert) {
             st = err_set(err, STRATA_ERR_FORMAT,
                          "--expert-profile %s line %d: layer %ld expert %ld is out of range (the model has %d layers "
-                         "of %d experts); was the profile saved for another model?",
-                         path, lineno, layer, expert, c->n_layer, c->n_expert);
+                         "of %d experts from layer %d); was the profile saved for another model?",
+                         path, lineno, layer + c->layer0, expert, c->n_layer, c->n_expert, c->layer0);
             break;
         }
         if (n < n_ids) ids[n++] = (int32_t)(layer * c->n_expert + expert);
@@ -184,7 +185,7 @@ strata_status cache_profile_save(const expert_cache *c, const char *path, errbuf
     fprintf(f, "# strata expert profile: layer expert score, best first (%d layers x %d experts)\n", c->n_layer,
             c->n_expert);
     for (int32_t i = 0; i < n_ids; i++)
-        fprintf(f, "%d %d %.6g\n", r[i].id / c->n_expert, r[i].id % c->n_expert, (double)r[i].score);
+        fprintf(f, "%d %d %.6g\n", c->layer0 + r[i].id / c->n_expert, r[i].id % c->n_expert, (double)r[i].score);
     free(r);
     if (fclose(f) != 0) return err_set(err, STRATA_ERR_IO, "cannot write the profile to %s: %s", path, strerror(errno));
     return STRATA_OK;

@@ -30,7 +30,9 @@ typedef int64_t (*cache_copy_fn)(void *ctx, int32_t layer, int32_t expert, uint8
 
 typedef struct expert_cache {
     int32_t n_slots;          /* slots in the slab */
-    int32_t n_layer;
+    int32_t n_layer;          /* layers with experts */
+    int32_t layer0;           /* the model layer of the cache's layer 0 (dense leading layers have no experts);
+                               * profiles name model layers */
     int32_t n_expert;         /* E */
     int64_t slot_bytes;
     uint8_t *slab;            /* [n_slots, slot_bytes], not owned (device arena) */

@@ -343,7 +343,11 @@ static strata_status split_keys(const gguf_file *f, const char *path, int64_t v[
 /* The name ending of part k (1-based) of n: "-0000k-of-0000n.gguf", as llama.cpp's gguf-split and
  * gguf-py's writer name the parts. */
 static void part_suffix(char *buf, size_t cap, int64_t k, int64_t n) {
-    snprintf(buf, cap, "-%05lld-of-%05lld.gguf", (long long)k, (long long)n);
+    char tmp[48]; /* callers check n <= GGUF_SPLIT_MAX: five digits each */
+    int len = snprintf(tmp, sizeof tmp, "-%05d-of-%05d.gguf", (int)(k % 100000), (int)(n % 100000));
+    size_t m = len < 0 ? 0 : (size_t)len < cap ? (size_t)len : cap - 1;
+    memcpy(buf, tmp, m);
+    buf[m] = '\0';
 }
 
 static int by_name(const void *a, const void *b) {

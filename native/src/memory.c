@@ -105,6 +105,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     cache_config cc = {prm.cache_policy, pp->miss_policy, prm.adapt_every, prm.adapt_swaps, prm.adapt_decay};
     STRATA_TRY(cache_init(&e->cache, slab, pp->n_slots, pp->slot_bytes, hp->n_layer - hp->n_dense_lead, hp->n_expert, &cc,
                           e->be->copy_expert, e, err));
+    e->cache.layer0 = hp->n_dense_lead;
     const double t_fill = engine_now_ms();
     if (prm.expert_profile && prm.expert_profile[0]) {
         STRATA_TRY(cache_profile_load(&e->cache, prm.expert_profile, err));

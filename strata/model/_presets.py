@@ -13,7 +13,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FAMILIES", "GRANITE_SCALES", "PRESETS", "Preset", "get_preset"]
+__all__ = [
+    "FAMILIES",
+    "GLM4MOE_DENSE_LEAD",
+    "GLM4MOE_ROUTED_SCALE",
+    "GRANITE_SCALES",
+    "PRESETS",
+    "Preset",
+    "get_preset",
+]
 
 #: the GGUF architectures the maker writes, with the family each is
 FAMILIES = {
@@ -22,7 +30,13 @@ FAMILIES = {
     "llama": "Mixtral",
     "olmoe": "OLMoE",
     "granitemoe": "Granite-MoE",
+    "glm4moe": "GLM-4.5 MoE",
 }
+
+# glm4moe files the maker writes: the first layer dense, one shared expert of the experts' width, half the
+# head rotated, routed weights scaled as GLM-4.5's are
+GLM4MOE_DENSE_LEAD = 1
+GLM4MOE_ROUTED_SCALE = 2.5
 
 
 # granitemoe's multipliers in the files the maker writes (granite's own choices for their roles: a
@@ -179,6 +193,7 @@ for _fam, _extra in (
     ("mixtral", {}),
     ("olmoe", {}),
     ("granitemoe", {}),
+    ("glm4moe", {}),
 ):
     PRESETS[f"tiny-{_fam}"] = PRESETS["tiny"].with_overrides(
         name=f"tiny-{_fam}", family="llama" if _fam == "mixtral" else _fam, **_extra

@@ -23,7 +23,7 @@ import zlib
 
 import numpy as np
 
-from ._presets import Preset
+from ._presets import GLM4MOE_DENSE_LEAD, Preset
 
 __all__ = ["ANCHOR", "WeightGen", "log_popularity", "stream_rng", "tensor_specs"]
 
@@ -37,6 +37,7 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
     # the family's q/k norms: per head (qwen3moe), over the whole projection (olmoe), or none
     qk_norm = {"qwen3moe": (p.head_dim, p.head_dim), "olmoe": (q, kv)}.get(p.family)
     specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (p.n_vocab, D))]
+    glm = p.family == "glm4moe"
     for i in range(p.n_layer):
         b = f"blk.{i}."
         specs += [
@@ -45,13 +46,24 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
             (b + "attn_k.weight", (kv, D)),
             (b + "attn_v.weight", (kv, D)),
         ]
-        if p.family == "qwen2moe":
+        if p.family in ("qwen2moe", "glm4moe"):
             specs += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
         if qk_norm is not None:
             specs += [(b + "attn_q_norm.weight", (qk_norm[0],)), (b + "attn_k_norm.weight", (qk_norm[1],))]
         specs += [
             (b + "attn_output.weight", (D, q)),
-            (b + "ffn_norm.weight", (D,)),
+            (b + ("post_attention_norm" if glm else "ffn_norm") + ".weight", (D,)),
+        ]
+        if glm and i < GLM4MOE_DENSE_LEAD:  # a dense leading layer
+            specs += [
+                (b + "ffn_gate.weight", (p.d_ff, D)),
+                (b + "ffn_up.weight", (p.d_ff, D)),
+                (b + "ffn_down.weight", (D, p.d_ff)),
+            ]
+            continue
+        if glm:
+            specs.append((b + "exp_probs_b.bias", (E,)))
+        specs += [
             (b + "ffn_gate_inp.weight", (E, D)),
             (b + "ffn_gate_exps.weight", (E, F, D)),
             (b + "ffn_up_exps.weight", (E, F, D)),
@@ -64,6 +76,12 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
                 (b + "ffn_gate_shexp.weight", (FS, D)),
                 (b + "ffn_up_shexp.weight", (FS, D)),
                 (b + "ffn_down_shexp.weight", (D, FS)),
+            ]
+        if glm:  # one shared expert of the experts' width
+            specs += [
+                (b + "ffn_gate_shexp.weight", (F, D)),
+                (b + "ffn_up_shexp.weight", (F, D)),
+                (b + "ffn_down_shexp.weight", (D, F)),
             ]
     specs.append(("output_norm.weight", (D,)))
     if not p.tie_embeddings:
@@ -114,7 +132,10 @@ class WeightGen:
             "ffn_gate_inp_shexp": 1.0 / math.sqrt(D),
             "ffn_gate_shexp": 1.0 / math.sqrt(D),
             "ffn_up_shexp": 1.0 / math.sqrt(D),
-            "ffn_down_shexp": self.out_gain / math.sqrt(max(1, p.d_ff_shared)),
+            "ffn_down_shexp": self.out_gain / math.sqrt(max(1, p.d_ff_shared or F)),
+            "ffn_gate": 1.0 / math.sqrt(D),
+            "ffn_up": 1.0 / math.sqrt(D),
+            "ffn_down": self.out_gain / math.sqrt(p.d_ff),
             "output": 2.0 / math.sqrt(D),
         }[kind]
 
@@ -146,7 +167,7 @@ class WeightGen:
             a[0, :] = 0.0
         elif kind == "ffn_down_exps":
             a[:, 0, :] = 0.0
-        elif kind == "ffn_down_shexp":
+        elif kind in ("ffn_down_shexp", "ffn_down"):
             a[0, :] = 0.0
 
     def router(self, rng: np.random.Generator, layer: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -154,6 +175,7 @@ class WeightGen:
         # The token-dependent part: rows of std route_noise/sqrt(D) against a normed input of norm ~sqrt(D).
         r = self.normal(rng, shape, self.p.route_noise / math.sqrt(D))
         # ffn_norm's coordinate 0 scales what the router reads there; divide it out.
-        ffn_norm = self.tensor(f"blk.{layer}.ffn_norm.weight", (D,))
+        norm = "post_attention_norm" if self.p.family == "glm4moe" else "ffn_norm"
+        ffn_norm = self.tensor(f"blk.{layer}.{norm}.weight", (D,))
         r[:, 0] = log_popularity(self.p, self.seed, layer) / (ANCHOR * ffn_norm[0])
         return r

@@ -28,6 +28,7 @@ def _need_gpu():
         ("tiny-mixtral", "attention without q/k norms"),
         ("tiny-olmoe", "q/k norms over the whole projection"),
         ("tiny-granitemoe", "attention without q/k norms"),
+        ("tiny-glm4moe", "dense leading layers"),
     ],
 )
 def test_cuda_refuses_a_family_it_lacks_blocks_for(preset: str, missing: str) -> None:
