@@ -80,7 +80,7 @@ static inline void bsum_pairs(const __m256i f[4], const block_q8_K *const y[4], 
  * stream whole matrices once per token and are bound by memory latency; a prefetch past the end of a
  * matrix is a hint that never faults. */
 #define QUANT_PREFETCH_ROWS 16
-static inline void prefetch_block(const void *p, int bytes) {
+static inline __attribute__((always_inline)) void prefetch_block(const void *p, int bytes) {
     const char *c = (const char *)p;
     for (int o = 0; o < bytes; o += 64) _mm_prefetch(c + o, _MM_HINT_T0);
     _mm_prefetch(c + bytes - 1, _MM_HINT_T0);
