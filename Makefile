@@ -67,7 +67,7 @@ gpu-test:
 	cmake -S native -B build/gpu -DCMAKE_BUILD_TYPE=Release -DSTRATA_OUTPUT_DIR=$(CURDIR)/strata/lib >/dev/null
 	cmake --build build/gpu -j
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) -m pytest -p no:cacheprovider -o addopts="" -m gpu \
-	  tests/gpu tests/test_matrix_gpu.py -v $(PYTEST_ARGS)
+	  tests/gpu tests/test_matrix_gpu.py tests/test_matrix_ci.py tests/test_bench_nvml.py -v $(PYTEST_ARGS)
 	PYTHONPATH=$(CURDIR):$$PYTHONPATH $(GPU_PYTHON) tests/gpu/bench_gpu.py
 
 bench: native
