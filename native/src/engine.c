@@ -27,9 +27,7 @@ strata_status engine_decode(strata_engine *e, int32_t token) {
     if (s == STRATA_OK) {
         e->n_past++;
         e->stats.decode_tokens++;
-        const uint64_t swaps = e->cache.swaps;
-        cache_token_done(&e->cache);
-        if (e->cache.swaps != swaps) s = e->be->cache_changed(e); /* the adaptation's copies */
+        if (mem_token_done(e)) s = e->be->cache_changed(e); /* the adaptation's copies */
     } else {
         e->has_logits = 0;
     }
@@ -65,10 +63,53 @@ strata_params strata_default_params(void) {
     p.simd = STRATA_SIMD_AUTO;
     p.trace = NULL;
     p.trace_user = NULL;
+    p.split = STRATA_SPLIT_NONE;
+    p.n_devices = 0;
     return p;
 }
 
 /* ---- open / close ------------------------------------------------------------------------------ */
+
+/* The split's parameters that do not depend on the model (the layer count is checked at open). */
+static strata_status check_split(const strata_params *p, errbuf *err) {
+    if (p->split != STRATA_SPLIT_NONE && p->split != STRATA_SPLIT_LAYER)
+        return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "split mode %d is not none or layer", p->split);
+    if (p->split == STRATA_SPLIT_NONE) {
+        if (p->n_devices > 1)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "%d devices are given but the layers are not split: add --split layer", p->n_devices);
+        for (int32_t d = 1; d < STRATA_MAX_DEVICES; d++)
+            if (p->vram_budgets[d] != 0)
+                return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                               "--vram-budget lists a budget for each of several devices: add --split layer");
+        return STRATA_OK;
+    }
+    if (p->n_devices < 1 || p->n_devices > STRATA_MAX_DEVICES)
+        return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--split layer needs 1 to %d devices, not %d",
+                       STRATA_MAX_DEVICES, p->n_devices);
+    for (int32_t d = 0; d < p->n_devices; d++) {
+        if (p->devices[d] < 0)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--gpus: device %d is negative", p->devices[d]);
+        /* the CPU backend's devices are emulated budgets, numbered 0..n_devices-1; a CUDA ordinal is checked
+         * against the cards present when the backend opens */
+        if (p->device == STRATA_DEVICE_CPU && p->devices[d] >= p->n_devices)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--gpus: device %d does not exist; on --device cpu the devices of a split are %d emulated "
+                           "budgets, numbered 0 to %d",
+                           p->devices[d], p->n_devices, p->n_devices - 1);
+        if (!(p->tensor_split[d] >= 0.0f) || p->tensor_split[d] > 1e6f)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--tensor-split: the share of device %d is %g; shares are numbers >= 0", d,
+                           (double)p->tensor_split[d]);
+        if (p->vram_budgets[d] < 0)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--vram-budget: the budget of device %d is negative", d);
+    }
+    for (int32_t d = p->n_devices; d < STRATA_MAX_DEVICES; d++)
+        if (p->tensor_split[d] != 0.0f || p->vram_budgets[d] != 0)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "a share or budget is given for device %d, but the split has %d devices", d, p->n_devices);
+    return STRATA_OK;
+}
 
 static strata_status check_params(const strata_params *p, errbuf *err) {
     if (p->n_threads < 0 || p->n_threads > 1024)
@@ -81,6 +122,7 @@ static strata_status check_params(const strata_params *p, errbuf *err) {
     STRATA_TRY(mem_check_device(p, err));
     if (p->device != STRATA_DEVICE_CPU && p->device != STRATA_DEVICE_AUTO && p->device != STRATA_DEVICE_CUDA)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "device %d is not cpu, cuda or auto", p->device);
+    STRATA_TRY(check_split(p, err));
     if (p->kv_type != STRATA_KV_F16 && p->kv_type != STRATA_KV_INT8)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "KV type %d is not f16 or int8", p->kv_type);
     if (p->simd < STRATA_SIMD_AUTO || p->simd > STRATA_SIMD_AVX512)
@@ -100,6 +142,8 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     if (!e) return err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory opening the engine");
     e->params = p;
     e->be = &cpu_backend_ops; /* mem_open picks the device's */
+    e->n_dev = 1;             /* mem_open splits the layers when asked */
+    e->md = &e->devs[0];
     e->file.fd = -1;
     trace_init(&e->trace, p.trace, p.trace_user);
     double t0 = engine_now_ms();

@@ -64,7 +64,7 @@ int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst) 
 strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_phase phase, expert_view *out) {
     STRATA_ASSERT(&e->err, layer >= 0 && layer < e->hp.n_layer && expert >= 0 && expert < e->hp.n_expert);
     host_view(e, layer, expert, out);
-    expert_cache *c = &e->cache;
+    expert_cache *c = &e->md->cache;
     if (c->n_slots == 0) return STRATA_OK; /* no expert cache: host memory */
     if (phase == MOE_PHASE_DECODE) {
         int32_t s = cache_decode_lookup(c, layer, expert);
@@ -76,8 +76,8 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
         slot_view(out, cache_slot_ptr(c, s), out);
         return STRATA_OK;
     }
-    STRATA_ASSERT(&e->err, e->ring && e->ring_slots > 0);
-    uint8_t *dst = e->ring + (size_t)(e->ring_next++ % e->ring_slots) * (size_t)c->slot_bytes;
+    STRATA_ASSERT(&e->err, e->md->ring && e->md->ring_slots > 0);
+    uint8_t *dst = e->md->ring + (size_t)(e->md->ring_next++ % e->md->ring_slots) * (size_t)c->slot_bytes;
     int64_t n = moe_expert_copy(e, layer, expert, dst);
     e->stats.bytes_streamed += (uint64_t)n;
     slot_view(out, dst, out);
@@ -117,7 +117,7 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase) {
     const hparams *hp = &e->hp;
     const layer_weights *L = &e->w.layers[l];
-    chunk_buffers *cb = &e->cb;
+    chunk_buffers *cb = &e->md->cb;
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
     STRATA_ASSERT(&e->err, T <= cb->cap);
 
@@ -153,11 +153,11 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
     mm_quantize(e->qt, L->gate_exps.type, cb->xn, D, T, D, cb->act, cb->act_stride);
     const quant_traits *qg = quant_lookup(e->qt, L->gate_exps.type);
     const quant_traits *qd = quant_lookup(e->qt, L->down_exps.type);
-    const int32_t batch = phase == MOE_PHASE_PREFILL && e->moe_batch > 0 ? e->moe_batch : E;
+    const int32_t batch = phase == MOE_PHASE_PREFILL && e->md->moe_batch > 0 ? e->md->moe_batch : E;
     mm_seg *segs = cb->segs;          /* [2 * batch] */
     expert_view *views = cb->views;   /* [batch] */
     for (int32_t x0 = 0; x0 < E;) {
-        cache_step_begin(&e->cache); /* the slots of this batch are pinned until the next one */
+        cache_step_begin(&e->md->cache); /* the slots of this batch are pinned until the next one */
         int32_t ns = 0, a = 0, x = x0;
         for (; x < E && a < batch; x++) {
             int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;

@@ -278,7 +278,7 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 void gpu_host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
                          float *const *out, float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
-    const int32_t simd = e->plan.simd; /* the level resolved once, at open */
+    const int32_t simd = e->md->plan.simd; /* the level resolved once, at open */
     const void *gw[CUDA_MIRROR_MAX_EXPERTS], *uw[CUDA_MIRROR_MAX_EXPERTS], *dw[CUDA_MIRROR_MAX_EXPERTS];
     for (int32_t i0 = 0; i0 < n; i0 += CUDA_MIRROR_MAX_EXPERTS) {
         const int32_t m = n - i0 < CUDA_MIRROR_MAX_EXPERTS ? n - i0 : CUDA_MIRROR_MAX_EXPERTS;
@@ -461,7 +461,7 @@ static void host_rate(strata_engine *e) {
  * reply. */
 static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
     cuda_state *g = e->gpu;
-    expert_cache *c = &e->cache;
+    expert_cache *c = &e->md->cache;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
@@ -528,15 +528,15 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
          * one half's products run, the other half is copied (each half waits for the products that last
          * read it) */
         if (n_hit > 0) STRATA_TRY(run_wave(e, l, sel, T, SEG, 0));
-        STRATA_ASSERT(&e->err, n_miss == 0 || (e->ring && e->ring_slots > 0));
-        const int32_t halves = e->ring_slots >= 2 ? 2 : 1, per = e->ring_slots / halves;
+        STRATA_ASSERT(&e->err, n_miss == 0 || (e->md->ring && e->md->ring_slots > 0));
+        const int32_t halves = e->md->ring_slots >= 2 ? 2 : 1, per = e->md->ring_slots / halves;
         for (int32_t ex = 0; ex < E && n_miss > 0;) {
             const int32_t hf = (int32_t)(g->ring_wave++ % halves);
             if (g->overlap) DEV(e, cuda_stream_wait(g->ctx, g->ev_half[hf], CUDA_STREAM_COPY));
             int32_t copied = 0;
             for (; ex < E && copied < per; ex++) {
                 if (state[ex] != EXP_PENDING) continue;
-                uint8_t *dst = e->ring + ((int64_t)hf * per + copied) * c->slot_bytes;
+                uint8_t *dst = e->md->ring + ((int64_t)hf * per + copied) * c->slot_bytes;
                 STRATA_TRY(gpu_expert_to(e, dst, l, ex, cs));
                 e->stats.bytes_streamed += (uint64_t)expert_bytes(g, l);
                 g->addr[ex] = dst;
@@ -659,7 +659,7 @@ static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, 
  * under the next steps, and the table names its slot once it has landed. */
 static strata_status count_device_step(strata_engine *e) {
     cuda_state *g = e->gpu;
-    expert_cache *c = &e->cache;
+    expert_cache *c = &e->md->cache;
     const int32_t K = e->hp.n_expert_used;
     const uint64_t swaps = c->swaps;
     for (int32_t l = 0; l < e->hp.n_layer; l++) {

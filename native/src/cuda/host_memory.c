@@ -284,7 +284,7 @@ static strata_status copies_landed(strata_engine *e, int wait_all) {
  * pageable memory, so the call returns once ptr_host has been read and the host may change it again. */
 strata_status gpu_routing_refresh(strata_engine *e) {
     cuda_state *g = e->gpu;
-    const expert_cache *c = &e->cache;
+    const expert_cache *c = &e->md->cache;
     const int32_t E = e->hp.n_expert, LE = e->hp.n_layer * E;
     g->routing = 0;
     g->ptr_stale = 0;
@@ -365,12 +365,12 @@ static void store_open(strata_engine *e) {
     why[0] = 0;
     if (store == 0) {
         snprintf(why, sizeof why, "STRATA_CUDA_STORE=ring");
-    } else if (e->plan.n_slots >= all + e->plan.max_lend_slots) {
+    } else if (e->md->plan.n_slots >= all + e->md->plan.max_lend_slots) {
         snprintf(g->store_why, sizeof g->store_why, "every expert is resident, with the loan");
         return; /* nothing is copied after the fill: nothing to say */
-    } else if (!e->mp.experts_pinned || (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes)) {
+    } else if (!e->md->mp.experts_pinned || (e->md->plan.host_avail_bytes > 0 && bytes > e->md->plan.host_avail_bytes)) {
         snprintf(why, sizeof why, "%.1f GiB is more than the host RAM the plan may use (%.1f GiB)", gib,
-                 (double)e->plan.host_avail_bytes / (1 << 30));
+                 (double)e->md->plan.host_avail_bytes / (1 << 30));
     } else if (store == 1) {
         const double t0 = engine_now_ms();
         if (cuda_host_register(g->ctx, e->file.map, (size_t)e->file.size) == STRATA_OK) {
@@ -394,7 +394,7 @@ static void store_open(strata_engine *e) {
         g->store = NULL;
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
     }
-    e->mp.experts_pinned = 0; /* the plan line says what was done */
+    e->md->mp.experts_pinned = 0; /* the plan line says what was done */
     snprintf(g->store_why, sizeof g->store_why, "%s", why);
     trace_emit(&e->trace, "cuda: expert store: %s; experts are copied %s", why,
                env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
@@ -438,7 +438,7 @@ static strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
 static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     const hparams *hp = &e->hp;
     cuda_state *g = e->gpu;
-    const strata_plan *pp = &e->plan;
+    const strata_plan *pp = &e->md->plan;
     const int64_t D = hp->n_embd, F = hp->n_ff_exp, E = hp->n_expert, L = hp->n_layer, hd = hp->head_dim;
     const int64_t KD = (int64_t)hp->n_head_kv * hd;
     /* every tensor must be one the kernels run */
@@ -550,7 +550,7 @@ static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
                            !env_cuda_device_routing() ? "STRATA_CUDA_DEVICE_ROUTING=0" : g->store_why);
         g->miss_policy = STRATA_MISS_READ;
     }
-    e->plan.miss_policy = g->miss_policy; /* what the plan line and strata_plan report */
+    e->md->plan.miss_policy = g->miss_policy; /* what the plan line and strata_plan report */
     if (!g->direct && env_cuda_staging())
         for (int i = 0; i < STAGE_RING; i++) {
             DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
@@ -569,21 +569,21 @@ static strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
     STRATA_TRY(gpu_copies_ok(e));
     DEV(e, cuda_sync(g->ctx));
     g->copies_pending = 0;
-    memset(g->slot_seq, 0, (size_t)e->cache.n_slots * sizeof *g->slot_seq); /* the fill has landed */
+    memset(g->slot_seq, 0, (size_t)e->md->cache.n_slots * sizeof *g->slot_seq); /* the fill has landed */
     g->seq_dirty = 0;
     const double fill_ms = engine_now_ms() - t_fill;
-    const int32_t filled = cache_resident(&e->cache);
+    const int32_t filled = cache_resident(&e->md->cache);
     /* the rate of an expert copy that --miss auto weighs against the host */
     g->copy_ms = filled > 0 ? fill_ms / filled : 0.0;
     trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", filled,
-               (double)e->cache.bytes_copied / 1048576.0, fill_ms,
-               fill_ms > 0 ? (double)e->cache.bytes_copied / fill_ms / 1e6 : 0.0);
+               (double)e->md->cache.bytes_copied / 1048576.0, fill_ms,
+               fill_ms > 0 ? (double)e->md->cache.bytes_copied / fill_ms / 1e6 : 0.0);
     /* --miss auto times the host at its first decode step that routes on the host (host_forward.c) */
     STRATA_TRY(gpu_routing_refresh(e));
     g->graph_state = g->ptr_dev && env_cuda_graph() ? 0 : -1;
     DEV(e, cuda_sync(g->ctx));
     trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB%s", cuda_ctx_device_name(g->ctx),
-               filled, (long long)(L * E), e->cache.n_slots, g->slot_bytes / 1048576.0,
+               filled, (long long)(L * E), e->md->cache.n_slots, g->slot_bytes / 1048576.0,
                2.0 * (double)g->kv_row * e->n_ctx * L / 1048576.0,
                !g->routing                         ? ""
                : g->miss_policy == STRATA_MISS_READ && filled < L * E ? "; decode routes on the device and reads misses from the pinned store"
