@@ -27,7 +27,7 @@ strata_status engine_decode(strata_engine *e, int32_t token) {
     if (s == STRATA_OK) {
         e->n_past++;
         e->stats.decode_tokens++;
-        if (mem_token_done(e)) s = e->be->cache_changed(e); /* the adaptation's copies */
+        s = mem_token_done(e); /* the adaptation, and its copies */
     } else {
         e->has_logits = 0;
     }
@@ -176,7 +176,7 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     /* the memory plan decides the context, the chunk, the device arena and the cache */
     s = mem_open(e, err);
     if (s != STRATA_OK) goto fail;
-    if (!e->gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
+    if (!e->devs[0].gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
         s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
                 p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
     if (s != STRATA_OK) goto fail;

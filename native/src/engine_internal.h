@@ -94,6 +94,7 @@ typedef struct mem_device {
     int64_t ring_next;        /* next ring slot to fill (mod ring_slots) */
     int32_t moe_batch;        /* experts fetched together by moe_block (ring depth while reading a prompt) */
     int32_t last_loan_slots;  /* slots it lent for the last prompt */
+    struct cuda_state *gpu;   /* the CUDA backend's state of this device (cuda/host.h) on a GPU, else NULL */
 } mem_device;
 
 struct strata_engine {
@@ -124,7 +125,6 @@ struct strata_engine {
 
     /* ---- the backend: memory, copies and kernels (cpu_backend_ops or cuda_backend_ops) ---- */
     const struct backend_ops *be;
-    struct cuda_state *gpu;   /* the CUDA backend's state (cuda/host.h) on a GPU, else NULL */
 
     /* ---- diagnostics ---- */
     errbuf err;
@@ -149,8 +149,8 @@ typedef struct backend_ops {
     /* the backend's device can be used here (the CPU's always); else why not, in words */
     int32_t (*present)(void);
     void (*absent_why)(char *buf, size_t len);
-    /* before the plan: the device context, and the device memory the plan may use (*free_bytes; the CPU
-     * leaves it) */
+    /* before the plan of each device (e->md): its context, and the device memory its plan may use
+     * (*free_bytes; the CPU leaves it) */
     strata_status (*init)(strata_engine *e, int64_t *free_bytes, errbuf *err);
     /* bytes of the decode scratch (the plan's scratch): layout(1) and the decode step's tables */
     int64_t (*scratch_bytes)(const strata_engine *e);
@@ -249,7 +249,8 @@ strata_status mem_split_loan_rule(const strata_engine *e, const trace_sink *tr, 
 int32_t mem_request_chunk(const strata_engine *e, int32_t n_tokens);
 /* Device memory device d holds now and at most since open. */
 void mem_device_held(const strata_engine *e, int32_t d, int64_t *now, int64_t *peak);
-/* A decode token is done on every device's cache (adaptation); 1 when one of them swapped experts. */
-int mem_token_done(strata_engine *e);
+/* A decode token is done on every device's cache (adaptation; a device whose cache swapped experts is told
+ * through the backend's cache_changed). */
+strata_status mem_token_done(strata_engine *e);
 
 #endif

@@ -141,10 +141,16 @@ static void combine_plans(strata_engine *e) {
 }
 
 /* One device's plan, memory and expert cache (e->md is the device). */
-static strata_status device_open(strata_engine *e, int32_t d, plan_inputs in, int64_t device_free, errbuf *err) {
+static strata_status device_open(strata_engine *e, int32_t d, plan_inputs in, errbuf *err) {
     const hparams *hp = &e->hp;
     mem_device *md = &e->devs[d];
     e->md = md;
+    /* the device's context and what its plan may use (a card shared with an earlier device of the split
+     * reports what that one left free) */
+    int64_t device_free = 0;
+    STRATA_TRY(e->be->init(e, &device_free, err));
+    in.scratch_bytes = e->be->scratch_bytes(e);
+    if (in.scratch_bytes < 0) return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch could not be sized");
     strata_params prm = e->params;
     prm.max_context = e->n_ctx; /* decided by the engine: the attention scratch depends on it */
     if (e->params.split != STRATA_SPLIT_NONE && e->params.vram_budgets[d] > 0) prm.vram_budget = e->params.vram_budgets[d];
@@ -214,11 +220,6 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
                        "--split layer over %d devices: the %s backend of this build runs every layer on one device; "
                        "leave out --split (or run the split on --device cpu, where the devices are emulated budgets)",
                        e->n_dev, e->be->name);
-    if (on_gpu && e->devs[0].index != 0)
-        return err_set(err, STRATA_ERR_UNSUPPORTED,
-                       "--gpus %d: the CUDA backend of this build runs on device 0 only", e->devs[0].index);
-    int64_t device_free = 0;
-    STRATA_TRY(e->be->init(e, &device_free, err));
     if (on_gpu) {
         in.device = STRATA_DEVICE_CUDA;
         if (prm->expert_cache == 0)
@@ -227,15 +228,13 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
                            "on --device cuda give the cache at least %d slots (the experts one token uses) or auto",
                            hp->n_expert_used);
     }
-    in.scratch_bytes = e->be->scratch_bytes(e);
     in.chunk_bytes = layout_bytes;
     in.host_chunk_bytes = e->be->host_bytes ? host_bytes : NULL;
     in.chunk_ctx = e;
     in.n_threads = pool_size(e->pool);
     in.simd = prm->simd == STRATA_SIMD_AUTO ? quant_cpu_best() : prm->simd;
-    if (in.scratch_bytes < 0) return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch could not be sized");
     for (int32_t d = 0; d < e->n_dev; d++) {
-        const strata_status s = device_open(e, d, in, device_free, err);
+        const strata_status s = device_open(e, d, in, err);
         if (s != STRATA_OK) {
             if (e->n_dev > 1)
                 err_prefix(err, "device %d (layers %d-%d): ", e->devs[d].index, e->devs[d].layer_begin,
@@ -308,15 +307,20 @@ void mem_reset_stats(strata_engine *e) {
     }
 }
 
-int mem_token_done(strata_engine *e) {
-    int swapped = 0;
+strata_status mem_token_done(strata_engine *e) {
+    strata_status s = STRATA_OK;
     for (int32_t d = 0; d < e->n_dev; d++) {
         expert_cache *c = &e->devs[d].cache;
         const uint64_t swaps = c->swaps;
+        e->md = &e->devs[d]; /* the adaptation copies into this device's slots */
         cache_token_done(c);
-        swapped |= c->swaps != swaps;
+        if (c->swaps != swaps) {
+            const strata_status s1 = e->be->cache_changed(e); /* the adaptation's copies */
+            if (s == STRATA_OK) s = s1;
+        }
     }
-    return swapped;
+    e->md = &e->devs[0];
+    return s;
 }
 
 /* ---- the loan ----------------------------------------------------------------------------------- */
