@@ -272,9 +272,9 @@ def run_pool(
                 running[pool.submit(run_one, cell, mine)] = mine
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for fut in done:
-                mine = running.pop(fut)
-                if mine is not None:
-                    free = sorted([*free, *mine])
+                back = running.pop(fut)
+                if back is not None:
+                    free = sorted([*free, *back])
                 on_done(fut.result())
 
 
