@@ -21,6 +21,12 @@
  *   4. (prefill.c) the forward passes; experts that are not resident are streamed through the ring;
  *   5. refill (mem_give_back): every displaced expert is copied back into its slot, the residency table
  *      is as before, and the chunk buffers point at the decode scratch again.
+ *
+ * A layer split (--split layer) has one mem_device per device, each with all of the above: its own plan
+ * (made within its own budget from its layers' weights, KV cache and experts), memory, cache and loan.
+ * A request's chunk is the one every device can lend for (mem_split_loan_rule applies each device's rule
+ * until none lowers it); each device then lends, lays out and refills on its own. e->md names the device
+ * the backend works on; outside a forward and between the calls here it is the first.
  */
 #include <math.h>
 #include <stdio.h>
