@@ -408,7 +408,8 @@ STRATA_API int32_t strata_sampler_sample(strata_sampler *smp, const float *logit
 /* Counters; safe to call from another thread while the engine runs (values may be a moment old). */
 STRATA_API strata_status strata_stats_get(const strata_engine *eng, strata_stats *out);
 STRATA_API void strata_stats_reset(strata_engine *eng);
-/* Residency table: slot_of[layer * n_expert + expert] = slot or -1. cap = n_layer * n_expert. */
+/* Residency table: slot_of[layer * n_expert + expert] = slot or -1 (on a split: the slot in the cache of the
+ * device that holds the layer). cap = n_layer * n_expert. */
 STRATA_API strata_status strata_cache_residency(const strata_engine *eng, int32_t *slot_of, int32_t cap);
 /* Write the ranked (layer, expert) profile the cache learned, one "layer expert score" line each. */
 STRATA_API strata_status strata_profile_save(strata_engine *eng, const char *path);
