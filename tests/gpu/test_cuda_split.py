@@ -86,7 +86,7 @@ def test_split_over_two_cards_is_bit_identical():
 
 def test_split_budgets_and_loans_on_one_card():
     path = _model()
-    budgets = [24 << 20, 40 << 20]
+    budgets = [40 << 20, 64 << 20]
     cfg = EngineConfig(device="cuda", split="layer", gpus="0,0", vram_budgets=budgets)
     with Engine(path, cfg) as eng:
         devices = eng.devices()
