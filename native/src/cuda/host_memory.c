@@ -402,7 +402,7 @@ static void store_open(strata_engine *e) {
         const double t0 = engine_now_ms();
         if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->store) == STRATA_OK) {
             const double t1 = engine_now_ms();
-            pool_run(e->pool, all, store_piece, e);
+            pool_run(e->pool, (int64_t)e->hp.n_layer * e->hp.n_expert, store_piece, e); /* every expert: shared */
             g->direct = 1;
             trace_emit(&e->trace, "cuda: expert store: %.1f GiB of pinned host memory in %.0f ms, experts copied into it in "
                        "%.0f ms", gib, t1 - t0, engine_now_ms() - t1);
