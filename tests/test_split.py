@@ -260,12 +260,17 @@ def test_the_server_takes_the_split_and_replies_as_one_device_does(tiny: Path) -
             assert r.status_code == 200, r.text
             texts.append(r.json()["choices"][0]["text"])
             if args:
-                cfg = srv.status()["config"]
-                assert (cfg["split"], cfg["gpus"], cfg["vram_budgets"]) == (
-                    "layer",
-                    "0,1",
-                    [40 << 20, 40 << 20],
-                )
+                st = srv.status()
+                cfg = st["config"]
+                assert (cfg["split"], cfg["gpus"], cfg["vram_budgets"]) == ("layer", "0,1", [40 << 20] * 2)
+                devs = st["devices"]
+                assert [(d["device"], d["layer_begin"], d["layer_end"]) for d in devs] == [
+                    (0, 0, 2),
+                    (1, 2, 4),
+                ]
+                assert [d["plan"]["budget_bytes"] for d in devs] == [40 << 20, 40 << 20]
+            else:
+                assert len(srv.status()["devices"]) == 1
         finally:
             srv.stop()
     assert texts[0] == texts[1] and texts[0]
