@@ -45,7 +45,7 @@ test-llama-cpp: native
 # The numerics tests again on the kernels of CPUs without AVX-512 and without AVX2 (STRATA_SIMD caps the
 # level --simd auto picks), so that a bound tuned on one machine cannot pass here and fail on the next.
 SIMD_TESTS := tests/test_reference.py tests/test_determinism.py tests/test_memplan.py tests/test_cuda_mirror.py \
-              tests/test_engine_api.py
+              tests/test_engine_api.py tests/test_parallel.py tests/test_arch.py
 test-simd: native $(REF_STAMP)
 	for lv in avx2 scalar; do STRATA_SIMD=$$lv $(BIN)/python -m pytest -q -p no:cacheprovider $(SIMD_TESTS) || exit 1; done
 

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from strata._failure import add_debug_flag, run_command
+
+from ._commits import BuildError
+from ._matrix import MatrixError
 
 __all__ = ["build_parser", "main"]
 
@@ -197,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="as JSON")
     e.add_argument("--no-scrub", action="store_true", help="print it as collected")
     e.set_defaults(func=cmd_env)
+    add_debug_flag(p)
     return p
 
 
@@ -648,23 +653,9 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if not getattr(args, "func", None):
-        p.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # `repro_matrix env | head`
-        return 0
-    except OSError as e:
-        # a file or directory that cannot be written or read: say which, not where in the code
-        if os.environ.get("STRATA_DEBUG"):
-            raise
-        where = f" {e.filename}" if getattr(e, "filename", None) else ""
-        return _err(f"{e.strerror or e}:{where} (STRATA_DEBUG=1 shows where)")
+    # a failure is one paragraph (strata's rule; --debug or STRATA_DEBUG=1 shows the traceback), with exit
+    # status 2 so that 1 keeps meaning "a cell failed"
+    return run_command(build_parser(), argv, expected=(MatrixError, BuildError), code=2)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,13 @@ from ._exceptions import (
 from ._version import __version__
 
 if TYPE_CHECKING:
+    from ._batch import Batch, BatchRequest
     from ._engine import Engine
 
 
 __all__ = [
+    "Batch",
+    "BatchRequest",
     "BudgetError",
     "CancelledError",
     "ContextError",
@@ -58,4 +61,8 @@ def __getattr__(name: str) -> Any:
         from ._engine import Engine
 
         return Engine
+    if name in ("Batch", "BatchRequest"):
+        from . import _batch
+
+        return getattr(_batch, name)
     raise AttributeError(f"module 'strata' has no attribute {name!r}")

@@ -65,6 +65,7 @@ __all__ = [
     "strata_cuda_mmq",
     "strata_cuda_router_topk",
     "strata_decode",
+    "strata_decode_batch",
     "strata_default_generate_params",
     "strata_default_params",
     "strata_default_sampling",
@@ -78,6 +79,7 @@ __all__ = [
     "strata_logits",
     "strata_matmul",
     "strata_matvec",
+    "strata_model_describe",
     "strata_model_info_get",
     "strata_n_past",
     "strata_plan_get",
@@ -86,6 +88,10 @@ __all__ = [
     "strata_sampler_free",
     "strata_sampler_init",
     "strata_sampler_sample",
+    "strata_seq_kv_truncate",
+    "strata_seq_logits",
+    "strata_seq_n_past",
+    "strata_seq_prefill",
     "strata_simd_set",
     "strata_stats_get",
     "strata_stats_reset",
@@ -135,6 +141,7 @@ class StrataParams(Structure):
         ("simd", c_int32),
         ("trace", TRACE_FN),
         ("trace_user", c_void_p),
+        ("n_seq", c_int32),
         ("split", c_int32),
         ("n_devices", c_int32),
         ("devices", c_int32 * MAX_DEVICES),
@@ -197,6 +204,7 @@ class StrataPlan(Structure):
         ("host_avail_bytes", c_int64),
         ("n_threads", c_int32),
         ("simd", c_int32),
+        ("n_seq", c_int32),
     ]
 
 
@@ -381,6 +389,11 @@ def strata_engine_open(path: bytes, params: Any, out: Any, err: Any, err_len: in
 def strata_engine_close(eng: int) -> None: ...
 
 
+# STRATA_API strata_status strata_model_describe(const char *path, char *buf, size_t len);
+@c_function("strata_model_describe", [c_char_p, c_char_p, c_size_t], c_int32)
+def strata_model_describe(path: bytes, buf: Any, len: int) -> int: ...
+
+
 # STRATA_API const char *strata_last_error(const strata_engine *eng);
 @c_function("strata_last_error", [_engine_p], c_char_p)
 def strata_last_error(eng: int) -> bytes: ...
@@ -449,6 +462,35 @@ def strata_n_past(eng: int) -> int: ...
 # STRATA_API strata_status strata_kv_truncate(strata_engine *eng, int32_t n_keep);
 @c_function("strata_kv_truncate", [_engine_p, c_int32], c_int32)
 def strata_kv_truncate(eng: int, n_keep: int) -> int: ...
+
+
+# STRATA_API strata_status strata_seq_prefill(strata_engine *eng, int32_t seq, const int32_t *tokens,
+#                                             int32_t n_tokens, strata_progress_fn progress, void *user);
+@c_function(
+    "strata_seq_prefill", [_engine_p, c_int32, POINTER(c_int32), c_int32, PROGRESS_FN, c_void_p], c_int32
+)
+def strata_seq_prefill(eng: int, seq: int, tokens: Any, n_tokens: int, progress: Any, user: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_decode_batch(strata_engine *eng, int32_t n, const int32_t *seqs,
+#                                              const int32_t *tokens);
+@c_function("strata_decode_batch", [_engine_p, c_int32, POINTER(c_int32), POINTER(c_int32)], c_int32)
+def strata_decode_batch(eng: int, n: int, seqs: Any, tokens: Any) -> int: ...
+
+
+# STRATA_API const float *strata_seq_logits(const strata_engine *eng, int32_t seq);
+@c_function("strata_seq_logits", [_engine_p, c_int32], POINTER(c_float))
+def strata_seq_logits(eng: int, seq: int) -> Any: ...
+
+
+# STRATA_API int32_t strata_seq_n_past(const strata_engine *eng, int32_t seq);
+@c_function("strata_seq_n_past", [_engine_p, c_int32], c_int32)
+def strata_seq_n_past(eng: int, seq: int) -> int: ...
+
+
+# STRATA_API strata_status strata_seq_kv_truncate(strata_engine *eng, int32_t seq, int32_t n_keep);
+@c_function("strata_seq_kv_truncate", [_engine_p, c_int32, c_int32], c_int32)
+def strata_seq_kv_truncate(eng: int, seq: int, n_keep: int) -> int: ...
 
 
 # STRATA_API void strata_kv_reset(strata_engine *eng);

@@ -130,6 +130,7 @@ class EngineConfig:
     gpus: str | None = None  # --gpus 0,1: the device of each run of layers, in layer order
     tensor_split: str | None = None  # --tensor-split 0.6,0.4: each device's share of the layers
     vram_budgets: list[int] | None = None  # --vram-budget 12GiB,12GiB: one budget per device of the split
+    parallel: int | None = None  # --parallel N sequences decoded together (each its own KV cache)
 
     def split_devices(self) -> list[int]:
         """The device of each run of layers: --gpus, else 0..n-1 for the devices the other split flags count."""
@@ -168,6 +169,8 @@ class EngineConfig:
             )
         if self.lend_pct is not None and not 0 < self.lend_pct <= 1:
             raise ValueError(f"--lend-pct: {self.lend_pct} is not in (0, 1]")
+        if self.parallel is not None and not 1 <= self.parallel <= 64:
+            raise ValueError(f"--parallel: {self.parallel} is not a count of sequences from 1 to 64")
         if self.adapt_decay is not None and not 0 <= self.adapt_decay <= 1:
             raise ValueError(f"--adapt-decay: {self.adapt_decay} is not in [0, 1]")
         self._validate_split()
@@ -299,6 +302,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--tensor-split", help="with --split layer: each device's share of the layers, e.g. 0.6,0.4"
+    )
+    g.add_argument(
+        "--parallel",
+        type=int,
+        help="sequences decoded together, each with its own KV cache of --max-context tokens (default 1)",
     )
 
 

@@ -112,6 +112,7 @@ class Plan:
     host_avail_bytes: int
     n_threads: int
     simd: int
+    n_seq: int
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,7 @@ _PLAIN_PARAMS = {
     "adapt_swaps": "adapt_swaps",
     "adapt_decay": "adapt_decay",
     "host_ram_budget": "host_ram_budget",
+    "parallel": "n_seq",
 }
 # EngineConfig fields named by a word of strata.h's enumerations: (params field, enum, flag)
 _ENUM_PARAMS: dict[str, tuple[str, type[IntEnum], str]] = {
@@ -413,6 +415,53 @@ class Engine:
     def decode(self, token: int) -> None:
         """Append one token and compute its logits."""
         self._check(C.strata_decode(self.handle, int(token)))
+
+    # ---- several sequences (EngineConfig.parallel) -------------------------------------------------
+
+    @property
+    def n_seq(self) -> int:
+        """Sequences this engine holds, each with its own KV cache."""
+        return int(self.plan.n_seq)
+
+    def seq_prefill(
+        self, seq: int, tokens: Sequence[int] | np.ndarray, progress: Callable[[int, int], Any] | None = None
+    ) -> None:
+        """``prefill`` into sequence ``seq``."""
+        buf, n = self._token_array(tokens)
+        errors: list[BaseException] = []
+        cb = self._progress_cb(progress, errors)
+        status = C.strata_seq_prefill(self.handle, int(seq), buf, n, cb, None)
+        if errors:
+            raise errors[0]
+        self._check(status)
+
+    def decode_batch(self, seqs: Sequence[int], tokens: Sequence[int]) -> None:
+        """Append ``tokens[i]`` to sequence ``seqs[i]``, all in one forward pass; each row gets the bits it
+        would get decoded alone."""
+        if len(seqs) != len(tokens):
+            raise ValueError(f"decode_batch: {len(seqs)} sequences but {len(tokens)} tokens")
+        n = len(seqs)
+        sb = (ctypes.c_int32 * max(1, n))(*[int(q) for q in seqs])
+        tb = (ctypes.c_int32 * max(1, n))(*[int(t) for t in tokens])
+        self._check(C.strata_decode_batch(self.handle, n, sb, tb))
+
+    def seq_logits_view(self, seq: int) -> np.ndarray:
+        """Sequence ``seq``'s last logits [n_vocab], a view valid until the engine runs again."""
+        ptr = C.strata_seq_logits(self.handle, int(seq))
+        if not ptr:
+            raise error_for_status(12, f"sequence {seq} has no logits yet: prefill or decode a token first")
+        return np.ctypeslib.as_array(ptr, shape=(self.info.n_vocab,))
+
+    def seq_logits(self, seq: int) -> np.ndarray:
+        """A copy of sequence ``seq``'s last logits [n_vocab]."""
+        return self.seq_logits_view(seq).copy()
+
+    def seq_n_past(self, seq: int) -> int:
+        return int(C.strata_seq_n_past(self.handle, int(seq)))
+
+    def seq_kv_truncate(self, seq: int, n_keep: int) -> None:
+        """Keep the first ``n_keep`` tokens of sequence ``seq`` (0 empties it)."""
+        self._check(C.strata_seq_kv_truncate(self.handle, int(seq), int(n_keep)))
 
     def logits(self) -> np.ndarray:
         """A copy of the last token's logits [n_vocab]."""

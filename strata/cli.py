@@ -17,7 +17,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from . import _cli_generate, _cli_profile
-from ._failure import DEBUG_HELP, run_reporting
+from ._failure import add_debug_flag, run_command
 from .model import cli as _model_cli
 from .server import cli as _server_cli
 
@@ -34,33 +34,17 @@ def _added_commands() -> list[Any]:
     return [ep.load() for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name)]
 
 
-def _add_debug(parser: argparse.ArgumentParser, *, top: bool) -> None:
-    # on a subcommand the flag must not reset what the top level parsed (SUPPRESS: no default there)
-    parser.add_argument(
-        "--debug", action="store_true", default=False if top else argparse.SUPPRESS, help=DEBUG_HELP
-    )
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):
-                _add_debug(sub, top=False)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="strata", description="Run MoE language models bigger than the GPU.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for mod in [*_CORE_COMMANDS, *_added_commands()]:
         mod.add_parser(sub)
-    _add_debug(p, top=True)
+    add_debug_flag(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if not getattr(args, "func", None):
-        p.print_help()
-        return 2
-    return run_reporting(f"strata {args.command}", lambda: args.func(args), debug=args.debug)
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

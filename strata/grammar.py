@@ -109,7 +109,11 @@ class Grammars:
         self.tok = tok
         self.eog = sorted(tok.eog_ids) or ([tok.eos_id] if tok.eos_id >= 0 else [])
         vocab = _Vocab(tok)
-        self.lltok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab), eos_token=self.eog or None)
+        wrapper = llguidance.TokenizerWrapper(vocab)
+        try:  # newer llguidance releases end a grammar on any of the model's end-of-generation tokens
+            self.lltok = llguidance.LLTokenizer(wrapper, eos_token=self.eog or None)
+        except TypeError:  # older ones (the newest that glibc 2.28 and earlier get) take one token
+            self.lltok = llguidance.LLTokenizer(wrapper, eos_token=self.eog[0] if self.eog else None)
         one = {
             b: i
             for i, b in reversed(list(enumerate(vocab.tokens)))

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from strata._failure import add_debug_flag, run_command
+
 __all__ = ["build_parser", "exit_process", "main"]
 
 
@@ -246,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("files", nargs="+", metavar="FILE.jsonl")
     sh.add_argument("--format", "-f", default="table", choices=["table", "md", "csv", "jsonl"])
     sh.set_defaults(func=cmd_show)
+    add_debug_flag(p)
     return p
 
 
@@ -799,37 +802,33 @@ def exit_process(rc: int) -> int:
     return rc
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if not getattr(args, "func", None):
-        p.print_help()
-        return 2
-    from strata._exceptions import StrataError
+def _run_keeping_rows(args: argparse.Namespace) -> int:
+    """Run the command; a run that stops or fails says which finished rows it kept, before the failure
+    itself is reported."""
+    try:
+        return int(args.func(args) or 0)
+    except BaseException as e:
+        writer = getattr(args, "_writer", None)
+        kept = (
+            f"{len(writer.rows)} finished rows kept in {writer.path}"
+            if writer is not None and writer.path is not None and writer.rows
+            else ""
+        )
+        if isinstance(e, KeyboardInterrupt):
+            _err(f"interrupted: {kept}" if kept else "interrupted")
+        elif kept and not isinstance(e, (SystemExit, BrokenPipeError)):
+            _err(kept)
+        raise
 
+
+def main(argv: list[str] | None = None) -> int:
     from ._llamacpp import LlamaBenchError
     from ._server_bench import ServerBenchError
 
-    try:
-        return int(args.func(args) or 0)
-    except BrokenPipeError:  # `strata-bench show runs.jsonl | head`: the reader has all it wanted
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except KeyboardInterrupt:
-        writer = getattr(args, "_writer", None)
-        if writer is not None and writer.path is not None:
-            _err(f"interrupted: {len(writer.rows)} finished rows kept in {writer.path}")
-        else:
-            _err("interrupted")
-        return 130
-    except (ValueError, FileNotFoundError, LlamaBenchError, ServerBenchError, StrataError) as e:
-        _err(str(e))
-        writer = getattr(args, "_writer", None)
-        if writer is not None and writer.rows:
-            _err(f"{len(writer.rows)} finished rows kept in {writer.path}")
-        return 1
+    # a failure is one paragraph (strata's rule; --debug or STRATA_DEBUG=1 shows the traceback)
+    return run_command(
+        build_parser(), argv, run=_run_keeping_rows, expected=(ValueError, LlamaBenchError, ServerBenchError)
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from strata.model._cache import cache_dir, file_lock
 
-__all__ = ["NAMES", "VERSION", "ensure_llama_vocab", "read_cases"]
+__all__ = ["NAMES", "VERSION", "download_sdist", "ensure_llama_vocab", "read_cases"]
 
 VERSION = "0.3.36"
 # the vocabularies checked: byte-level BPE with several pre-tokenizers, and SentencePiece
@@ -40,6 +40,35 @@ NAMES = (
 _SEP = "\n__ggml_vocab_test__\n"
 
 
+def download_sdist(folder: Path) -> Path:
+    """The llama-cpp-python source distribution, downloaded by pip into folder; RuntimeError with pip's words."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            "llama-cpp-python",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(folder),
+            f"llama-cpp-python=={VERSION}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    sdists = list(folder.glob("llama_cpp_python-*.tar.gz"))
+    if p.returncode != 0 or not sdists:
+        raise RuntimeError(
+            f"pip could not download llama-cpp-python=={VERSION}: {(p.stderr or p.stdout).strip()[-800:]}"
+        )
+    return sdists[0]
+
+
 def _complete(d: Path) -> bool:
     return all((d / f"ggml-vocab-{n}.gguf{ext}").is_file() for n in NAMES for ext in ("", ".inp", ".out"))
 
@@ -53,33 +82,9 @@ def ensure_llama_vocab() -> Path:
         if _complete(dest):
             return dest
         with tempfile.TemporaryDirectory(prefix="strata-llama-vocab-") as tmp:
-            p = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "--no-deps",
-                    "--no-binary",
-                    "llama-cpp-python",
-                    "--disable-pip-version-check",
-                    "-q",
-                    "-d",
-                    tmp,
-                    f"llama-cpp-python=={VERSION}",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=900,
-            )
-            sdists = list(Path(tmp).glob("llama_cpp_python-*.tar.gz"))
-            if p.returncode != 0 or not sdists:
-                raise RuntimeError(
-                    f"pip could not download llama-cpp-python=={VERSION}: "
-                    f"{(p.stderr or p.stdout).strip()[-800:]}"
-                )
+            sdist = download_sdist(Path(tmp))
             wanted = {f"ggml-vocab-{n}.gguf{ext}" for n in NAMES for ext in ("", ".inp", ".out")}
-            with tarfile.open(sdists[0]) as tar:
+            with tarfile.open(sdist) as tar:
                 for m in tar:
                     name = m.name.rsplit("/", 1)[-1]
                     if m.isfile() and name in wanted and "/vendor/llama.cpp/models/" in m.name:

@@ -14,8 +14,11 @@ import pytest
 
 from strata import _cdefs as C
 from strata import _engine
-from tests.gpu._cuda_util import random_rows
-from tests.gpu.test_cuda_kernels import TYPES, _quantized_activations
+from tests.gpu._cuda_util import NEW_TYPES, random_rows
+from tests.gpu.test_cuda_kernels import TYPES as _OLD_TYPES
+from tests.gpu.test_cuda_kernels import _quantized_activations
+
+TYPES = {**_OLD_TYPES, **NEW_TYPES}
 
 
 def _mirror(fn, type_: int, w: np.ndarray, rows: int, cols: int, x: np.ndarray) -> tuple[int, np.ndarray]:
@@ -40,6 +43,28 @@ def test_mirror_matches_reference(name):
     assert err < 1e-5, f"{name}: relative error {err:.2e}; worst row {int(np.argmax(np.abs(y - ref)))}"
 
 
+@pytest.mark.parametrize("name", list(NEW_TYPES))
+def test_mirror_dequantizes_as_gguf_py(name):
+    """The mirror's weights are gguf-py's, bit for bit: with x = e_k, each lane adds w * 0 (zeros) and
+    w[k] * 1, so y[r] is row r's value k exactly (a -0 comes out as +0: compared as numbers)."""
+    rows, cols = 6, 512
+    rng = np.random.default_rng(21)
+    w, dense = random_rows(name, rows, cols, rng)
+    w = np.ascontiguousarray(w)
+    got = np.zeros((cols, rows), dtype=np.float32)
+    for k in range(cols):
+        x = np.zeros(cols, dtype=np.float32)
+        x[k] = 1.0
+        st, got[k] = _mirror(C.strata_cuda_mirror_matvec, TYPES[name], w, rows, cols, x)
+        assert st == 0
+    got = got.T
+    same = (got == dense) | (np.isnan(got) & np.isnan(dense))
+    assert same.all(), (
+        f"{name}: {np.count_nonzero(~same)} values differ; first at {tuple(np.argwhere(~same)[0])}: "
+        f"{got[~same][0]!r} vs gguf-py {dense[~same][0]!r}"
+    )
+
+
 def test_mirror_rejects_bad_shapes():
     w = np.zeros(100, dtype=np.uint8)
     x = np.zeros(100, dtype=np.float32)
@@ -50,9 +75,15 @@ def test_mirror_rejects_bad_shapes():
         12, w.ctypes.data_as(ctypes.c_void_p), 4, 100, x.ctypes.data_as(fp), y.ctypes.data_as(fp)
     )
     assert st == 1
+    # so must IQ2_XS rows (128 values: whole groups of 32, not whole blocks); Q8_1 is not a weight type
+    for type_, cols in ((17, 128), (9, 128)):
+        st = C.strata_cuda_mirror_matvec(
+            type_, w.ctypes.data_as(ctypes.c_void_p), 1, cols, x.ctypes.data_as(fp), y.ctypes.data_as(fp)
+        )
+        assert st == 1, (type_, cols)
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K", *NEW_TYPES])
 def test_mmq_mirror_matches_reference(name):
     """The host copy of the prompt product (cuda/mmq.cu): right values, and the same exact block
     products as the matrix-vector mirror, summed in another order (so close, not equal)."""
@@ -66,18 +97,18 @@ def test_mmq_mirror_matches_reference(name):
     ref = dense.astype(np.float64) @ _quantized_activations(x[None, :])[0].astype(np.float64)
     err = np.linalg.norm(y - ref) / np.linalg.norm(ref)
     assert err < 1e-5, f"{name}: relative error {err:.2e}; worst row {int(np.argmax(np.abs(y - ref)))}"
-    if name in ("Q4_K", "Q6_K"):
-        return  # the matrix-vector mirror multiplies K-quants with float activations
+    # only the weight types whose activations are 8-bit blocks
+    assert _mirror(C.strata_cuda_mirror_mmq, TYPES["F16"], w, rows, cols, x)[0] == 1
+    if name not in ("Q8_0", "Q4_0"):
+        return  # the matrix-vector mirror multiplies the other types with float activations
     st, ym = _mirror(C.strata_cuda_mirror_matvec, TYPES[name], w, rows, cols, x)
     assert st == 0
     assert np.abs(y - ym).max() <= 1e-5 * np.abs(ym).max()
-    # only the weight types whose activations are 8-bit blocks
-    assert _mirror(C.strata_cuda_mirror_mmq, TYPES["F16"], w, rows, cols, x)[0] == 1
 
 
 # ---- the SIMD levels of the mirror (--miss host runs the engine's level) ----------------------------
 
-_SIMD_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F32", "F16", "BF16"]
+_SIMD_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K", "F32", "F16", "BF16", *NEW_TYPES]
 _BITS = np.uint32
 
 
@@ -118,7 +149,10 @@ def _assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 def _cols_for(name: str) -> list[int]:
     # a partial last step (288 = one step of 256 values + one block; 800 = 3 steps + 1) and whole steps
-    return [768, 2048] if name in ("Q4_K", "Q6_K") else [288, 800, 2048]
+    import gguf
+
+    blk = gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, name)][0]
+    return [768, 2048] if blk == 256 else [288, 800, 2048]
 
 
 @pytest.mark.asan
@@ -295,7 +329,16 @@ def _run_experts(types, mats, D, F, n, x, threads, reps=1):  # type: ignore[no-u
 
 
 @pytest.mark.asan
-@pytest.mark.parametrize("types", [("Q8_0",) * 3, ("Q4_K", "Q4_K", "Q6_K"), ("Q4_0", "Q8_0", "Q4_0")])
+@pytest.mark.parametrize(
+    "types",
+    [
+        ("Q8_0",) * 3,
+        ("Q4_K", "Q4_K", "Q6_K"),
+        ("Q4_0", "Q8_0", "Q4_0"),
+        ("Q5_K", "IQ4_XS", "Q3_K"),
+        ("IQ2_XXS", "IQ1_M", "MXFP4"),
+    ],
+)
 def test_experts_levels_and_threads(types, level_reset):
     """A layer's decode misses as --miss host runs them (3 experts in two pool runs): the same bits at every
     level and thread count, each expert's the same as when it runs alone, and the right values (float64

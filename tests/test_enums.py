@@ -93,7 +93,7 @@ def test_every_config_field_reaches_the_params() -> None:
     }
     set_all = EngineConfig(threads=3, vram_budget=1 << 30, max_context=99, lend_floor=5, lend_pct=0.25,
                            adapt_every=7, adapt_swaps=2, adapt_decay=0.5, host_ram_budget=1 << 31,
-                           vram_reserve_mib=64)  # fmt: skip
+                           vram_reserve_mib=64, parallel=4)  # fmt: skip
     p = config_to_params(set_all)
     for name, field_ in _PLAIN_PARAMS.items():
         assert getattr(p, field_) == getattr(set_all, name), name

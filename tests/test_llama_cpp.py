@@ -71,3 +71,20 @@ def test_llama_cpp_logits_agree_with_the_reference(llm) -> None:  # type: ignore
         # 8-bit activations move router logits; a near-tie can pick another expert at a few positions
         assert np.median(err) < 3e-2 and (err < 5e-2).mean() > 0.8, f"median {np.median(err):.2e}"
     assert (got.argmax(1) == want.argmax(1)).mean() > 0.9
+
+
+def test_llama_cpp_opens_a_split_model_strata_wrote(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from strata.model._split import split_model
+
+    llama_cpp = _binding()
+    path = ensure_model("tiny", "q8_0", 0)
+    parts = split_model(path, tmp_path / "tiny.gguf", max_tensors=10)
+    ids = _gguf_tokenizer(path).encode(PROMPT_TEXT).ids[:32]
+    scores = []
+    for p in (path, parts[0]):
+        m = llama_cpp.Llama(model_path=str(p), logits_all=True, n_ctx=256, n_threads=2, verbose=False)
+        m.eval(ids)
+        scores.append(np.array(m.scores[: len(ids)]))
+        m.close()
+    # the same bytes in other files: llama.cpp computes the same logits from both
+    assert np.array_equal(scores[0], scores[1])

@@ -213,7 +213,8 @@ def test_products_levels_threads_batch(name: str, wide: bool) -> None:
     bs, _ = _geom(name)
     # wide rows span several chunks of blocks in the many-token kernels
     blocks = (19 if wide else 3) if bs == 256 else (75 if wide else 26)
-    rows, cols, n_tok = 37, blocks * bs, 70 if wide else 5  # 70 tokens: more than a token tile (64)
+    # 70 tokens: more than a token tile (64); 18: one tile, enough for the kernels that decode a row once
+    rows, cols, n_tok = 37, blocks * bs, 70 if wide else 18
     q, wd = _weights(name, rows, cols, 7)
     rng = np.random.default_rng(8)
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
@@ -349,7 +350,8 @@ def test_products_on_raw_blocks_agree_across_levels(name: str) -> None:
     # pattern, all-zero and all-one blocks: the largest |value x scale|), against activations that
     # quantize to +-127: the integer sums must still be exact at every level.
     bs, ts = _geom(name)
-    rows, n_blocks, n_tok = 9, 5, 6  # two groups of four rows and one alone
+    # two groups of four rows and one alone; 18 tokens: a tile of the many-token kernels
+    rows, n_blocks, n_tok = 9, 5, 18
     raw = _random_blocks(name, 11, rows * n_blocks, []).reshape(rows, n_blocks * ts)
     for r, fill in ((0, 0x00), (1, 0xFF)):
         keep = raw[r].reshape(n_blocks, ts).copy()
@@ -378,6 +380,33 @@ def test_products_on_raw_blocks_agree_across_levels(name: str) -> None:
             mv = np.stack([_engine.matvec(t, w, rows, cols, x[i], threads=1) for i in range(n_tok)])
             assert np.array_equal(mm, mv), f"{name} {level}: a matmul token differs from its matvec"
             results[level] = mm
+    finally:
+        _engine.simd_set("auto")
+    for level, y in results.items():
+        bad = np.argwhere(y.view(np.uint32) != results["scalar"].view(np.uint32))
+        assert bad.size == 0, f"{name}: {level} differs from scalar at (token, row) {bad[:4].tolist()}"
+
+
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K"])
+def test_tiny_activation_blocks_agree_across_levels(name: str) -> None:
+    # Activation blocks whose largest value is so small that 127 / max overflows to infinity (below
+    # about 3.7e-37, subnormals included) next to zeros: 0 x inf is NaN in the quantizer, which every
+    # level must turn into the scalar kernel's 0, and the products must stay bit-identical.
+    rows, cols = 8, 3 * 256
+    q, _ = _weights(name, rows, cols, 21)
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((5, cols)).astype(np.float32)
+    x[0] *= np.float32(1e-39)  # subnormal
+    x[1] *= np.float32(1e-37)
+    x[2, ::2] = 0.0
+    x[2] *= np.float32(2e-38)
+    x[3, :256] = np.float32(1e-45)  # the smallest subnormal in one block, normal values after it
+    t = int(GGMLQuantizationType[name])
+    results = {}
+    try:
+        for level in SIMD_LEVELS:
+            _engine.simd_set(level)
+            results[level] = _engine.matmul(t, q, rows, cols, x, threads=1)
     finally:
         _engine.simd_set("auto")
     for level, y in results.items():

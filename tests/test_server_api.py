@@ -301,7 +301,7 @@ BAD = [
     ("chat", {"messages": MSGS, "max_tokens": 1.5}, 400, "invalid_request", "max_tokens", "integer"),
     ("chat", {"messages": MSGS, "top_p": 2}, 400, "invalid_request", "top_p", "between"),
     ("chat", {"messages": MSGS, "seed": "x"}, 400, "invalid_request", "seed", "integer"),
-    ("chat", {"messages": MSGS, "n": 2}, 400, "invalid_request", "n", "n must be 1"),
+    ("chat", {"messages": MSGS, "n": 65}, 400, "invalid_request", "n", "at most 64"),
     ("chat", {"messages": MSGS, "stream": "yes"}, 400, "invalid_request", "stream", "true or false"),
     ("chat", {"messages": MSGS, "stop": 5}, 400, "invalid_request", "stop", "string"),
     ("chat", {"messages": MSGS, "stream_options": 1}, 400, "invalid_request", "stream_options", "object"),

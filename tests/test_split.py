@@ -16,6 +16,7 @@ from strata._config import add_engine_args, config_from_args
 from strata._engine import Engine
 from strata._exceptions import InvalidArgumentError, LendError, StrataError
 from strata._memplan import predict
+from strata.model import ensure_model
 
 LENT = re.compile(r"^device (\d+): lent (\d+) slots for (\d+) tokens$")
 PROMPT = [1, 17, 33, 200, 5, 9, 77, 150, 3, 64, 12, 250, 31, 8, 99, 100, 4, 45, 46, 47]
@@ -177,6 +178,64 @@ def test_a_split_profile_covers_every_layer(tiny: Path, tmp_path: Path) -> None:
     ) as two:
         res = two.residency()
         assert (res[:2] >= 0).sum() == 20 and (res[2:] >= 0).sum() == 20
+
+
+# ---- a model with dense leading layers -------------------------------------------------------------------
+
+
+@pytest.mark.asan
+def test_split_of_a_model_with_a_dense_leading_layer(tmp_path: Path) -> None:
+    """glm4moe's layer 0 is dense (no experts): each device's cache counts the MoE layers it holds, the
+    replies are bit-identical to one device, and the residency and a saved profile name model layers."""
+    glm = Path(ensure_model("tiny-glm4moe", "q8_0", 0))
+    base = greedy(glm, EngineConfig(threads=2), PROMPT)
+    splits = {
+        "gpus 0,1": EngineConfig(threads=2, split="layer", gpus="0,1"),
+        "tensor-split 3,1": EngineConfig(threads=2, split="layer", tensor_split="3,1"),
+        "small caches, chunk 7": EngineConfig(
+            threads=2, split="layer", gpus="0,1", expert_cache="24", miss="copy", prefill="7"
+        ),
+    }
+    for what, cfg in splits.items():
+        assert_same(base, greedy(glm, cfg, PROMPT), what)
+    prof = tmp_path / "glm.profile"
+    with Engine(glm, EngineConfig(threads=1, split="layer", gpus="0,1", expert_cache="24")) as eng:
+        eng.prefill(PROMPT)
+        eng.save_profile(prof)
+        res = eng.residency()
+        per_dev = [d.plan.n_experts_total for d in eng.devices()]
+    assert per_dev == [32, 64]  # device 0 holds layers 0-1, of which only layer 1 has experts
+    assert (res[0] == -1).all() and (res[1] >= 0).sum() == 24 and (res[2:] >= 0).sum() == 24
+    rows = [ln.split() for ln in prof.read_text().splitlines() if not ln.startswith("#")]
+    assert len(rows) == 3 * 32 and {int(r[0]) for r in rows} == {1, 2, 3}
+    with Engine(
+        glm, EngineConfig(threads=1, split="layer", gpus="0,1", expert_cache="24", expert_profile=str(prof))
+    ) as again:
+        res2 = again.residency()
+    assert (res2[0] == -1).all() and (res2[1] >= 0).sum() == 24 and (res2[2:] >= 0).sum() == 24
+
+
+def test_a_device_of_only_dense_layers_is_refused() -> None:
+    glm = Path(ensure_model("tiny-glm4moe", "q8_0", 0))
+    with pytest.raises(
+        InvalidArgumentError, match=r"device 0 would hold only layers 0-0, which are dense leading"
+    ):
+        Engine(glm, EngineConfig(threads=1, split="layer", gpus="0,1,2,3"))
+
+
+# ---- several sequences ------------------------------------------------------------------------------------
+
+
+def test_split_with_several_sequences_is_refused(tiny: Path) -> None:
+    with pytest.raises(
+        InvalidArgumentError, match=r"--split layer with --parallel above 1 is not supported yet"
+    ):
+        Engine(tiny, EngineConfig(threads=1, split="layer", gpus="0,1", parallel=2))
+    # one sequence, and a one-device split, still open
+    with Engine(tiny, EngineConfig(threads=1, split="layer", gpus="0,1", parallel=1)) as eng:
+        assert len(eng.devices()) == 2
+    with Engine(tiny, EngineConfig(threads=1, split="layer", gpus="0", parallel=2)) as eng:
+        assert eng.n_seq == 2
 
 
 # ---- invalid splits -------------------------------------------------------------------------------------

@@ -278,3 +278,17 @@ def test_one_layout_markdown_lays_out_and_draws_like_textuals_while_it_grows() -
             assert [(k.replace("OneLayout", ""), r, t) for k, r, t in a] == b, f"differs after draw {step}"
 
     asyncio.run(run())
+
+
+def test_engine_panel_line_of_the_sequences() -> None:
+    from strata_tui.widgets.engine_panel import sequences_line
+
+    assert sequences_line({}) is None and sequences_line({"parallel": 1, "sequences": []}) is None
+    assert sequences_line({"parallel": 4, "sequences": []}) == "0 / 4"
+    running = [
+        {"seq": 3, "state": "generating"},
+        {"seq": 5, "state": "reading"},
+        {"seq": 6, "state": "reading"},
+    ]
+    assert sequences_line({"parallel": 4, "sequences": running}) == "3 / 4 · 2 reading"
+    assert sequences_line({"parallel": 8, "sequences": running[:1]}) == "1 / 8 · generating"

@@ -30,6 +30,12 @@
  *     if (s != STRATA_OK) fprintf(stderr, "%s\n", strata_last_error(eng));
  *     strata_engine_close(eng);
  *
+ * Several sequences: with params.n_seq = N the engine holds N sequences, each with its own KV cache of
+ * max_context tokens (the plan counts all N). strata_seq_prefill reads a prompt into one of them;
+ * strata_decode_batch appends one token to each of several sequences in one forward pass. A row of the
+ * batch gets the bits it would get decoded alone (every kernel's per-row result is independent of the
+ * batch), so a reply does not depend on what runs beside it. The single-sequence calls act on sequence 0.
+ *
  * Threading: one engine is used by one thread at a time. The engine runs its own worker threads.
  * Enum values are only ever appended; numeric values are part of the ABI.
  * The kernel-level entry points that tests and benchmarks call are in strata_kernels.h, not here.
@@ -182,6 +188,8 @@ typedef struct strata_params {
     int32_t simd;              /* strata_simd: which CPU kernels to use */
     strata_trace_fn trace;     /* trace sink; NULL = default */
     void *trace_user;          /* passed to trace */
+    int32_t n_seq;             /* sequences, each with its own KV cache, decoded together by strata_decode_batch;
+                                  0 = 1 (CPU backend only above 1) */
     /* A layer split (--split layer): each device holds its layers' resident weights and KV cache, its own
      * expert cache and its own loan, planned within its own budget; the activations cross to the next
      * device once per forward pass; the host store of experts is shared. On the CPU backend the devices
@@ -247,6 +255,7 @@ typedef struct strata_plan {
     int64_t host_avail_bytes;  /* host RAM the plan was allowed to use */
     int32_t n_threads;         /* CPU threads in use */
     int32_t simd;              /* strata_simd in use (never AUTO) */
+    int32_t n_seq;             /* sequences; kv_bytes and the decode scratch hold them all */
 } strata_plan;
 
 /* The layout of one prompt chunk of n_tokens: what layout(T) computes. */
@@ -351,6 +360,10 @@ STRATA_API strata_status strata_engine_open(const char *path, const strata_param
                                             strata_engine **out, char *err, size_t err_len);
 /* Free everything; NULL is fine. */
 STRATA_API void strata_engine_close(strata_engine *eng);
+/* Read a model file's metadata and tensors (no engine, no plan) and write into buf the family and the
+ * blocks its forward pass composes ("Qwen2-MoE: attention GQA 4/2, rope neox; moe softmax top-3 of 8,
+ * shared expert with sigmoid gate"), or on failure why strata cannot run it. Returns as strata_engine_open. */
+STRATA_API strata_status strata_model_describe(const char *path, char *buf, size_t len);
 /* The message of the last failed call on this engine ("" when none). Valid until the next call. */
 STRATA_API const char *strata_last_error(const strata_engine *eng);
 STRATA_API strata_status strata_model_info_get(const strata_engine *eng, strata_model_info *out);
@@ -388,6 +401,23 @@ STRATA_API int32_t strata_n_past(const strata_engine *eng);
 STRATA_API strata_status strata_kv_truncate(strata_engine *eng, int32_t n_keep);
 /* Empty the context. */
 STRATA_API void strata_kv_reset(strata_engine *eng);
+
+/* ---- several sequences (strata_params.n_seq) --------------------------------------------------- */
+
+/* strata_prefill for sequence seq (0 .. n_seq - 1). */
+STRATA_API strata_status strata_seq_prefill(strata_engine *eng, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                                            strata_progress_fn progress, void *user);
+/* Append tokens[i] to sequence seqs[i] for i < n, in one forward pass, and compute each one's logits. The
+ * sequences are distinct and each has processed a token. INVALID_ARGUMENT or CONTEXT (naming the sequence)
+ * before anything is appended; on any other failure no sequence has its logits. */
+STRATA_API strata_status strata_decode_batch(strata_engine *eng, int32_t n, const int32_t *seqs,
+                                             const int32_t *tokens);
+/* Logits of sequence seq's last token [n_vocab], or NULL. Valid until the next call that runs the engine. */
+STRATA_API const float *strata_seq_logits(const strata_engine *eng, int32_t seq);
+/* Tokens in sequence seq's context (0 for a sequence out of range). */
+STRATA_API int32_t strata_seq_n_past(const strata_engine *eng, int32_t seq);
+/* Keep the first n_keep tokens of sequence seq (0 empties it). */
+STRATA_API strata_status strata_seq_kv_truncate(strata_engine *eng, int32_t seq, int32_t n_keep);
 
 /* Prefill prompt (appended to the context), then sample up to max_tokens. Generated tokens are
  * written to out (up to out_cap) and counted in *n_out; on_token sees each one. Generation also ends,

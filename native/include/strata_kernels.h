@@ -63,7 +63,7 @@ STRATA_API strata_status strata_cuda_router_topk(const float *logits, int32_t T,
 STRATA_API strata_status strata_cuda_attention(int32_t kv_type, const float *q, const float *k, const float *v,
                                                int32_t n_pos, int32_t T, int32_t H, int32_t Hkv, int32_t hd,
                                                int32_t pos_on_device, float *out);
-/* The prompt-chunk product on the tensor cores (Q8_0 / Q4_0 / Q4_K / Q6_K weights). w holds n_mat matrices of
+/* The prompt-chunk product on the tensor cores (any quantized weight type). w holds n_mat matrices of
  * [rows, cols] back to back. mat == NULL: y[n_x, rows] = X W[0]^T (dense). Otherwise pair p < n_pairs
  * with mat[p] >= 0 gives y[p, :] = W[mat[p]] x[p / xdiv] (y rows of pairs with mat[p] < 0 are left
  * as they are); pairs are grouped by matrix in order of p into segments of at most seg_tokens (1..64)

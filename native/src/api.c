@@ -44,6 +44,31 @@ strata_status strata_engine_open(const char *path, const strata_params *params, 
 
 void strata_engine_close(strata_engine *eng) { engine_close(eng); }
 
+strata_status strata_model_describe(const char *path, char *buf, size_t len) {
+    errbuf eb;
+    err_clear(&eb);
+    gguf_file f;
+    memset(&f, 0, sizeof f);
+    f.fd = -1;
+    hparams hp;
+    model_weights w;
+    memset(&w, 0, sizeof w);
+    strata_status s = path ? gguf_open(path, &f, &eb) : err_set(&eb, STRATA_ERR_INVALID_ARGUMENT, "path is NULL");
+    if (s == STRATA_OK) {
+        s = model_load(&f, quant_table(STRATA_SIMD_AUTO), &hp, &w, &eb);
+        if (s != STRATA_OK) err_prefix(&eb, "%s: ", path);
+        model_free(&w);
+        gguf_close(&f);
+    }
+    if (buf && len > 0) {
+        if (s == STRATA_OK)
+            arch_describe(&hp, buf, len);
+        else
+            snprintf(buf, len, "%s", eb.msg);
+    }
+    return s;
+}
+
 const char *strata_last_error(const strata_engine *eng) { return eng ? eng->err.msg : "no engine (NULL)"; }
 
 strata_status strata_model_info_get(const strata_engine *e, strata_model_info *out) {
@@ -67,7 +92,7 @@ strata_status strata_model_info_get(const strata_engine *e, strata_model_info *o
     out->bos_id = hp->bos_id;
     out->eos_id = hp->eos_id;
     out->n_params = e->w.n_params;
-    out->file_bytes = (int64_t)e->file.size;
+    out->file_bytes = (int64_t)e->file.total_size; /* every part of a split model */
     out->resident_bytes = e->w.resident_bytes;
     out->expert_bytes = e->w.expert_bytes;
     out->expert_type = e->w.layers[0].gate_exps.type;
@@ -125,21 +150,66 @@ strata_status strata_predict_loan_device(const strata_engine *e, int32_t i, int3
 
 strata_status strata_prefill(strata_engine *e, const int32_t *tokens, int32_t n_tokens, strata_progress_fn progress,
                              void *user) {
-    if (!e) return STRATA_ERR_INVALID_ARGUMENT;
-    return engine_prefill(e, tokens, n_tokens, progress, user);
+    return strata_seq_prefill(e, 0, tokens, n_tokens, progress, user);
 }
 
 strata_status strata_decode(strata_engine *e, int32_t token) {
     if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    engine_seq_select(e, 0);
     return engine_decode(e, token);
 }
 
-const float *strata_logits(const strata_engine *e) { return e && e->has_logits ? e->logits : NULL; }
+const float *strata_logits(const strata_engine *e) { return strata_seq_logits(e, 0); }
 
-int32_t strata_n_past(const strata_engine *e) { return e ? e->n_past : 0; }
+int32_t strata_n_past(const strata_engine *e) { return strata_seq_n_past(e, 0); }
 
-strata_status strata_kv_truncate(strata_engine *e, int32_t n_keep) {
+strata_status strata_kv_truncate(strata_engine *e, int32_t n_keep) { return strata_seq_kv_truncate(e, 0, n_keep); }
+
+void strata_kv_reset(strata_engine *e) {
+    if (!e) return;
+    engine_seq_select(e, 0);
+    e->n_past = 0;
+    e->has_logits = 0;
+    e->stats.n_past = 0;
+}
+
+/* ---- several sequences ------------------------------------------------------------------------- */
+
+static strata_status check_seq(strata_engine *e, int32_t seq, const char *what) {
+    if (seq < 0 || seq >= e->n_seq)
+        return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "%s: sequence %d is not in 0..%d (the engine holds %d)",
+                       what, seq, e->n_seq - 1, e->n_seq);
+    return STRATA_OK;
+}
+
+strata_status strata_seq_prefill(strata_engine *e, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                                 strata_progress_fn progress, void *user) {
     if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    STRATA_TRY(check_seq(e, seq, "prefill"));
+    engine_seq_select(e, seq);
+    return engine_prefill(e, tokens, n_tokens, progress, user);
+}
+
+strata_status strata_decode_batch(strata_engine *e, int32_t n, const int32_t *seqs, const int32_t *tokens) {
+    if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    return engine_decode_batch(e, n, seqs, tokens);
+}
+
+const float *strata_seq_logits(const strata_engine *e, int32_t seq) {
+    if (!e || seq < 0 || seq >= e->n_seq) return NULL;
+    if (seq == e->cur_seq) return e->has_logits ? e->logits : NULL; /* the current one's fields are the live ones */
+    return e->seqs[seq].has_logits ? e->seqs[seq].logits : NULL;
+}
+
+int32_t strata_seq_n_past(const strata_engine *e, int32_t seq) {
+    if (!e || seq < 0 || seq >= e->n_seq) return 0;
+    return seq == e->cur_seq ? e->n_past : e->seqs[seq].n_past;
+}
+
+strata_status strata_seq_kv_truncate(strata_engine *e, int32_t seq, int32_t n_keep) {
+    if (!e) return STRATA_ERR_INVALID_ARGUMENT;
+    STRATA_TRY(check_seq(e, seq, "kv_truncate"));
+    engine_seq_select(e, seq);
     if (n_keep < 0 || n_keep > e->n_past)
         return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT,
                        "kv_truncate: cannot keep %d tokens of a context holding %d", n_keep, e->n_past);
@@ -147,13 +217,6 @@ strata_status strata_kv_truncate(strata_engine *e, int32_t n_keep) {
     e->n_past = n_keep;
     e->stats.n_past = n_keep;
     return STRATA_OK;
-}
-
-void strata_kv_reset(strata_engine *e) {
-    if (!e) return;
-    e->n_past = 0;
-    e->has_logits = 0;
-    e->stats.n_past = 0;
 }
 
 strata_status strata_generate(strata_engine *e, const int32_t *prompt, int32_t n_prompt,
@@ -174,6 +237,7 @@ strata_status strata_generate(strata_engine *e, const int32_t *prompt, int32_t n
                        "generate: sampling settings out of range (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, "
                        "top_k >= 0)");
     strata_status s = STRATA_OK;
+    engine_seq_select(e, 0);
     if (n_prompt > 0) {
         s = engine_prefill(e, prompt, n_prompt, g.on_prompt, user);
     } else if (!e->has_logits) {
@@ -222,11 +286,15 @@ strata_status strata_cache_residency(const strata_engine *e, int32_t *slot_of, i
     if (!e || !slot_of) return STRATA_ERR_INVALID_ARGUMENT;
     int64_t n = (int64_t)e->hp.n_layer * e->hp.n_expert;
     if (cap < n) return STRATA_ERR_INVALID_ARGUMENT;
-    for (int32_t d = 0; d < e->n_dev; d++) { /* a split: each layer's slot in its own device's cache */
+    /* each layer's slot in the cache of the device holding it (a split); the caches count MoE layers only:
+     * dense leading layers have no experts to hold */
+    for (int64_t i = 0; i < n; i++) slot_of[i] = -1;
+    for (int32_t d = 0; d < e->n_dev; d++) {
         const expert_cache *c = &e->devs[d].cache;
-        const int64_t first = (int64_t)e->devs[d].layer_begin * e->hp.n_expert;
-        const int64_t k = (int64_t)(e->devs[d].layer_end - e->devs[d].layer_begin) * e->hp.n_expert;
-        for (int64_t i = 0; i < k; i++) slot_of[first + i] = c->slot_of ? c->slot_of[i] : -1;
+        if (!c->slot_of) continue;
+        const int64_t first = (int64_t)c->layer0 * e->hp.n_expert;
+        const int64_t k = (int64_t)c->n_layer * e->hp.n_expert;
+        for (int64_t i = 0; i < k; i++) slot_of[first + i] = c->slot_of[i];
     }
     return STRATA_OK;
 }

@@ -21,9 +21,7 @@ void arena_init_measure(arena *a) {
     a->cap = MEASURE_CAP;
 }
 
-int64_t arena_size_of(int64_t bytes) {
-    return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-}
+int64_t arena_size_of(int64_t bytes) { return (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN; }
 
 void *arena_alloc(arena *a, int64_t bytes, const char *what) {
     if (!a || bytes < 0) return NULL;

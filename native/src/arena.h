@@ -21,14 +21,14 @@
 #define ARENA_ALIGN 64
 
 typedef struct arena {
-    uint8_t *base;        /* first byte; NULL for a measuring arena */
-    int64_t cap;          /* bytes */
-    int64_t used;         /* bytes handed out, padding included */
-    int32_t n_allocs;     /* buffers handed out since the last reset */
-    int32_t failed;       /* 1 after the first failure since the last reset */
-    int64_t fail_want;    /* bytes the failing buffer wanted */
-    int64_t fail_free;    /* bytes free at the failure */
-    char fail_what[40];   /* name of the failing buffer */
+    uint8_t *base;      /* first byte; NULL for a measuring arena */
+    int64_t cap;        /* bytes */
+    int64_t used;       /* bytes handed out, padding included */
+    int32_t n_allocs;   /* buffers handed out since the last reset */
+    int32_t failed;     /* 1 after the first failure since the last reset */
+    int64_t fail_want;  /* bytes the failing buffer wanted */
+    int64_t fail_free;  /* bytes free at the failure */
+    char fail_what[40]; /* name of the failing buffer */
 } arena;
 
 /* An arena over [base, base + cap). base must be ARENA_ALIGN-aligned. */

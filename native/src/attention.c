@@ -1,13 +1,15 @@
 /*
- * attention.c — the attention block of qwen3moe for a chunk of T tokens (T = 1 when decoding).
+ * attention.c — the attention block for a chunk of T tokens (T = 1 when decoding), composed from the
+ * architecture's description (arch.h).
  *
  *   xn = rmsnorm(x) * attn_norm                     [T, D]
- *   q, k, v = xn Wq^T, xn Wk^T, xn Wv^T             [T, QD], [T, KD], [T, KD]
- *   per head: q = rmsnorm(q) * q_norm, k = rmsnorm(k) * k_norm, then RoPE (NeoX: pairs (i, i + hd/2))
+ *   q, k, v = xn Wq^T (+ bq), xn Wk^T (+ bk), xn Wv^T (+ bv)   [T, QD], [T, KD], [T, KD]
+ *   q/k norm: per head (q = rmsnorm(q_h) * q_norm, QK_NORM_HEAD), over the whole projection (QK_NORM_FULL)
+ *   or none; then RoPE on the first n_rot dims of each head (NeoX: pairs (i, i + n_rot/2); NORM: (2i, 2i+1))
  *   K, V appended to the cache at positions pos0 .. pos0 + T - 1
- *   per (token, head): softmax(q . K[0..pos] / sqrt(hd)) . V[0..pos]   (causal; GQA: head h reads KV
- *   head h / (n_head / n_head_kv))
- *   x += att Wo^T
+ *   per (token, head): softmax(q . K[0..pos] * attn_scale) . V[0..pos]   (causal; GQA: head h reads KV
+ *   head h / (n_head / n_head_kv); attn_scale is 1 / sqrt(hd) unless the file says)
+ *   x += (att Wo^T) * residual_scale  (granite; 1 elsewhere)
  *
  * Every query row reads its keys back from the cache, so a token sees the same (f16-rounded) keys
  * whether it was part of a chunk or decoded alone: this is what keeps logits identical across chunkings.
@@ -21,31 +23,72 @@
 
 /* ---- RoPE -------------------------------------------------------------------------------------- */
 
-/* The rotation frequencies theta^(-2i/hd), i < hd/2, in double (the same for every position). */
-static void rope_freqs(double *f, int32_t hd, float theta) {
-    for (int32_t i = 0; i < hd / 2; i++) f[i] = pow((double)theta, -2.0 * (double)i / (double)hd);
+/* The rotation frequencies of the n_rot / 2 pairs, in double (the same for every position), and the
+ * magnitude cos and sin are multiplied by (1 unless YaRN). Unscaled: theta^(-2i/n_rot); linear scaling
+ * divides them by the factor; YaRN blends the interpolated (divided) and the original frequency per pair
+ * by a ramp between the pairs that turn beta_fast and beta_slow times over the original context. */
+static float rope_freqs(double *f, const hparams *hp) {
+    const int32_t nr = hp->n_rot, half = nr / 2;
+    for (int32_t i = 0; i < half; i++) f[i] = pow((double)hp->rope_theta, -2.0 * (double)i / (double)nr);
+    if (hp->rope_scaling == ROPE_SCALING_LINEAR)
+        for (int32_t i = 0; i < half; i++) f[i] /= (double)hp->rope_factor;
+    if (hp->rope_scaling != ROPE_SCALING_YARN) return 1.0f;
+    const double base = hp->rope_theta, ctx = hp->rope_orig_ctx, two_pi = 6.283185307179586;
+    /* the pair index whose wavelength fits `rot` turns into the original context */
+    double lo = floor((double)nr * log(ctx / ((double)hp->yarn_beta_fast * two_pi)) / (2.0 * log(base)));
+    double hi = ceil((double)nr * log(ctx / ((double)hp->yarn_beta_slow * two_pi)) / (2.0 * log(base)));
+    if (lo < 0) lo = 0;
+    if (hi > nr - 1) hi = nr - 1;
+    if (lo == hi) hi += 0.001;
+    for (int32_t i = 0; i < half; i++) {
+        double ramp = ((double)i - lo) / (hi - lo);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        const double extra = 1.0 - ramp; /* 1: keep the original frequency (fast pairs) */
+        f[i] = f[i] / (double)hp->rope_factor * (1.0 - extra) + f[i] * extra;
+    }
+    return hp->yarn_attn_factor;
 }
 
-/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * f[i], computed in double
- * so that long positions keep their precision. */
-static void rope_angles(float *cs, int32_t hd, int32_t pos, const double *f) {
-    int32_t half = hd / 2;
+/* The rotation of one position: cs[i] = cos, cs[half + i] = sin of pos * f[i] (half = n_rot / 2), computed
+ * in double so that long positions keep their precision. */
+static void rope_angles(float *cs, int32_t nr, int32_t pos, const double *f, float mag) {
+    int32_t half = nr / 2;
     for (int32_t i = 0; i < half; i++) {
         double ang = (double)pos * f[i];
         cs[i] = (float)cos(ang);
         cs[half + i] = (float)sin(ang);
     }
+    if (mag != 1.0f)
+        for (int32_t i = 0; i < nr; i++) cs[i] *= mag;
 }
 
-/* NeoX layout: element i pairs with element i + hd/2 (not with its neighbour). */
-static void rope_neox(float *v, int32_t hd, const float *cs) {
-    int32_t half = hd / 2;
+/* NeoX layout: element i pairs with element i + n_rot/2 (not with its neighbour); dims past n_rot stay. */
+static void rope_neox(float *v, int32_t nr, const float *cs) {
+    int32_t half = nr / 2;
     for (int32_t i = 0; i < half; i++) {
         float c = cs[i], s = cs[half + i];
         float x0 = v[i], x1 = v[i + half];
         v[i] = x0 * c - x1 * s;
         v[i + half] = x0 * s + x1 * c;
     }
+}
+
+/* Adjacent layout (ROPE_NORM): element 2i pairs with 2i + 1. */
+static void rope_norm(float *v, int32_t nr, const float *cs) {
+    int32_t half = nr / 2;
+    for (int32_t i = 0; i < half; i++) {
+        float c = cs[i], s = cs[half + i];
+        float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * c - x1 * s;
+        v[2 * i + 1] = x0 * s + x1 * c;
+    }
+}
+
+static void rope_apply(float *v, int32_t nr, const float *cs, rope_kind kind) {
+    if (kind == ROPE_NORM)
+        rope_norm(v, nr, cs);
+    else
+        rope_neox(v, nr, cs);
 }
 
 /* ---- attention over the cache ------------------------------------------------------------------ */
@@ -63,14 +106,16 @@ static void att_item(void *ctx, int64_t item, int thread) {
     const int32_t hd = hp->head_dim, H = hp->n_head;
     int32_t t = (int32_t)(item / H), h = (int32_t)(item % H);
     int32_t kvh = h / (H / hp->n_head_kv);
-    int32_t pos = j->pos0 + t;
+    /* a decode step of several sequences: each row at its own position in its own cache */
+    const kv_cache *kv = e->batch_seq ? &e->seqs[e->batch_seq[t]].kv : &e->kv;
+    int32_t pos = e->batch_seq ? e->seqs[e->batch_seq[t]].n_past : j->pos0 + t;
     const float *q = e->md->cb.q + (int64_t)t * H * hd + (int64_t)h * hd;
     float *out = e->md->cb.att + (int64_t)t * H * hd + (int64_t)h * hd;
     float *sc = e->md->cb.scores + (int64_t)thread * e->n_ctx; /* [pos + 1] */
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->attn_scale;
     float mx = -INFINITY;
     for (int32_t p = 0; p <= pos; p++) {
-        sc[p] = kv_dot_k(&e->kv, j->layer, p, kvh, q) * scale;
+        sc[p] = kv_dot_k(kv, j->layer, p, kvh, q) * scale;
         if (sc[p] > mx) mx = sc[p];
     }
     float sum = 0.0f;
@@ -80,15 +125,36 @@ static void att_item(void *ctx, int64_t item, int thread) {
     }
     memset(out, 0, sizeof(float) * (size_t)hd);
     float inv = 1.0f / sum;
-    for (int32_t p = 0; p <= pos; p++) kv_acc_v(&e->kv, j->layer, p, kvh, sc[p] * inv, out);
+    for (int32_t p = 0; p <= pos; p++) kv_acc_v(kv, j->layer, p, kvh, sc[p] * inv, out);
 }
 
-/* The tiled kernel (cpu/attn_avx512.c): an item is one KV head and a block of tokens, the blocks
+/* Which tiled kernel an engine runs (att_use_tiled; 0: none, the per-query path above). */
+enum { ATT_TILED_AVX2 = 1, ATT_TILED_AVX512 = 2 };
+
+/* The tiled kernel (cpu/attn_avx512.c, cpu/attn_avx2.c): an item is one KV head and a block of tokens, the blocks
  * handed out last token first so that the longest (causal) items start early. */
 typedef struct att_tiled_ctx {
     attn_tile_job job;
+    int level; /* att_use_tiled */
     int32_t T, n_head_kv, tokens_per_item, n_blocks;
 } att_tiled_ctx;
+
+/* A decode step of several sequences: item = row * H_kv + KV head, each row the one-token call of its own
+ * sequence (its query and output rows, its cache, its position), as a decode step alone makes it. */
+typedef struct att_tiled_batch {
+    const attn_tile_job *jobs; /* [T] */
+    int32_t n_head_kv;
+    int level; /* att_use_tiled */
+} att_tiled_batch;
+
+static void att_tiled_batch_item(void *ctx, int64_t item, int thread) {
+    (void)thread;
+    const att_tiled_batch *c = ctx;
+    const attn_tile_job *job = &c->jobs[item / c->n_head_kv];
+    const int32_t kvh = (int32_t)(item % c->n_head_kv);
+    if (c->level == ATT_TILED_AVX512) attn_f16_tiled_avx512(job, kvh, 0, 1);
+    else attn_f16_tiled_avx2(job, kvh, 0, 1);
+}
 
 static void att_tiled_item(void *ctx, int64_t item, int thread) {
     (void)thread;
@@ -97,14 +163,18 @@ static void att_tiled_item(void *ctx, int64_t item, int thread) {
     const int32_t blk = c->n_blocks - 1 - (int32_t)(item / c->n_head_kv);
     const int32_t t0 = blk * c->tokens_per_item;
     const int32_t t1 = t0 + c->tokens_per_item < c->T ? t0 + c->tokens_per_item : c->T;
-    attn_f16_tiled_avx512(&c->job, kvh, t0, t1);
+    if (c->level == ATT_TILED_AVX512) attn_f16_tiled_avx512(&c->job, kvh, t0, t1);
+    else attn_f16_tiled_avx2(&c->job, kvh, t0, t1);
 }
 
-/* 1 when this engine runs the tiled kernel: AVX-512 level, f16 cache, a head dim it handles. The
- * choice depends on the engine's configuration alone, so decode and prefill always agree. */
+/* Which tiled kernel this engine runs (0: none, the per-query path): the AVX-512 or AVX2 level, f16
+ * cache, a head dim it handles. The choice depends on the engine's configuration alone, so decode and
+ * prefill always agree. */
 static int att_use_tiled(const strata_engine *e) {
-    return e->kv.type == STRATA_KV_F16 && attn_f16_tiled_supported(e->hp.head_dim) &&
-           quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512);
+    if (e->kv.type != STRATA_KV_F16 || !attn_f16_tiled_supported(e->hp.head_dim)) return 0;
+    if (quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512)) return ATT_TILED_AVX512;
+    if (quant_simd_supported(STRATA_SIMD_AVX2) && e->qt == quant_table(STRATA_SIMD_AVX2)) return ATT_TILED_AVX2;
+    return 0;
 }
 
 /* ---- per-token steps, split over the pool by blocks of tokens ----------------------------------- */
@@ -118,7 +188,7 @@ typedef struct tok_job {
     strata_engine *e;
     int32_t l, T, pos0, step;
     int32_t wtype; /* the weight type the activations are quantized for */
-    int tiled;     /* att_use_tiled: the cache rows are stored by the AVX-512 converter */
+    int tiled;     /* att_use_tiled: the cache rows are stored by that level's converter */
 } tok_job;
 
 static void tok_item(void *ctx, int64_t item, int thread) {
@@ -138,29 +208,50 @@ static void tok_item(void *ctx, int64_t item, int thread) {
                     cb->act_stride);
         break;
     case TOK_ROPE_STORE: {
-        /* per-head norms and RoPE, then append to the cache */
-        float cs[ROPE_MAX_HD];         /* [hd] this token's rotation */
-        double freq[ROPE_MAX_HD / 2];  /* [hd / 2] */
-        rope_freqs(freq, hd, hp->rope_theta);
+        /* biases, q/k norms and RoPE, then append to the cache */
+        float cs[ROPE_MAX_HD];         /* [n_rot] this token's rotation */
+        double freq[ROPE_MAX_HD / 2];  /* [n_rot / 2] */
+        const float mag = rope_freqs(freq, hp);
+        const int32_t nr = hp->n_rot;
+        const qk_norm_kind qn = hp->qk_norm;
+        const rope_kind rk = hp->ad->rope;
         for (int32_t t = t0; t < t1; t++) {
-            int32_t pos = j->pos0 + t;
-            rope_angles(cs, hd, pos, freq);
+            kv_cache *kv = e->batch_seq ? &e->seqs[e->batch_seq[t]].kv : &e->kv;
+            int32_t pos = e->batch_seq ? e->seqs[e->batch_seq[t]].n_past : j->pos0 + t;
+            rope_angles(cs, nr, pos, freq, mag);
+            float *qt = cb->q + t * QD, *kt = cb->k + t * KD, *vt = cb->v + t * KD;
+            if (L->bq)
+                for (int64_t i = 0; i < QD; i++) qt[i] += L->bq[i];
+            if (L->bk)
+                for (int64_t i = 0; i < KD; i++) kt[i] += L->bk[i];
+            if (L->bv)
+                for (int64_t i = 0; i < KD; i++) vt[i] += L->bv[i];
+            if (qn == QK_NORM_FULL) {
+                rmsnorm_rows(qt, qt, L->q_norm, 1, (int32_t)QD, hp->rms_eps);
+                rmsnorm_rows(kt, kt, L->k_norm, 1, (int32_t)KD, hp->rms_eps);
+            }
             for (int32_t h = 0; h < H; h++) {
-                float *qh = cb->q + t * QD + (int64_t)h * hd;
-                rmsnorm_rows(qh, qh, L->q_norm, 1, hd, hp->rms_eps);
-                rope_neox(qh, hd, cs);
+                float *qh = qt + (int64_t)h * hd;
+                if (qn == QK_NORM_HEAD) rmsnorm_rows(qh, qh, L->q_norm, 1, hd, hp->rms_eps);
+                rope_apply(qh, nr, cs, rk);
             }
             for (int32_t h = 0; h < HKV; h++) {
-                float *kh = cb->k + t * KD + (int64_t)h * hd;
-                rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
-                rope_neox(kh, hd, cs);
+                float *kh = kt + (int64_t)h * hd;
+                if (qn == QK_NORM_HEAD) rmsnorm_rows(kh, kh, L->k_norm, 1, hd, hp->rms_eps);
+                rope_apply(kh, nr, cs, rk);
             }
-            if (j->tiled) { /* the same row layout as kv_store, converted 16 values at a time */
-                const size_t off = ((size_t)j->l * (size_t)e->kv.n_ctx + (size_t)pos) * e->kv.row_bytes;
-                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.k + off), cb->k + t * KD, (int32_t)KD);
-                attn_store_f16_avx512((uint16_t *)(void *)(e->kv.v + off), cb->v + t * KD, (int32_t)KD);
+            if (j->tiled) { /* the same row layout as kv_store, converted 16 (AVX2: 8) values at a time */
+                const size_t off = ((size_t)j->l * (size_t)kv->n_ctx + (size_t)pos) * kv->row_bytes;
+                uint16_t *kd = (uint16_t *)(void *)(kv->k + off), *vd = (uint16_t *)(void *)(kv->v + off);
+                if (j->tiled == ATT_TILED_AVX512) {
+                    attn_store_f16_avx512(kd, cb->k + t * KD, (int32_t)KD);
+                    attn_store_f16_avx512(vd, cb->v + t * KD, (int32_t)KD);
+                } else {
+                    attn_store_f16_avx2(kd, cb->k + t * KD, (int32_t)KD);
+                    attn_store_f16_avx2(vd, cb->v + t * KD, (int32_t)KD);
+                }
             } else {
-                kv_store(&e->kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
+                kv_store(kv, j->l, pos, cb->k + t * KD, cb->v + t * KD);
             }
         }
         break;
@@ -170,7 +261,10 @@ static void tok_item(void *ctx, int64_t item, int thread) {
                     cb->act_stride);
         break;
     case TOK_RESIDUAL:
-        for (int64_t i = (int64_t)t0 * D; i < (int64_t)t1 * D; i++) cb->x[i] += cb->o[i];
+        if (hp->residual_scale != 1.0f)
+            for (int64_t i = (int64_t)t0 * D; i < (int64_t)t1 * D; i++) cb->x[i] += cb->o[i] * hp->residual_scale;
+        else
+            for (int64_t i = (int64_t)t0 * D; i < (int64_t)t1 * D; i++) cb->x[i] += cb->o[i];
         break;
     }
 }
@@ -189,7 +283,7 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
     chunk_buffers *cb = &e->md->cb;
     const int32_t D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
     const int64_t QD = (int64_t)H * hd, KD = (int64_t)HKV * hd;
-    STRATA_ASSERT(&e->err, T <= cb->cap && pos0 + T <= e->n_ctx);
+    STRATA_ASSERT(&e->err, T <= cb->cap && (e->batch_seq || pos0 + T <= e->n_ctx));
 
     STRATA_ASSERT(&e->err, hd <= ROPE_MAX_HD);
 
@@ -210,12 +304,25 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
 
     tok_run(e, l, T, pos0, TOK_ROPE_STORE, 0);
 
-    if (att_use_tiled(e)) {
+    const int tiled = att_use_tiled(e);
+    if (tiled && e->batch_seq) {
+        attn_tile_job jobs[STRATA_MAX_SEQ];
+        STRATA_ASSERT(&e->err, T <= STRATA_MAX_SEQ);
+        for (int32_t t = 0; t < T; t++) {
+            const seq_state *sq = &e->seqs[e->batch_seq[t]];
+            const size_t lo = (size_t)l * (size_t)sq->kv.n_ctx * sq->kv.row_bytes;
+            jobs[t] = (attn_tile_job){cb->q + t * QD, cb->att + t * QD, sq->kv.k + lo, sq->kv.v + lo, sq->kv.row_bytes,
+                                      hd, H, H / HKV, sq->n_past, hp->attn_scale};
+        }
+        att_tiled_batch c = {jobs, HKV, tiled};
+        pool_run(e->pool, (int64_t)T * HKV, att_tiled_batch_item, &c);
+    } else if (tiled) {
         const int32_t G = H / HKV;
         att_tiled_ctx c;
+        c.level = tiled;
         c.job = (attn_tile_job){cb->q, cb->att, e->kv.k + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes,
                                 e->kv.v + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes, e->kv.row_bytes, hd, H,
-                                G, pos0, 1.0f / sqrtf((float)hd)};
+                                G, pos0, hp->attn_scale};
         c.T = T;
         c.n_head_kv = HKV;
         c.tokens_per_item = ATTN_ITEM_QUERIES / G > 1 ? ATTN_ITEM_QUERIES / G : 1;

@@ -32,6 +32,7 @@ strata_status cache_init(expert_cache *c, uint8_t *slab, int32_t n_slots, int64_
     c->n_usable = n_slots;
     c->n_layer = n_layer;
     c->layer0 = 0;
+    c->moe_first = 0;
     c->n_layer_model = n_layer;
     c->n_expert = n_expert;
     c->slot_bytes = slot_bytes;
@@ -58,8 +59,9 @@ void cache_free(expert_cache *c) {
     memset(c, 0, sizeof *c);
 }
 
-void cache_set_layers(expert_cache *c, int32_t layer0, int32_t n_layer_model) {
+void cache_set_layers(expert_cache *c, int32_t layer0, int32_t moe_first, int32_t n_layer_model) {
     c->layer0 = layer0;
+    c->moe_first = moe_first;
     c->n_layer_model = n_layer_model;
 }
 
@@ -129,11 +131,11 @@ strata_status cache_profile_load(expert_cache *c, const char *path, errbuf *err)
                          "--expert-profile %s line %d: expected 'layer expert [score]', got '%.60s'", path, lineno, s);
             break;
         }
-        if (layer < 0 || layer >= c->n_layer_model || expert < 0 || expert >= c->n_expert) {
+        if (layer < c->moe_first || layer >= c->n_layer_model || expert < 0 || expert >= c->n_expert) {
             st = err_set(err, STRATA_ERR_FORMAT,
                          "--expert-profile %s line %d: layer %ld expert %ld is out of range (the model has %d layers "
-                         "of %d experts); was the profile saved for another model?",
-                         path, lineno, layer, expert, c->n_layer_model, c->n_expert);
+                         "of %d experts from layer %d); was the profile saved for another model?",
+                         path, lineno, layer, expert, c->n_layer_model - c->moe_first, c->n_expert, c->moe_first);
             break;
         }
         if (layer < c->layer0 || layer >= c->layer0 + c->n_layer) continue; /* another device's layer */
@@ -200,7 +202,7 @@ strata_status cache_profile_save_all(const expert_cache *const *cs, int32_t n_ca
     }
     const int32_t E = cs[0]->n_expert;
     fprintf(f, "# strata expert profile: layer expert score, best first (%d layers x %d experts)\n",
-            cs[0]->n_layer_model, E);
+            cs[0]->n_layer_model - cs[0]->moe_first, E);
     for (int32_t i = 0; i < n_ids; i++) fprintf(f, "%d %d %.6g\n", r[i].id / E, r[i].id % E, (double)r[i].score);
     free(r);
     if (fclose(f) != 0) return err_set(err, STRATA_ERR_IO, "cannot write the profile to %s: %s", path, strerror(errno));

@@ -33,9 +33,11 @@ typedef int64_t (*cache_copy_fn)(void *ctx, int32_t layer, int32_t expert, uint8
 
 typedef struct expert_cache {
     int32_t n_slots;          /* slots in the slab */
-    int32_t n_layer;          /* layers it serves: the model's [layer0, layer0 + n_layer) */
-    int32_t layer0;           /* the first (0 but on the later devices of a layer split) */
-    int32_t n_layer_model;    /* layers of the model (profiles name layers in the model's numbering) */
+    int32_t n_layer;          /* layers it serves, all with experts: the model's [layer0, layer0 + n_layer) */
+    int32_t layer0;           /* the model layer of the cache's layer 0: the first with experts (dense leading
+                               * layers have none), or a later device's first layer on a layer split */
+    int32_t moe_first;        /* the model's first layer with experts (profiles name model layers) */
+    int32_t n_layer_model;    /* layers of the model */
     int32_t n_expert;         /* E */
     int64_t slot_bytes;
     uint8_t *slab;            /* [n_slots, slot_bytes], not owned (device arena) */
@@ -68,8 +70,9 @@ typedef struct cache_config {
 strata_status cache_init(expert_cache *c, uint8_t *slab, int32_t n_slots, int64_t slot_bytes, int32_t n_layer,
                          int32_t n_expert, const cache_config *cfg, cache_copy_fn copy, void *copy_ctx, errbuf *err);
 void cache_free(expert_cache *c);
-/* The cache serves the model's layers [layer0, layer0 + c->n_layer) of n_layer_model (cache_init: all). */
-void cache_set_layers(expert_cache *c, int32_t layer0, int32_t n_layer_model);
+/* The cache serves the model's layers [layer0, layer0 + c->n_layer) of n_layer_model, whose layers with
+ * experts start at moe_first (cache_init: all, from 0). */
+void cache_set_layers(expert_cache *c, int32_t layer0, int32_t moe_first, int32_t n_layer_model);
 
 /* Fill empty slots, in order, with the ranked ids (layer * E + expert); ids already resident are
  * skipped. Returns the number of experts placed. */

@@ -23,7 +23,10 @@ static inline float strata_f16_to_f32(uint16_t h) {
             bits = sign;
         } else { /* subnormal: renormalize */
             int e = -1;
-            do { man <<= 1; e++; } while ((man & 0x400u) == 0);
+            do {
+                man <<= 1;
+                e++;
+            } while ((man & 0x400u) == 0);
             man &= 0x3ffu;
             bits = sign | ((uint32_t)(127 - 15 - e) << 23) | (man << 13);
         }
@@ -49,7 +52,7 @@ static inline uint16_t strata_f32_to_f16(float f) {
     if (absx >= 0x477ff000u) { /* overflow to inf (>= 65520) */
         return (uint16_t)(sign | 0x7c00u);
     }
-    if (absx < 0x38800000u) { /* subnormal or zero in half */
+    if (absx < 0x38800000u) {                          /* subnormal or zero in half */
         if (absx < 0x33000000u) return (uint16_t)sign; /* < 2^-25 rounds to 0 */
         uint32_t e = absx >> 23;
         uint32_t m = (absx & 0x7fffffu) | 0x800000u;

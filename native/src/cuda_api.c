@@ -9,10 +9,7 @@
 #include "strata.h"
 #include "strata_kernels.h"
 
-static int shape_ok(int32_t type, int64_t rows, int64_t cols) {
-    const int blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
-    return rows > 0 && cols > 0 && cols % blk == 0 && gq_row_bytes(type, cols) > 0;
-}
+static int shape_ok(int32_t type, int64_t rows, int64_t cols) { return rows > 0 && gq_shape_ok(type, cols); }
 
 /* Upload W and X, run, download Y. */
 strata_status strata_cuda_matvec(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, int64_t n,
@@ -108,10 +105,7 @@ done:
 }
 
 /* the weight types of the tensor-core prompt product (checked here too: the stub build has no kernels) */
-static int mmq_type(int32_t type) {
-    return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0 || type == STRATA_TYPE_Q4_K ||
-           type == STRATA_TYPE_Q6_K;
-}
+static int mmq_type(int32_t type) { return gq_mmq_form(type) >= 0; }
 
 strata_status strata_cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                                      float *y) {

@@ -106,7 +106,7 @@ void cuda_graph_free(void *exec);
 
 /* ---- kernels (all on the compute stream) ---------------------------------------------------- */
 
-/* Types the device kernels run: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q6_K. */
+/* Types the device kernels run: those of GQ_DEVICE_TYPES (group_dequant.h), every weight type the CPU runs. */
 int32_t cuda_type_supported(int32_t type);
 
 /* The activations a weight type is multiplied with: Q8_0 (8-bit blocks of 32, the host engine's
@@ -178,7 +178,8 @@ strata_status cuda_qk_norm_rope_store(cuda_ctx *ctx, float *q, float *k, const f
                                       float theta, float eps, const int32_t *pos_dev, int32_t kv_type, void *k_cache,
                                       void *v_cache);
 /* ---- prompt products on the tensor cores (mmq.cu) ------------------------------------------------
- * For Q8_0, Q4_0, Q4_K and Q6_K weights against activations quantized to 8-bit blocks of 32 (cuda_quantize_act
+ * For quantized weights (Q8_0, Q4_0, Q4_K, Q6_K in mmq.cu, the others in mmq_types.cu) against activations
+ * quantized to 8-bit blocks of 32 (cuda_quantize_act
  * with type Q8_0, whatever the weights' type). Every output is acc = 0; for each block g in order:
  * acc = acc + (dw * dx) * (exact integer dot of the block) (Q4_K: minus (dmin * m * dx) * (sum of the
  * block's activations); Q6_K: two halves of 16 with their own scales), so a token's result does
@@ -190,7 +191,7 @@ strata_status cuda_qk_norm_rope_store(cuda_ctx *ctx, float *q, float *k, const f
 /* Tokens per segment of cuda_mmq_segments (at most). */
 #define CUDA_MMQ_TOKENS 64
 
-/* 1 for the weight types the grouped product runs (Q8_0, Q4_0, Q4_K, Q6_K). */
+/* 1 for the weight types the grouped product runs (every quantized type: gq_mmq_form >= 0). */
 int32_t cuda_mmq_supported(int32_t type);
 /* y[t, r] (+)= W[r, :] . xq[t, :] for t < T (dense weights, e.g. attention). */
 strata_status cuda_mmq(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols, const void *xq,
@@ -257,8 +258,8 @@ strata_status cuda_moe_combine(cuda_ctx *ctx, const float *e, const float *weigh
 strata_status cuda_add(cuda_ctx *ctx, float *y, const float *x, int64_t n);
 
 /* Causal attention of a prompt chunk on the tensor cores (flash_attn.cu): the same contract as
- * cuda_attention (T queries at positions pos0.. over the cache, out [T, H*hd]), for an f16 cache and head
- * dims 32, 64, 128 (cuda_flash_attention_supported). A query's result depends only on its position and
+ * cuda_attention (T queries at positions pos0.. over the cache, out [T, H*hd]), for an f16 or int8 cache
+ * and head dims 32, 64, 128 (cuda_flash_attention_supported; int8: the values rounded to f16 once). A query's result depends only on its position and
  * the cache, never on T or pos0; it is not cuda_attention's float expression, so the engine uses it for
  * every prompt chunk and cuda_attention for decode. */
 int32_t cuda_flash_attention_supported(int32_t kv_type, int32_t H, int32_t Hkv, int32_t hd);
@@ -285,7 +286,7 @@ struct pool;
 void cuda_mirror_experts(struct pool *p, int32_t simd, int32_t n, const void *const *gate, int32_t gate_type,
                          const void *const *up, int32_t up_type, const void *const *down, int32_t down_type, int64_t D,
                          int64_t F, const float *x, float *const *out, float *scratch);
-/* Bit-exact host copy of cuda_mmq for one token (Q8_0 / Q4_0 / Q4_K / Q6_K weights): y[r] = W[r, :] . x. */
+/* Bit-exact host copy of cuda_mmq for one token (any quantized weight type): y[r] = W[r, :] . x. */
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y);
 /* The host engine's Q8_0 activation quantization into the device layout (cols int8, cols/32 floats). */
 void cuda_mirror_quantize_q8(const float *x, int64_t cols, uint8_t *q);

@@ -96,8 +96,11 @@ static int arrange(mirror_x *px, int32_t simd) {
         return 1;
     }
     const int kq = px->type == STRATA_TYPE_Q4_K || px->type == STRATA_TYPE_Q6_K;
-    if (!kq && px->type != STRATA_TYPE_F32 && px->type != STRATA_TYPE_F16 && px->type != STRATA_TYPE_BF16) return 0;
-    /* F32 / F16 / BF16: vector element e is lane e. K-quants: element e (0..31) is byte e % 16 of the
+    const int fl = px->type == STRATA_TYPE_F32 || px->type == STRATA_TYPE_F16 || px->type == STRATA_TYPE_BF16;
+    /* the types of GQ_NEW_TYPES: dequantized a step at a time (gq_dequant8) into the float kernel's buffer */
+    px->deq = !kq && !fl && gq_block_values(px->type) > 0;
+    if (!kq && !fl && !px->deq) return 0;
+    /* F32 / F16 / BF16 and deq: vector element e is lane e. K-quants: element e (0..31) is byte e % 16 of the
      * per-value vector, its low nibble for e < 16 */
     for (int e = 0; e < 32 && !kq; e++) px->lane_of[e] = e;
     for (int e = 0; e < 32 && kq; e++) {
@@ -225,8 +228,54 @@ void cuda_mirror_matvec(int32_t type, const void *w, int64_t rows, int64_t cols,
  * acc = acc + (dw * dx) * isum over the blocks in order (Q4_K: acc + ((d * sc * dx) * isum -
  * (dmin * m * dx) * sum of the block's activations); Q6_K: acc + ((d * sc_lo * dx) * isum_lo +
  * (d * sc_hi * dx) * isum_hi), the halves of 16 values having their own scales). */
+/* The 8-bit form of a type of GQ_NEW_TYPES (group_dequant_types.h): its values 4 at a time and its scales. */
+typedef uint32_t (*mq_w4_fn)(const uint8_t *b, int j, int v0);
+typedef void (*mq_ws_fn)(const uint8_t *b, int j, float *s, float *m);
+typedef struct {
+    int32_t type, per_block, block_bytes, form;
+    mq_w4_fn w4;
+    mq_ws_fn ws;
+} mq_form;
+static const mq_form k_mq_forms[] = {
+#define MQ_ENTRY(T, V, B, N, MQ) {T, V, B, MQ, gq_w4_##N, gq_ws_##N},
+    GQ_NEW_TYPES(MQ_ENTRY)
+#undef MQ_ENTRY
+};
+
+/* cuda/mmq_types.cu's expression for group g of a row of a type of GQ_NEW_TYPES, added to acc: with the
+ * exact integer dots isum (all 32 values), ilo / ihi (values 0..15 / 16..31) and the activations' sums
+ * xsum, xlo, xhi,
+ *   form 0:                 acc + (s0 dx) isum
+ *   GQ_MQ_MIN:              acc + ((s0 dx) isum + (m0 dx) xsum)
+ *   GQ_MQ_SPLIT:            acc + ((s0 dx) ilo + (s1 dx) ihi)
+ *   GQ_MQ_SPLIT | GQ_MQ_MIN: acc + (((s0 dx) ilo + (s1 dx) ihi) + ((m0 dx) xlo + (m1 dx) xhi)) */
+static float mirror_mmq_group(const mq_form *f, const uint8_t *row, int64_t g, const int8_t *xg, float dx, float acc) {
+    const int per = f->per_block / 32;
+    const uint8_t *b = row + (g / per) * f->block_bytes;
+    const int j = (int)(g % per);
+    int32_t ih[2] = {0, 0}, xh[2] = {0, 0};
+    for (int v0 = 0; v0 < 32; v0 += 4) {
+        const uint32_t q = f->w4(b, j, v0);
+        for (int k = 0; k < 4; k++) {
+            ih[v0 >> 4] += (int32_t)(int8_t)(uint8_t)(q >> (8 * k)) * xg[v0 + k];
+            xh[v0 >> 4] += xg[v0 + k];
+        }
+    }
+    float s[2], m[2];
+    f->ws(b, j, s, m);
+    if (f->form == (GQ_MQ_SPLIT | GQ_MQ_MIN))
+        return acc + (((s[0] * dx) * (float)ih[0] + (s[1] * dx) * (float)ih[1]) +
+                      ((m[0] * dx) * (float)xh[0] + (m[1] * dx) * (float)xh[1]));
+    if (f->form == GQ_MQ_SPLIT) return acc + ((s[0] * dx) * (float)ih[0] + (s[1] * dx) * (float)ih[1]);
+    if (f->form == GQ_MQ_MIN) return acc + ((s[0] * dx) * (float)(ih[0] + ih[1]) + (m[0] * dx) * (float)(xh[0] + xh[1]));
+    return acc + (s[0] * dx) * (float)(ih[0] + ih[1]);
+}
+
 void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, const float *x, float *y) {
     const int64_t rb = gq_row_bytes(type, cols), G = cols / 32;
+    const mq_form *form = NULL;
+    for (size_t i = 0; i < sizeof k_mq_forms / sizeof k_mq_forms[0]; i++)
+        if (k_mq_forms[i].type == type) form = &k_mq_forms[i];
     uint8_t *xq = (uint8_t *)malloc((size_t)(cols + cols / 8));
     if (!xq) return;
     cuda_mirror_quantize_q8(x, cols, xq);
@@ -236,6 +285,10 @@ void cuda_mirror_mmq(int32_t type, const void *w, int64_t rows, int64_t cols, co
         float acc = 0.0f;
         for (int64_t g = 0; g < G; g++) {
             const int8_t *xg = (const int8_t *)xq + g * 32;
+            if (form) {
+                acc = mirror_mmq_group(form, row, g, xg, dx[g], acc);
+                continue;
+            }
             if (type == STRATA_TYPE_Q4_K) { /* sub-block j of a super-block: (d * sc) * q - dmin * m */
                 const uint8_t *b = row + (g >> 3) * 144;
                 const int j = (int)(g & 7), sh = 4 * (j & 1);
@@ -368,10 +421,7 @@ void cuda_mirror_experts(pool *p, int32_t simd, int32_t n, const void *const *ga
 
 /* ---- public entry point (tests, benchmarks) -------------------------------------------------------- */
 
-static int mirror_shape_ok(int32_t type, int64_t cols) {
-    const int blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
-    return cols > 0 && cols % blk == 0 && gq_row_bytes(type, cols) > 0;
-}
+static int mirror_shape_ok(int32_t type, int64_t cols) { return gq_shape_ok(type, cols); }
 
 static double mirror_now_us(void) {
     struct timespec ts;

@@ -23,6 +23,7 @@ typedef struct mirror_x {
     int32_t type;    /* weight type it was prepared for */
     int32_t simd;    /* level whose kernels read it (SCALAR when that level has no kernel for type) */
     int32_t int8;    /* 1: 8-bit activations (Q8_0, Q4_0 weights); 0: float activations */
+    int32_t deq;     /* 1: a block type whose level kernel dequantizes each step with gq_dequant8 */
     int64_t cols;
     const float *x;  /* [cols] the activations (float types, scalar kernel) */
     int8_t *q;       /* [cols] the device's 8-bit activations, value order (int8 types) */
@@ -47,7 +48,7 @@ void mirror_rows(const mirror_x *px, const void *w, int64_t rows, float *y);
 void mirror_rows_scalar(const mirror_x *px, const void *w, int64_t rows, float *y);
 
 /* Level kernels (cpu/mirror_avx2.c, cpu/mirror_avx512.c): rows of a vector prepared for that level
- * (mirror_prepare falls back to SCALAR for the types a level has no kernel for: F32, F16, BF16). */
+ * (mirror_prepare falls back to SCALAR for the types a level has no kernel for). */
 void mirror_rows_avx2(const mirror_x *px, const void *w, int64_t rows, float *y);
 void mirror_rows_avx512(const mirror_x *px, const void *w, int64_t rows, float *y);
 /* The scalar steps' bits, vectorized: the device's 8-bit quantization of x (q[cols], scales[cols / 32])

@@ -37,6 +37,85 @@ strata_status engine_decode(strata_engine *e, int32_t token) {
     return s;
 }
 
+/* ---- several sequences -------------------------------------------------------------------------- */
+
+void engine_seq_save(strata_engine *e) {
+    seq_state *c = &e->seqs[e->cur_seq];
+    c->kv = e->kv;
+    c->n_past = e->n_past;
+    c->has_logits = e->has_logits;
+    c->logits = e->logits;
+}
+
+void engine_seq_load(strata_engine *e) {
+    const seq_state *c = &e->seqs[e->cur_seq];
+    e->kv = c->kv;
+    e->n_past = c->n_past;
+    e->has_logits = c->has_logits;
+    e->logits = c->logits;
+    e->stats.n_past = e->n_past;
+}
+
+void engine_seq_select(strata_engine *e, int32_t s) {
+    if (s == e->cur_seq) return;
+    engine_seq_save(e);
+    e->cur_seq = s;
+    engine_seq_load(e);
+}
+
+strata_status engine_decode_batch(strata_engine *e, int32_t n, const int32_t *seqs, const int32_t *tokens) {
+    if (n < 1 || n > e->n_seq || !seqs || !tokens)
+        return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "decode_batch: %d tokens for an engine of %d sequences", n,
+                       e->n_seq);
+    engine_seq_save(e);
+    uint64_t seen = 0; /* n_seq <= 64 */
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t q = seqs[i];
+        if (q < 0 || q >= e->n_seq)
+            return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "decode_batch: sequence %d is not in 0..%d", q,
+                           e->n_seq - 1);
+        if (seen >> q & 1)
+            return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "decode_batch: sequence %d appears twice", q);
+        seen |= (uint64_t)1 << q;
+        if (tokens[i] < 0 || tokens[i] >= e->hp.n_vocab)
+            return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT, "decode_batch: token %d is not in the vocabulary (0..%d)",
+                           tokens[i], e->hp.n_vocab - 1);
+        if (e->seqs[q].n_past < 1)
+            return err_set(&e->err, STRATA_ERR_STATE, "decode_batch: sequence %d has no prompt yet", q);
+        if (e->seqs[q].n_past + 1 > e->n_ctx)
+            return err_set(&e->err, STRATA_ERR_CONTEXT,
+                           "sequence %d: the context is full (%d tokens); raise --max-context or start a new "
+                           "conversation",
+                           q, e->n_ctx);
+    }
+    if (!e->be->forward_batch) { /* a backend of one sequence: n_seq is 1 (mem_open refuses more) */
+        STRATA_ASSERT(&e->err, n == 1 && e->n_seq == 1);
+        return engine_decode(e, tokens[0]);
+    }
+    double t0 = engine_now_ms();
+    e->batch_seq = seqs;
+    strata_status s = e->be->forward_batch(e, tokens, n);
+    e->batch_seq = NULL;
+    for (int32_t i = 0; i < n; i++) {
+        seq_state *q = &e->seqs[seqs[i]];
+        q->has_logits = s == STRATA_OK;
+        if (s == STRATA_OK) q->n_past++;
+    }
+    if (s == STRATA_OK) {
+        e->stats.decode_tokens += (uint64_t)n;
+        /* one device: mem_open refuses a layer split with several sequences */
+        expert_cache *c = &e->devs[0].cache;
+        e->md = &e->devs[0];
+        const uint64_t swaps = c->swaps;
+        for (int32_t i = 0; i < n; i++) cache_token_done(c);
+        if (c->swaps != swaps) s = e->be->cache_changed(e); /* the adaptation's copies */
+    }
+    engine_seq_load(e);
+    e->stats.decode_ms += engine_now_ms() - t0;
+    mem_sync_stats(e);
+    return s;
+}
+
 /* The engine's defaults (strata.h documents each). */
 strata_params strata_default_params(void) {
     strata_params p;
@@ -65,6 +144,7 @@ strata_params strata_default_params(void) {
     p.trace_user = NULL;
     p.split = STRATA_SPLIT_NONE;
     p.n_devices = 0;
+    p.n_seq = 0;
     return p;
 }
 
@@ -117,6 +197,9 @@ static strata_status check_params(const strata_params *p, errbuf *err) {
                        p->n_threads);
     if (p->max_context < 0)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--max-context %d is negative", p->max_context);
+    if (p->n_seq < 0 || p->n_seq > STRATA_MAX_SEQ)
+        return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--parallel %d is out of range (1 to %d sequences)", p->n_seq,
+                       STRATA_MAX_SEQ);
     if (p->prefill_chunk < 0)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--prefill %d is negative", p->prefill_chunk);
     STRATA_TRY(mem_check_device(p, err));
@@ -145,6 +228,7 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     e->n_dev = 1;             /* mem_open splits the layers when asked */
     e->md = &e->devs[0];
     e->file.fd = -1;
+    e->n_seq = p.n_seq > 0 ? p.n_seq : 1;
     trace_init(&e->trace, p.trace, p.trace_user);
     double t0 = engine_now_ms();
     strata_status s;
@@ -160,6 +244,11 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
         goto fail;
     }
 
+    {
+        char blocks[320];
+        arch_describe(&e->hp, blocks, sizeof blocks);
+        trace_emit(&e->trace, "architecture %s, %s", e->hp.arch, blocks);
+    }
     e->n_ctx = p.max_context > 0 ? p.max_context
                                  : (e->hp.n_ctx_train < DEFAULT_MAX_CONTEXT ? e->hp.n_ctx_train : DEFAULT_MAX_CONTEXT);
     int nt = p.n_threads > 0 ? p.n_threads : pool_cpu_count();
@@ -176,15 +265,23 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     /* the memory plan decides the context, the chunk, the device arena and the cache */
     s = mem_open(e, err);
     if (s != STRATA_OK) goto fail;
-    if (!e->devs[0].gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
-        s = kv_init(&e->kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
-                p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
-    if (s != STRATA_OK) goto fail;
-    e->logits = calloc((size_t)e->hp.n_vocab, sizeof(float));
-    if (!e->logits) {
-        s = err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the logits");
+    e->seqs = calloc((size_t)e->n_seq, sizeof *e->seqs);
+    e->logits_all = calloc((size_t)e->n_seq * (size_t)e->hp.n_vocab, sizeof(float));
+    if (!e->seqs || !e->logits_all) {
+        s = err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the logits of %d sequences", e->n_seq);
         goto fail;
     }
+    for (int32_t q = 0; q < e->n_seq && s == STRATA_OK; q++) {
+        e->seqs[q].logits = e->logits_all + (size_t)q * (size_t)e->hp.n_vocab;
+        if (!e->devs[0].gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
+            s = kv_init(&e->seqs[q].kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
+                        p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
+    }
+    if (s != STRATA_OK) goto fail;
+    e->cur_seq = 0;
+    engine_seq_load(e);
+    if (e->n_seq > 1)
+        trace_emit(&e->trace, "%d sequences, each with a KV cache of %d tokens, decoded together", e->n_seq, e->n_ctx);
     trace_emit(&e->trace, "ready in %.1f ms", engine_now_ms() - t0);
     *out = e;
     return STRATA_OK;
@@ -196,8 +293,15 @@ fail:
 void engine_close(strata_engine *e) {
     if (!e) return;
     chunk_buffers_free(e);
-    free(e->logits);
-    kv_free(&e->kv);
+    if (e->seqs) {
+        engine_seq_save(e); /* the current sequence's cache is freed with the others */
+        for (int32_t q = 0; q < e->n_seq; q++) kv_free(&e->seqs[q].kv);
+        memset(&e->kv, 0, sizeof e->kv);
+    } else {
+        kv_free(&e->kv);
+    }
+    free(e->seqs);
+    free(e->logits_all);
     mem_close(e);
     pool_destroy(e->pool);
     model_free(&e->w);

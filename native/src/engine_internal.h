@@ -67,10 +67,28 @@ typedef struct chunk_buffers {
     float *u;             /* [T * K, F] up products, rows in group order */
     uint8_t *hact;        /* [T * K, act_stride] silu(g) * u, quantized for down */
     float *ye;            /* [T * K, D] expert outputs, row t * K + k */
+    float *sg;            /* [T, Fs] shared expert's or dense layer's gate products (Fs: the wider of
+                           * n_ff_shexp and n_ff_dense; absent when both are 0) */
+    float *su;            /* [T, Fs] their up products */
+    uint8_t *shact;       /* [T, act_stride] silu(sg) * su, quantized for their down */
+    float *ysh;           /* [T, D] their output */
+    float *choice;        /* [T, E] sigmoid routing: the scores plus the correction bias the experts are
+                           * picked by (absent under softmax routing) */
     struct mm_seg *segs;  /* [2 * E] product segments of the expert jobs */
     expert_view *views;   /* [E] views of the active experts */
 } chunk_buffers;
 
+/* Most sequences an engine holds (strata_params.n_seq). */
+#define STRATA_MAX_SEQ 64
+
+/* One sequence's run state. The current sequence's lives in the engine's own fields (kv, n_past,
+ * has_logits, logits), which the forward pass reads; engine_seq_select swaps them. */
+typedef struct seq_state {
+    kv_cache kv;
+    int32_t n_past;
+    int32_t has_logits;
+    float *logits;            /* [V] within the engine's logits_all */
+} seq_state;
 /* One device's part of the memory layer: the run of layers it holds, its plan (made by the one planner
  * within its own budget), its budget's memory, its expert cache, the chunk buffers laid out in it and its
  * loan. An engine has one; a layer split (--split layer) has one per device, in layer order, and the
@@ -118,9 +136,15 @@ struct strata_engine {
     /* ---- 4. run state: owned ---- */
     pool *pool;
     kv_cache kv;
-    float *logits;            /* [V] of the last processed token */
+    float *logits;            /* [V] of the last processed token (of the current sequence) */
     int32_t has_logits;
-    int32_t n_past;           /* tokens in the KV cache */
+    int32_t n_past;           /* tokens in the KV cache (of the current sequence) */
+    int32_t n_seq;            /* sequences (strata_params.n_seq, at least 1) */
+    int32_t cur_seq;          /* the sequence in kv, n_past, has_logits and logits */
+    seq_state *seqs;          /* [n_seq]; seqs[cur_seq] is stale while it is current (engine_seq_save) */
+    float *logits_all;        /* [n_seq, V] */
+    const int32_t *batch_seq; /* during strata_decode_batch: token t belongs to sequence batch_seq[t], at
+                                 position seqs[batch_seq[t]].n_past; NULL otherwise */
     strata_stats stats;
 
     /* ---- the backend: memory, copies and kernels (cpu_backend_ops or cuda_backend_ops) ---- */
@@ -180,6 +204,9 @@ typedef struct backend_ops {
     void (*fail_msg)(strata_engine *e, const arena *a, int32_t T, char *buf, size_t len);
     /* one forward pass: embed T tokens, every layer, the logits of the last when want_logits */
     strata_status (*forward)(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits);
+    /* one decode step of T sequences (e->batch_seq): token t is appended to its own sequence and the logits
+     * of every row are computed into that sequence's; NULL when the backend steps one sequence only */
+    strata_status (*forward_batch)(strata_engine *e, const int32_t *tokens, int32_t T);
 } backend_ops;
 
 extern const backend_ops cpu_backend_ops;  /* forward.c */
@@ -215,6 +242,13 @@ strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T,
 strata_status engine_open(const char *path, const strata_params *p, strata_engine **out, errbuf *err);
 void engine_close(strata_engine *e);
 strata_status engine_decode(strata_engine *e, int32_t token);
+/* engine.c: one decode step of n sequences (strata_decode_batch). */
+strata_status engine_decode_batch(strata_engine *e, int32_t n, const int32_t *seqs, const int32_t *tokens);
+/* engine.c: make sequence s the current one (its KV cache, position and logits in the engine's fields). */
+void engine_seq_select(strata_engine *e, int32_t s);
+/* engine.c: the current sequence's fields written back to seqs[cur_seq] / read from it. */
+void engine_seq_save(strata_engine *e);
+void engine_seq_load(strata_engine *e);
 /* prefill.c: a prompt, chunk by chunk, with slots lent by the cache */
 strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
                              void *user);

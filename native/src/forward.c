@@ -21,8 +21,11 @@ static size_t act_stride_of(const strata_engine *e) {
     size_t m = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *L = &e->w.layers[l];
-        const wview *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->router, &L->gate_exps, &L->up_exps, &L->down_exps};
+        const wview *ws[] = {&L->wq,         &L->wk,       &L->wv,         &L->wo,         &L->router,
+                             &L->gate_exps,  &L->up_exps,  &L->down_exps,  &L->gate_shexp, &L->up_shexp,
+                             &L->down_shexp, &L->gate_dense, &L->up_dense, &L->down_dense};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+            if (!ws[i]->data) continue; /* a block this family does not have */
             size_t b = mm_act_row_bytes(e->qt, ws[i]->type, ws[i]->cols);
             m = b > m ? b : m;
         }
@@ -66,6 +69,14 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     B(u, t * K * F * 4);
     B(hact, t * K * st);
     B(ye, t * K * D * 4);
+    if (hp->n_ff_shexp > 0 || hp->n_ff_dense > 0) { /* only families with them: the others' layout is unchanged */
+        const size_t FS = (size_t)(hp->n_ff_shexp > hp->n_ff_dense ? hp->n_ff_shexp : hp->n_ff_dense);
+        B(sg, t * FS * 4);
+        B(su, t * FS * 4);
+        B(shact, t * st);
+        B(ysh, t * D * 4);
+    }
+    if (hp->gating == GATING_SIGMOID) B(choice, t * E * 4);
     B(segs, 2 * E * sizeof(mm_seg));
     B(views, E * sizeof(expert_view));
 #undef B
@@ -100,7 +111,7 @@ int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
 
 strata_status chunk_buffers_use_scratch(strata_engine *e) {
     arena_reset(&e->md->scratch);
-    return chunk_buffers_alloc(e, &e->md->scratch, 1);
+    return chunk_buffers_alloc(e, &e->md->scratch, e->n_seq); /* a decode step of every sequence */
 }
 
 void chunk_buffers_free(strata_engine *e) {
@@ -111,6 +122,35 @@ void chunk_buffers_free(strata_engine *e) {
 
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits) {
     return e->be->forward(e, tokens, T, phase == MOE_PHASE_PREFILL, want_logits);
+}
+
+/* The embeddings of T tokens into the residual stream x [T, D]. */
+static void embed_rows(strata_engine *e, const int32_t *tokens, int32_t T) {
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd;
+    chunk_buffers *cb = &e->md->cb;
+    const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
+    for (int32_t t = 0; t < T; t++)
+        te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
+    if (hp->embd_scale != 1.0f) /* granite's embedding multiplier */
+        for (int64_t i = 0; i < (int64_t)T * D; i++) cb->x[i] *= hp->embd_scale;
+}
+
+/* The logits of n rows of x from row r0 on: row i's into y + (y_idx ? y_idx[i] : i) * V. Each row is
+ * computed the same way whatever n is (the one-token step and a step of several sequences agree). */
+static void logits_rows(strata_engine *e, int32_t r0, int32_t n, float *y, const int32_t *y_idx) {
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd, V = hp->n_vocab;
+    chunk_buffers *cb = &e->md->cb;
+    rmsnorm_rows(cb->xn, cb->x + (int64_t)r0 * D, e->w.output_norm, n, D, hp->rms_eps);
+    mm_quantize(e->qt, e->w.output.type, cb->xn, D, n, D, cb->act, cb->act_stride);
+    mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, n, y, V, y_idx};
+    mm_run(e->pool, &so, 1);
+    if (hp->logit_scale != 1.0f) /* granite's logits scaling */
+        for (int32_t i = 0; i < n; i++) {
+            float *yi = y + (int64_t)(y_idx ? y_idx[i] : i) * V;
+            for (int32_t v = 0; v < V; v++) yi[v] /= hp->logit_scale;
+        }
 }
 
 /* The CPU backend's forward pass (attention.c, moe.c), device by device: layers [layer_begin, layer_end)
@@ -125,9 +165,7 @@ static strata_status cpu_layers(strata_engine *e, const int32_t *tokens, int32_t
         chunk_buffers *cb = &e->md->cb;
         STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
         if (d == 0) {
-            const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
-            for (int32_t t = 0; t < T; t++)
-                te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
+            embed_rows(e, tokens, T);
         } else {
             memcpy(cb->x, prev->cb.x, (size_t)T * (size_t)D * sizeof(float)); /* the split point */
         }
@@ -141,24 +179,36 @@ static strata_status cpu_layers(strata_engine *e, const int32_t *tokens, int32_t
 }
 
 static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
-    const hparams *hp = &e->hp;
-    const int32_t D = hp->n_embd;
     const moe_phase phase = prompt ? MOE_PHASE_PREFILL : MOE_PHASE_DECODE;
     STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
     e->md = &e->devs[0];
     strata_status s = cpu_layers(e, tokens, T, phase);
     if (s == STRATA_OK && want_logits) { /* the head, on the last layer's device */
-        chunk_buffers *cb = &e->md->cb;
-        const float *xl = cb->x + (int64_t)(T - 1) * D;
-        rmsnorm_rows(cb->xn, xl, e->w.output_norm, 1, D, hp->rms_eps);
-        mm_quantize(e->qt, e->w.output.type, cb->xn, D, 1, D, cb->act, cb->act_stride);
-        mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, 1,
-                     e->logits, hp->n_vocab, NULL};
-        mm_run(e->pool, &so, 1);
+        logits_rows(e, T - 1, 1, e->logits, NULL);
         e->has_logits = 1;
     }
     e->md = &e->devs[0];
     return s;
+}
+
+/* One decode step of T sequences: token t at position seqs[batch_seq[t]].n_past of its own sequence. The
+ * pass is the prefill's pass over T rows (every product, norm and routing step computes a row the same way
+ * whatever the other rows are); only attention reads each row's own KV cache (attention.c), and the
+ * logits of every row are computed into its sequence's. */
+static strata_status cpu_forward_batch(strata_engine *e, const int32_t *tokens, int32_t T) {
+    const hparams *hp = &e->hp;
+    STRATA_ASSERT(&e->err, e->n_dev == 1); /* mem_open refuses a layer split with several sequences */
+    e->md = &e->devs[0];
+    STRATA_ASSERT(&e->err, e->batch_seq && T <= e->md->cb.cap);
+
+    embed_rows(e, tokens, T);
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        strata_status s = attention_block(e, l, T, 0);
+        if (s == STRATA_OK) s = moe_block(e, l, T, MOE_PHASE_DECODE);
+        if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+    }
+    logits_rows(e, 0, T, e->logits_all, e->batch_seq); /* row t into sequence batch_seq[t]'s logits */
+    return STRATA_OK;
 }
 
 /* ---- the CPU backend ---------------------------------------------------------------------------- */
@@ -220,7 +270,7 @@ static strata_status cpu_init(strata_engine *e, int64_t *free_bytes, errbuf *err
     return STRATA_OK;
 }
 
-static int64_t cpu_scratch_bytes(const strata_engine *e) { return chunk_buffers_bytes(e, 1); }
+static int64_t cpu_scratch_bytes(const strata_engine *e) { return chunk_buffers_bytes(e, e->n_seq); }
 
 static strata_status cpu_ready(strata_engine *e, double t_fill, errbuf *err) {
     (void)e;
@@ -258,5 +308,6 @@ const backend_ops cpu_backend_ops = {
     .cache_changed = cpu_nothing,
     .fail_msg = cpu_fail_msg,
     .forward = cpu_forward,
+    .forward_batch = cpu_forward_batch,
 };
 

@@ -15,7 +15,9 @@
  *                                                                      w = (d * sc) * (q - 32)
  *
  * A group is read in four slices of 8 values (one per lane of a quartet), so that a warp's loads of
- * weights and activations are contiguous.
+ * weights and activations are contiguous. The other block types the device runs (Q4_1, Q5_0, Q5_1,
+ * Q2_K, Q3_K, Q5_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, IQ2_XS, IQ2_XXS, IQ2_S, IQ1_S, IQ1_M, MXFP4) are in
+ * group_dequant_types.h, listed with their block geometry in GQ_DEVICE_TYPES below.
  */
 #ifndef STRATA_GROUP_DEQUANT_H
 #define STRATA_GROUP_DEQUANT_H
@@ -60,6 +62,42 @@ GQ_FN void gq_q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
         *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
 }
+
+#include "group_dequant_types.h"
+
+/* Every type the device runs: X(type, values per block, bytes per block, name, tensor-core form). name: the
+ * suffix of the type's functions in group_dequant_types.h (gq_dq8_<name>, gq_w4_<name>, gq_ws_<name>; "-"
+ * for the types whose slice gq_dequant8 computes inline); the form: GQ_MQ_* flags of cuda/mmq_types.cu
+ * (-1: no such form; 0: one scale per 32 values). The kernels' dispatch, the row sizes and the shape checks
+ * come from this one list. */
+#define GQ_DEVICE_TYPES(X)                                                                                   \
+    X(STRATA_TYPE_F32, 1, 4, -, -1)                                                                           \
+    X(STRATA_TYPE_F16, 1, 2, -, -1)                                                                           \
+    X(STRATA_TYPE_BF16, 1, 2, -, -1)                                                                          \
+    X(STRATA_TYPE_Q8_0, 32, 34, -, -1)                                                                        \
+    X(STRATA_TYPE_Q4_0, 32, 18, -, -1)                                                                        \
+    X(STRATA_TYPE_Q4_K, 256, 144, -, -1)                                                                      \
+    X(STRATA_TYPE_Q6_K, 256, 210, -, -1)                                                                      \
+    GQ_NEW_TYPES(X)
+/* The types of group_dequant_types.h (their kernels are instantiated in cuda/matvec_types.cu and
+ * cuda/mmq_types.cu). */
+#define GQ_NEW_TYPES(X)                                                                                      \
+    X(STRATA_TYPE_Q4_1, 32, 20, q4_1, GQ_MQ_MIN)                                                             \
+    X(STRATA_TYPE_Q5_0, 32, 22, q5_0, 0)                                                                      \
+    X(STRATA_TYPE_Q5_1, 32, 24, q5_1, GQ_MQ_MIN)                                                             \
+    X(STRATA_TYPE_IQ4_NL, 32, 18, iq4_nl, 0)                                                                  \
+    X(STRATA_TYPE_MXFP4, 32, 17, mxfp4, 0)                                                                    \
+    X(STRATA_TYPE_Q2_K, 256, 84, q2_k, GQ_MQ_SPLIT | GQ_MQ_MIN)                                               \
+    X(STRATA_TYPE_Q3_K, 256, 110, q3_k, GQ_MQ_SPLIT)                                                          \
+    X(STRATA_TYPE_Q5_K, 256, 176, q5_k, GQ_MQ_MIN)                                                            \
+    X(STRATA_TYPE_IQ4_XS, 256, 136, iq4_xs, 0)                                                                \
+    X(STRATA_TYPE_IQ3_XXS, 256, 98, iq3_xxs, 0)                                                               \
+    X(STRATA_TYPE_IQ3_S, 256, 110, iq3_s, 0)                                                                  \
+    X(STRATA_TYPE_IQ2_XS, 256, 74, iq2_xs, GQ_MQ_SPLIT)                                                       \
+    X(STRATA_TYPE_IQ2_XXS, 256, 66, iq2_xxs, 0)                                                               \
+    X(STRATA_TYPE_IQ2_S, 256, 82, iq2_s, GQ_MQ_SPLIT)                                                         \
+    X(STRATA_TYPE_IQ1_S, 256, 50, iq1_s, 0)                                                                   \
+    X(STRATA_TYPE_IQ1_M, 256, 56, iq1_m, GQ_MQ_SPLIT)
 
 /* w[0..7] = values 8*s .. 8*s+7 (s = 0..3) of group g (the 32 values from column 32*g) of a row. */
 GQ_FN void gq_dequant8(int32_t type, const uint8_t *row, int64_t g, int s, float *w) {
@@ -119,6 +157,10 @@ GQ_FN void gq_dequant8(int32_t type, const uint8_t *row, int64_t g, int s, float
         }
         break;
     }
+#define GQ_CASE(T, V, B, N, MQ)                                                                               \
+    case T: gq_dq8_##N(row, g, e0, w); break;
+        GQ_NEW_TYPES(GQ_CASE)
+#undef GQ_CASE
     default:
         for (int l = 0; l < 8; l++) w[l] = 0.0f;
         break;
@@ -157,15 +199,46 @@ GQ_FN float gq_swiglu(float g, float u) { return g / (1.0f + gq_expf(-g)) * u; }
 /* Bytes of a row of n values of a device type (0 for types the device does not run). */
 GQ_FN int64_t gq_row_bytes(int32_t type, int64_t n) {
     switch (type) {
-    case STRATA_TYPE_F32: return n * 4;
-    case STRATA_TYPE_F16:
-    case STRATA_TYPE_BF16: return n * 2;
-    case STRATA_TYPE_Q8_0: return n / 32 * 34;
-    case STRATA_TYPE_Q4_0: return n / 32 * 18;
-    case STRATA_TYPE_Q4_K: return n / 256 * 144;
-    case STRATA_TYPE_Q6_K: return n / 256 * 210;
+#define GQ_CASE(T, V, B, N, MQ)                                                                               \
+    case T: return n / (V) * (B);
+        GQ_DEVICE_TYPES(GQ_CASE)
+#undef GQ_CASE
     default: return 0;
     }
+}
+
+/* Values per block of a device type (a row's length must be a multiple); 0 for other types. */
+GQ_FN int gq_block_values(int32_t type) {
+    switch (type) {
+#define GQ_CASE(T, V, B, N, MQ)                                                                               \
+    case T: return (V);
+        GQ_DEVICE_TYPES(GQ_CASE)
+#undef GQ_CASE
+    default: return 0;
+    }
+}
+
+/* The tensor-core form of a type: GQ_MQ_* flags of the types of GQ_NEW_TYPES, 0 for Q8_0, Q4_0, Q4_K and
+ * Q6_K (mmq.cu's own kernels), -1 for the types without one (the float types). */
+GQ_FN int gq_mmq_form(int32_t type) {
+    switch (type) {
+    case STRATA_TYPE_Q8_0:
+    case STRATA_TYPE_Q4_0:
+    case STRATA_TYPE_Q4_K:
+    case STRATA_TYPE_Q6_K: return 0;
+#define GQ_CASE(T, V, B, N, MQ)                                                                               \
+    case T: return (MQ);
+        GQ_NEW_TYPES(GQ_CASE)
+#undef GQ_CASE
+    default: return -1;
+    }
+}
+
+/* Whether rows of cols values of type are whole blocks (and the type one the device runs); a group of 32
+ * is the kernels' unit, so every row is whole groups too. */
+GQ_FN int gq_shape_ok(int32_t type, int64_t cols) {
+    const int blk = gq_block_values(type);
+    return blk > 0 && cols > 0 && cols % (blk > 32 ? blk : 32) == 0;
 }
 
 #endif

@@ -49,8 +49,8 @@ static void axpy_f16_scalar(int32_t n, float a, const uint16_t *v, float *out) {
     for (int32_t i = 0; i < n; i++) out[i] += a * quant_f16_lut[v[i]];
 }
 
-strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv,
-                      int32_t head_dim, int32_t simd, errbuf *err) {
+strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv, int32_t head_dim,
+                      int32_t simd, errbuf *err) {
     memset(kv, 0, sizeof *kv);
     int64_t rb = row_bytes(type, n_head_kv, head_dim);
     if (rb < 0)

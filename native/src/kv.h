@@ -16,29 +16,29 @@
 /* f16 row kernels of one SIMD level (scalar in kv.c, AVX2 in cpu/kv_avx2.c). Their reduction order
  * depends on n alone. */
 typedef struct kv_kernels {
-    float (*dot_f16)(int32_t n, const uint16_t *k, const float *q);       /* sum k[i] * q[i] */
-    void (*axpy_f16)(int32_t n, float a, const uint16_t *v, float *out);  /* out[i] += a * v[i] */
+    float (*dot_f16)(int32_t n, const uint16_t *k, const float *q);      /* sum k[i] * q[i] */
+    void (*axpy_f16)(int32_t n, float a, const uint16_t *v, float *out); /* out[i] += a * v[i] */
 } kv_kernels;
 
 /* AVX2 + F16C versions (cpu/kv_avx2.c). */
 void kv_kernels_avx2(kv_kernels *k);
 
 typedef struct kv_cache {
-    int32_t type;        /* strata_kv_type */
+    int32_t type; /* strata_kv_type */
     int32_t n_layer;
-    int32_t n_ctx;       /* positions held */
+    int32_t n_ctx; /* positions held */
     int32_t n_head_kv;
     int32_t head_dim;
-    size_t row_bytes;    /* bytes of one position's K (or V) of one layer: n_head_kv * head_dim values */
-    uint8_t *k;          /* [n_layer, n_ctx, row_bytes] */
-    uint8_t *v;          /* [n_layer, n_ctx, row_bytes] */
-    kv_kernels kern;     /* of the engine's SIMD level */
+    size_t row_bytes; /* bytes of one position's K (or V) of one layer: n_head_kv * head_dim values */
+    uint8_t *k;       /* [n_layer, n_ctx, row_bytes] */
+    uint8_t *v;       /* [n_layer, n_ctx, row_bytes] */
+    kv_kernels kern;  /* of the engine's SIMD level */
 } kv_cache;
 
 /* Bytes the cache needs (K and V together), or -1 for an unknown type. */
 int64_t kv_bytes(int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv, int32_t head_dim);
-strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv,
-                      int32_t head_dim, int32_t simd, errbuf *err);
+strata_status kv_init(kv_cache *kv, int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv, int32_t head_dim,
+                      int32_t simd, errbuf *err);
 void kv_free(kv_cache *kv);
 /* Store one position's keys and values: k[n_head_kv * head_dim], v[n_head_kv * head_dim]. */
 void kv_store(kv_cache *kv, int32_t layer, int32_t pos, const float *k, const float *v);

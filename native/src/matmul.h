@@ -17,15 +17,15 @@
 #include "threads.h"
 
 typedef struct mm_seg {
-    const quant_traits *qt;  /* the weight type's kernels */
-    wview w;                 /* [rows, cols] */
-    const uint8_t *act;      /* activation rows, quantized to qt->act_type */
-    size_t act_stride;       /* bytes between activation rows */
-    const int32_t *act_idx;  /* row i of the segment reads act row act_idx[i]; NULL = i */
-    int32_t n;               /* activation rows (tokens) */
-    float *y;                /* output: token i, weight row r at y[yrow(i) * y_ld + r] */
+    const quant_traits *qt; /* the weight type's kernels */
+    wview w;                /* [rows, cols] */
+    const uint8_t *act;     /* activation rows, quantized to qt->act_type */
+    size_t act_stride;      /* bytes between activation rows */
+    const int32_t *act_idx; /* row i of the segment reads act row act_idx[i]; NULL = i */
+    int32_t n;              /* activation rows (tokens) */
+    float *y;               /* output: token i, weight row r at y[yrow(i) * y_ld + r] */
     int64_t y_ld;
-    const int32_t *y_idx;    /* yrow(i) = y_idx[i]; NULL = i */
+    const int32_t *y_idx; /* yrow(i) = y_idx[i]; NULL = i */
 } mm_seg;
 
 /* Run every segment (segments may not write the same outputs). */

@@ -159,11 +159,16 @@ static strata_status device_open(strata_engine *e, int32_t d, plan_inputs in, er
     if (in.scratch_bytes < 0) return err_set(err, STRATA_ERR_INTERNAL, "the decode scratch could not be sized");
     strata_params prm = e->params;
     prm.max_context = e->n_ctx; /* decided by the engine: the attention scratch depends on it */
+    prm.n_seq = e->n_seq;
     if (e->params.split != STRATA_SPLIT_NONE && e->params.vram_budgets[d] > 0) prm.vram_budget = e->params.vram_budgets[d];
     const int32_t nl = md->layer_end - md->layer_begin;
+    /* its layers with experts: dense leading layers have none (the cache counts MoE layers only) */
+    const int32_t moe0 = STRATA_MAX(md->layer_begin, hp->n_dense_lead);
+    const int32_t n_moe = md->layer_end - moe0;
     in.n_layer = nl;
+    in.n_moe_layer = n_moe;
     in.resident_bytes = device_resident_bytes(e, d);
-    in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * nl;
+    in.expert_bytes_total = e->w.expert_bytes * hp->n_expert * n_moe;
     in.device_free = device_free;
     say_ctx sc = {e, e->n_dev > 1 ? md : NULL};
     STRATA_TRY(plan_make(&md->mp, &in, &prm, say, &sc, err));
@@ -176,9 +181,9 @@ static strata_status device_open(strata_engine *e, int32_t d, plan_inputs in, er
 
     /* the device's expert cache, over the backend's slab: its layers' experts */
     cache_config cc = {prm.cache_policy, pp->miss_policy, prm.adapt_every, prm.adapt_swaps, prm.adapt_decay};
-    STRATA_TRY(cache_init(&md->cache, slab, pp->n_slots, pp->slot_bytes, nl, hp->n_expert, &cc, e->be->copy_expert, e,
-                          err));
-    cache_set_layers(&md->cache, md->layer_begin, hp->n_layer);
+    STRATA_TRY(cache_init(&md->cache, slab, pp->n_slots, pp->slot_bytes, n_moe, hp->n_expert, &cc, e->be->copy_expert,
+                          e, err));
+    cache_set_layers(&md->cache, moe0, hp->n_dense_lead, hp->n_layer);
     const double t_fill = engine_now_ms();
     if (prm.expert_profile && prm.expert_profile[0]) {
         STRATA_TRY(cache_profile_load(&md->cache, prm.expert_profile, err));
@@ -206,9 +211,23 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     const strata_params *prm = &e->params;
     STRATA_TRY(split_layers(e, err));
     e->md = &e->devs[0];
+    if (e->n_dev > 1 && e->n_seq > 1)
+        return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                       "--split layer with --parallel above 1 is not supported yet: the step of several sequences runs "
+                       "every layer on one device; use --parallel 1 with --split layer, or leave out --split for "
+                       "--parallel %d",
+                       e->n_seq);
+    for (int32_t d = 0; d < e->n_dev && e->n_dev > 1; d++)
+        if (e->devs[d].layer_end <= hp->n_dense_lead)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--split layer: device %d would hold only layers %d-%d, which are dense leading layers "
+                           "without experts (the model's first %d); a device of the split needs a layer with experts, "
+                           "so give it a later share (--tensor-split) or use fewer devices",
+                           e->devs[d].index, e->devs[d].layer_begin, e->devs[d].layer_end - 1, hp->n_dense_lead);
     plan_inputs in;
     memset(&in, 0, sizeof in);
     in.n_layer = hp->n_layer;
+    in.n_moe_layer = hp->n_layer - hp->n_dense_lead;
     in.n_expert = hp->n_expert;
     in.n_expert_used = hp->n_expert_used;
     in.n_embd = hp->n_embd;
@@ -228,6 +247,11 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
                        e->n_dev, e->be->name);
     if (on_gpu) {
         in.device = STRATA_DEVICE_CUDA;
+        if (e->n_seq > 1)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--parallel %d: the CUDA backend decodes one sequence at a time and cannot yet step several "
+                           "together; use --parallel 1 with --device cuda, or --device cpu for several sequences",
+                           e->n_seq);
         if (prm->expert_cache == 0)
             return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
                            "--expert-cache 0 runs every expert from host memory, which only the CPU backend does; "

@@ -1,11 +1,12 @@
 /*
- * model.c — hyperparameters and tensor binding for qwen3moe (see model.h).
+ * model.c — hyperparameters and tensor binding for every family of the architecture table (arch.h).
  *
  * Every tensor's type and shape is checked against the hyperparameters here, once, so that the
  * forward pass can index weights without further checks.
  */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,98 @@ static strata_status get_f32(const gguf_file *f, const char *key, float *out, er
     return STRATA_OK;
 }
 
+static strata_status get_bool(const gguf_file *f, const char *key, int32_t *out, errbuf *err) {
+    const gguf_kv *kv = gguf_find_kv(f, key);
+    if (!kv) return STRATA_OK;
+    int64_t v;
+    if (!gguf_kv_get_int(kv, &v))
+        return err_set(err, STRATA_ERR_FORMAT, "metadata '%s' is a %s, expected a bool", key, gguf_vtype_name(kv->type));
+    *out = v != 0;
+    return STRATA_OK;
+}
+
+/* The options of the family's blocks: the row's defaults (arch.c), then what the file's keys say. */
+static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
+    const arch_desc *a = hp->ad;
+    char key[128];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, hp->arch), key)
+    const int32_t BIG = 1 << 24;
+    STRATA_TRY(get_i32(f, KEY("rope.dimension_count"), &hp->n_rot, 0, 2, 65536, err));
+
+    hp->rope_scaling = ROPE_SCALING_NONE;
+    hp->rope_factor = 1.0f;
+    char st[32] = "";
+    const gguf_kv *kt = gguf_find_kv(f, KEY("rope.scaling.type"));
+    if (kt && !gguf_kv_get_str(kt, st, sizeof st))
+        return err_set(err, STRATA_ERR_FORMAT, "metadata '%s' is a %s, expected a string", key, gguf_vtype_name(kt->type));
+    STRATA_TRY(get_f32(f, KEY("rope.scaling.factor"), &hp->rope_factor, err));
+    if (st[0] == 0 || strcmp(st, "none") == 0 || hp->rope_factor == 1.0f) {
+        hp->rope_factor = 1.0f;
+    } else if (strcmp(st, "linear") == 0) {
+        hp->rope_scaling = ROPE_SCALING_LINEAR;
+    } else if (strcmp(st, "yarn") == 0) {
+        hp->rope_scaling = ROPE_SCALING_YARN;
+        hp->rope_orig_ctx = 0;
+        STRATA_TRY(get_i32(f, KEY("rope.scaling.original_context_length"), &hp->rope_orig_ctx, 1, 1, 1 << 30, err));
+        hp->yarn_beta_fast = 32.0f;
+        hp->yarn_beta_slow = 1.0f;
+        STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_beta_fast"), &hp->yarn_beta_fast, err));
+        STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_beta_slow"), &hp->yarn_beta_slow, err));
+        hp->yarn_attn_factor = 0.1f * logf(hp->rope_factor) + 1.0f;
+        if (hp->rope_factor < 1.0f) hp->yarn_attn_factor = 1.0f;
+        float af = 0.0f;
+        STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_attn_factor"), &af, err));
+        if (af > 0.0f) hp->yarn_attn_factor = af;
+    } else {
+        return err_set(err, STRATA_ERR_UNSUPPORTED,
+                       "%s: rope scaling '%s' is not supported yet (strata reads linear and yarn)", hp->arch, st);
+    }
+
+    hp->gating = a->gating;
+    int32_t gf = 0;
+    STRATA_TRY(get_i32(f, KEY("expert_gating_func"), &gf, 0, 0, 16, err));
+    if (gf == GATING_SOFTMAX || gf == GATING_SIGMOID)
+        hp->gating = (gating_kind)gf;
+    else if (gf != 0)
+        return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: expert gating function %d is not supported yet", hp->arch, gf);
+    int32_t n_group = 1;
+    STRATA_TRY(get_i32(f, KEY("expert_group_count"), &n_group, 0, 1, 65536, err));
+    if (n_group > 1)
+        return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: group-limited top-k routing (%d expert groups) is not supported yet",
+                       hp->arch, n_group);
+    hp->norm_topk = a->norm_topk;
+    STRATA_TRY(get_bool(f, KEY("expert_weights_norm"), &hp->norm_topk, err));
+    hp->routed_scale = 1.0f;
+    STRATA_TRY(get_f32(f, KEY("expert_weights_scale"), &hp->routed_scale, err));
+
+    if (a->shexp != SHEXP_NONE) {
+        /* qwen2moe gives the width; glm4moe and deepseek2 give a count of expert-wide shared experts, which
+         * together are one SwiGLU of count * expert width (model_load, once that width is known) */
+        STRATA_TRY(get_i32(f, KEY("expert_shared_feed_forward_length"), &hp->n_ff_shexp, 0, 1, BIG, err));
+        if (hp->n_ff_shexp == 0) {
+            int32_t n_shared = 0;
+            STRATA_TRY(get_i32(f, KEY("expert_shared_count"), &n_shared, 0, 1, 4096, err));
+            hp->n_ff_shexp = -n_shared; /* resolved in model_load */
+        }
+    }
+    STRATA_TRY(get_i32(f, KEY("leading_dense_block_count"), &hp->n_dense_lead, 0, 0, 4096, err));
+    if (hp->n_dense_lead > 0) STRATA_TRY(get_i32(f, KEY("feed_forward_length"), &hp->n_ff_dense, 1, 1, BIG, err));
+    int32_t nextn = 0; /* multi-token prediction layers at the end: not part of the forward */
+    STRATA_TRY(get_i32(f, KEY("nextn_predict_layers"), &nextn, 0, 0, 64, err));
+    hp->n_nextn = nextn;
+
+    hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
+    hp->attn_scale = 0.0f; /* 1 / sqrt(head_dim), once head_dim is known */
+    if (a->multipliers) {
+        STRATA_TRY(get_f32(f, KEY("embedding_scale"), &hp->embd_scale, err));
+        STRATA_TRY(get_f32(f, KEY("residual_scale"), &hp->residual_scale, err));
+        STRATA_TRY(get_f32(f, KEY("attention.scale"), &hp->attn_scale, err));
+        STRATA_TRY(get_f32(f, KEY("logit_scale"), &hp->logit_scale, err));
+    }
+#undef KEY
+    return STRATA_OK;
+}
+
 static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) {
     memset(hp, 0, sizeof *hp);
     const gguf_kv *a = gguf_find_kv(f, "general.architecture");
@@ -55,14 +148,20 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
         return err_set(err, STRATA_ERR_FORMAT,
                        "the model has no general.architecture string; is this a model file made by a GGUF "
                        "converter?");
-    if (strcmp(hp->arch, "qwen3moe") != 0)
-        return err_set(err, STRATA_ERR_UNSUPPORTED,
-                       "architecture '%s' is not supported; strata runs qwen3moe models", hp->arch);
+    hp->ad = arch_find(hp->arch);
+    if (!hp->ad)
+        return err_set(err, STRATA_ERR_UNSUPPORTED, "architecture '%s' is not supported; strata runs %s", hp->arch,
+                       arch_supported_list());
+    if (hp->ad->missing) return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: %s", hp->arch, hp->ad->missing);
     gguf_kv_get_str(gguf_find_kv(f, "general.name"), hp->name, sizeof hp->name);
 
     char key[128];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, hp->arch), key)
     const int32_t BIG = 1 << 24;
+    if (!gguf_find_kv(f, KEY("expert_count")))
+        return err_set(err, STRATA_ERR_UNSUPPORTED,
+                       "%s: this file has no experts (no %s.expert_count); strata runs mixture-of-experts models",
+                       hp->arch, hp->arch);
     STRATA_TRY(get_i32(f, KEY("embedding_length"), &hp->n_embd, 1, 1, BIG, err));
     STRATA_TRY(get_i32(f, KEY("block_count"), &hp->n_layer, 1, 1, 4096, err));
     STRATA_TRY(get_i32(f, KEY("attention.head_count"), &hp->n_head, 1, 1, 65536, err));
@@ -76,11 +175,20 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
     STRATA_TRY(get_i32(f, KEY("context_length"), &hp->n_ctx_train, 0, 1, 1 << 30, err));
     STRATA_TRY(get_i32(f, KEY("expert_count"), &hp->n_expert, 1, 1, 65536, err));
     STRATA_TRY(get_i32(f, KEY("expert_used_count"), &hp->n_expert_used, 1, 1, 65536, err));
-    STRATA_TRY(get_i32(f, KEY("expert_feed_forward_length"), &hp->n_ff_exp, 1, 1, BIG, err));
+    /* absent in some families' files (mixtral's experts have feed_forward_length): the tensors say it */
+    STRATA_TRY(get_i32(f, KEY("expert_feed_forward_length"), &hp->n_ff_exp, 0, 1, BIG, err));
     hp->rope_theta = 10000.0f;
     STRATA_TRY(get_f32(f, KEY("rope.freq_base"), &hp->rope_theta, err));
     hp->rms_eps = 1e-6f;
     STRATA_TRY(get_f32(f, KEY("attention.layer_norm_rms_epsilon"), &hp->rms_eps, err));
+    STRATA_TRY(read_blocks(f, hp, err));
+    if (hp->n_nextn >= hp->n_layer)
+        return err_set(err, STRATA_ERR_FORMAT, "%s.nextn_predict_layers %d leaves no layers of %d", hp->arch, hp->n_nextn,
+                       hp->n_layer);
+    hp->n_layer -= hp->n_nextn;
+    if (hp->n_dense_lead >= hp->n_layer)
+        return err_set(err, STRATA_ERR_FORMAT, "%s.leading_dense_block_count %d leaves no MoE layers of %d", hp->arch,
+                       hp->n_dense_lead, hp->n_layer);
 #undef KEY
     hp->bos_id = -1;
     hp->eos_id = -1;
@@ -95,8 +203,12 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
         return err_set(err, STRATA_ERR_UNSUPPORTED,
                        "attention key length %d differs from value length %d; strata needs them equal",
                        hp->head_dim, vlen);
-    if (hp->head_dim % 2 != 0)
-        return err_set(err, STRATA_ERR_FORMAT, "head dimension %d is odd; RoPE needs an even one", hp->head_dim);
+    if (hp->n_rot == 0) hp->n_rot = hp->head_dim;
+    if (hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim)
+        return err_set(err, STRATA_ERR_FORMAT,
+                       "rope.dimension_count %d must be even and at most the head dimension %d", hp->n_rot,
+                       hp->head_dim);
+    if (hp->attn_scale == 0.0f) hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
     if (hp->n_head % hp->n_head_kv != 0)
         return err_set(err, STRATA_ERR_FORMAT,
                        "attention.head_count %d is not a multiple of attention.head_count_kv %d", hp->n_head,
@@ -157,6 +269,22 @@ static strata_status bind_norm(binder *b, const char *name, int64_t n, const flo
     return STRATA_OK;
 }
 
+/* A 1-D F32 tensor that a family may or may not have (biases). */
+static strata_status bind_opt_vec(binder *b, const char *name, int64_t n, const float **out) {
+    *out = NULL;
+    if (!gguf_find_tensor(b->f, name)) return STRATA_OK;
+    return bind_norm(b, name, n, out);
+}
+
+/* A tensor of a block this family's row does not compose: running without it would be wrong. */
+static strata_status refuse_tensor(binder *b, const char *name, const char *block) {
+    if (!gguf_find_tensor(b->f, name)) return STRATA_OK;
+    char arch[32] = "";
+    gguf_kv_get_str(gguf_find_kv(b->f, "general.architecture"), arch, sizeof arch);
+    return err_set(b->err, STRATA_ERR_UNSUPPORTED, "%s: the file has '%s' (%s), which strata does not run for this "
+                   "architecture yet", arch, name, block);
+}
+
 static strata_status bind_matrix(binder *b, const char *name, int64_t cols, int64_t rows, int64_t n3, int optional,
                                  wview *out) {
     const gguf_tensor *t;
@@ -187,6 +315,23 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
     memset(w, 0, sizeof *w);
     STRATA_TRY(read_hparams(f, hp, err));
     binder b = {f, quant_tab, w, err};
+    if (hp->n_ff_exp == 0) { /* no expert_feed_forward_length key: the experts' own shape */
+        char g0n[64];
+        snprintf(g0n, sizeof g0n, "blk.%d.ffn_gate_exps.weight", hp->n_dense_lead);
+        const gguf_tensor *g0 = gguf_find_tensor(f, g0n);
+        if (!g0)
+            return err_set(err, STRATA_ERR_FORMAT,
+                           "the model has no tensor 'blk.0.ffn_gate_exps.weight' (merged experts); the file is "
+                           "incomplete or stores its experts one by one, which strata does not read");
+        if (g0->ne[1] < 1 || g0->ne[1] > (1 << 24))
+            return err_set(err, STRATA_ERR_FORMAT, "blk.0.ffn_gate_exps.weight has %lld rows per expert",
+                           (long long)g0->ne[1]);
+        hp->n_ff_exp = (int32_t)g0->ne[1];
+    }
+    if (hp->n_ff_shexp < 0) hp->n_ff_shexp *= -hp->n_ff_exp;
+    hp->qk_norm = hp->ad->qk_norm;
+    if (hp->qk_norm == QK_NORM_NONE && hp->ad->qk_norm_optional && gguf_find_tensor(f, "blk.0.attn_q_norm.weight"))
+        hp->qk_norm = QK_NORM_HEAD;
     const int64_t D = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, HD = hp->head_dim;
     const int64_t QD = (int64_t)hp->n_head * HD, KD = (int64_t)hp->n_head_kv * HD;
 
@@ -220,13 +365,54 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         STRATA_TRY(bind_matrix(&b, NAME("attn_k"), D, KD, 0, 0, &L->wk));
         STRATA_TRY(bind_matrix(&b, NAME("attn_v"), D, KD, 0, 0, &L->wv));
         STRATA_TRY(bind_matrix(&b, NAME("attn_output"), QD, D, 0, 0, &L->wo));
-        STRATA_TRY(bind_norm(&b, NAME("attn_q_norm"), HD, &L->q_norm));
-        STRATA_TRY(bind_norm(&b, NAME("attn_k_norm"), HD, &L->k_norm));
-        STRATA_TRY(bind_norm(&b, NAME("ffn_norm"), D, &L->ffn_norm));
+        if (hp->qk_norm != QK_NORM_NONE) {
+            const int full = hp->qk_norm == QK_NORM_FULL;
+            STRATA_TRY(bind_norm(&b, NAME("attn_q_norm"), full ? QD : HD, &L->q_norm));
+            STRATA_TRY(bind_norm(&b, NAME("attn_k_norm"), full ? KD : HD, &L->k_norm));
+        }
+#undef NAME
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".bias", l), n)
+        STRATA_TRY(bind_opt_vec(&b, NAME("attn_q"), QD, &L->bq));
+        STRATA_TRY(bind_opt_vec(&b, NAME("attn_k"), KD, &L->bk));
+        STRATA_TRY(bind_opt_vec(&b, NAME("attn_v"), KD, &L->bv));
+        if (L->bq || L->bk || L->bv) hp->attn_bias = 1;
+        STRATA_TRY(refuse_tensor(&b, NAME("attn_output"), "a bias on the attention output"));
+        STRATA_TRY(refuse_tensor(&b, NAME("ffn_gate_inp"), "a bias on the router"));
+        if (hp->gating == GATING_SIGMOID && l >= hp->n_dense_lead) {
+            STRATA_TRY(bind_opt_vec(&b, NAME("exp_probs_b"), E, &L->exp_bias));
+            if (L->exp_bias) hp->expert_bias = 1;
+        } else {
+            STRATA_TRY(refuse_tensor(&b, NAME("exp_probs_b"), "the expert correction bias"));
+        }
+#undef NAME
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", l), n)
+        if (hp->ad->ffn_norm) {
+            snprintf(n, sizeof n, "blk.%d.%s.weight", l, hp->ad->ffn_norm);
+            STRATA_TRY(bind_norm(&b, n, D, &L->ffn_norm));
+        } else {
+            STRATA_TRY(bind_norm(&b, NAME("ffn_norm"), D, &L->ffn_norm));
+        }
+        if (l < hp->n_dense_lead) { /* a dense leading layer: no router, no experts */
+            const int64_t FD = hp->n_ff_dense;
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_gate"), D, FD, 0, 0, &L->gate_dense));
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_up"), D, FD, 0, 0, &L->up_dense));
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_down"), FD, D, 0, 0, &L->down_dense));
+            L->resident_bytes = w->resident_bytes - before;
+            continue;
+        }
         STRATA_TRY(bind_matrix(&b, NAME("ffn_gate_inp"), D, E, 0, 0, &L->router));
         STRATA_TRY(bind_matrix(&b, NAME("ffn_gate_exps"), D, F, E, 0, &L->gate_exps));
         STRATA_TRY(bind_matrix(&b, NAME("ffn_up_exps"), D, F, E, 0, &L->up_exps));
         STRATA_TRY(bind_matrix(&b, NAME("ffn_down_exps"), F, D, E, 0, &L->down_exps));
+        if (hp->ad->shexp != SHEXP_NONE) {
+            const int64_t FS = hp->n_ff_shexp;
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_gate_shexp"), D, FS, 0, 0, &L->gate_shexp));
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_up_shexp"), D, FS, 0, 0, &L->up_shexp));
+            STRATA_TRY(bind_matrix(&b, NAME("ffn_down_shexp"), FS, D, 0, 0, &L->down_shexp));
+            if (hp->ad->shexp == SHEXP_SIGMOID_GATE) STRATA_TRY(bind_norm(&b, NAME("ffn_gate_inp_shexp"), D, &L->shexp_gate));
+        } else {
+            STRATA_TRY(refuse_tensor(&b, NAME("ffn_gate_shexp"), "shared experts"));
+        }
 #undef NAME
         L->resident_bytes = w->resident_bytes - before;
         if (L->gate_exps.type != L->up_exps.type)

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arch.h"
 #include "error.h"
 #include "gguf.h"
 
@@ -37,6 +38,28 @@ typedef struct hparams {
     float rms_eps;
     int32_t bos_id;
     int32_t eos_id;
+    /* ---- the architecture's blocks and their options (arch.h; metadata overrides the row's defaults) ---- */
+    const arch_desc *ad;         /* the family's row */
+    int32_t n_rot;               /* rotated dims of a head (rope.dimension_count; head_dim unless partial) */
+    rope_scaling_kind rope_scaling;
+    float rope_factor;           /* rope.scaling.factor (1 when not scaled) */
+    int32_t rope_orig_ctx;       /* rope.scaling.original_context_length (YaRN) */
+    float yarn_beta_fast, yarn_beta_slow; /* YaRN's ramp, in rotations over the original context */
+    float yarn_attn_factor;      /* YaRN: magnitude of cos and sin (0.1 ln(factor) + 1 unless the file says) */
+    gating_kind gating;
+    int32_t norm_topk;           /* the K weights renormalized to sum 1 */
+    float routed_scale;          /* expert_weights_scale: the routed sum is multiplied by it (1 when absent) */
+    int32_t n_ff_shexp;          /* hidden dim of the shared expert(s) together (0: none) */
+    float embd_scale;            /* granite: embeddings multiplied by it (1 when absent) */
+    float residual_scale;        /* granite: each block's output multiplied by it before the residual add */
+    float attn_scale;            /* softmax scale of q . k (1 / sqrt(head_dim) unless the file says) */
+    float logit_scale;           /* granite: logits divided by it (1 when absent) */
+    int32_t attn_bias;           /* the file has q/k/v biases (bound per layer) */
+    qk_norm_kind qk_norm;        /* the row's, or per head where an optional norm is in the file */
+    int32_t expert_bias;         /* routing picks by score + exp_probs_b (the correction bias) */
+    int32_t n_dense_lead;        /* leading_dense_block_count: layers 0..n-1 run a dense SwiGLU, no experts */
+    int32_t n_ff_dense;          /* their width (feed_forward_length) */
+    int32_t n_nextn;             /* nextn_predict_layers: trailing multi-token-prediction layers, not run */
 } hparams;
 
 /* A 2-D view of (part of) a tensor: rows of cols values each, in the file's type. */
@@ -54,8 +77,11 @@ typedef struct layer_weights {
     wview wk;                 /* [n_head_kv * head_dim, D] */
     wview wv;                 /* [n_head_kv * head_dim, D] */
     wview wo;                 /* [D, n_head * head_dim] */
-    const float *q_norm;      /* [head_dim] */
-    const float *k_norm;      /* [head_dim] */
+    const float *bq;          /* [QD] or NULL: attention biases, where the file has them */
+    const float *bk;          /* [KD] or NULL */
+    const float *bv;          /* [KD] or NULL */
+    const float *q_norm;      /* [head_dim] (QK_NORM_HEAD), [QD] (QK_NORM_FULL) or NULL */
+    const float *k_norm;      /* [head_dim] (QK_NORM_HEAD), [KD] (QK_NORM_FULL) or NULL */
     const float *ffn_norm;    /* [D] */
     wview router;             /* [E, D] */
     /* Routed experts: expert e is rows [e * rows, (e + 1) * rows) of these, contiguous in the file.
@@ -63,6 +89,16 @@ typedef struct layer_weights {
     wview gate_exps;          /* [E * F, D] */
     wview up_exps;            /* [E * F, D] */
     wview down_exps;          /* [E * D, F] */
+    /* Shared expert (SHEXP_*): resident, every token passes through it. Fs = n_ff_shexp. */
+    wview gate_shexp;         /* [Fs, D] */
+    wview up_shexp;           /* [Fs, D] */
+    wview down_shexp;         /* [D, Fs] */
+    const float *shexp_gate;  /* [D] ffn_gate_inp_shexp (SHEXP_SIGMOID_GATE) */
+    const float *exp_bias;    /* [E] exp_probs_b: added to the scores to pick the experts, not to their weights */
+    /* Dense leading layers (l < n_dense_lead): a SwiGLU of width n_ff_dense in place of the MoE. */
+    wview gate_dense;         /* [Fd, D] */
+    wview up_dense;           /* [Fd, D] */
+    wview down_dense;         /* [D, Fd] */
     int64_t resident_bytes;   /* bytes of the layer's tensors that are not routed experts */
 } layer_weights;
 

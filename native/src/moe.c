@@ -1,13 +1,17 @@
 /*
- * moe.c — the mixture-of-experts block of qwen3moe for a chunk of T tokens (T = 1 when decoding).
+ * moe.c — the mixture-of-experts block for a chunk of T tokens (T = 1 when decoding), composed from the
+ * architecture's description (arch.h).
  *
  *   xn = rmsnorm(x) * ffn_norm                               [T, D]
- *   p = softmax(xn Wr^T)                                      [T, E]
- *   per token: the K largest p (ties: lower expert id), renormalized to sum 1   [T, K]
+ *   p = softmax(xn Wr^T), or sigmoid(xn Wr^T) (GATING_SIGMOID) [T, E]
+ *   per token: the K largest p (sigmoid: of p + exp_probs_b, weighted by p; ties: lower expert id),
+ *   renormalized to sum 1 when norm_topk, times routed_scale  [T, K]
  *   tokens grouped by expert; per expert e and its tokens:
  *       h = silu(xn Wg_e^T) * (xn Wu_e^T)                     [n_e, F]
  *       y = h Wd_e^T                                          [n_e, D]
- *   x[t] += sum over k = 0..K-1 (best first) of w[t, k] * y[t, k]
+ *   x[t] += (sum over k = 0..K-1 (best first) of w[t, k] * y[t, k]  + shared(xn[t])) * residual_scale
+ *   shared: a resident SwiGLU of Fs = n_ff_shexp, times sigmoid(xn . gate_inp_shexp) under SHEXP_SIGMOID_GATE
+ *   dense leading layers (l < n_dense_lead): x += swiglu(xn) of width n_ff_dense, no routing at all
  *
  * Every routed expert's weights are reached through moe_expert() alone: the memory plan replaces
  * what it returns (a cache slot, a staging slot of the prefill ring, or the mapped file) without
@@ -45,6 +49,7 @@ static void slot_view(const expert_view *host, const uint8_t *slot, expert_view 
     out->down.data = slot + gb + ub;
 }
 
+/* layer is the model's (a layer with experts: not a dense leading one). */
 int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst) {
     const strata_engine *e = ctx;
     expert_view h;
@@ -63,9 +68,11 @@ int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst) 
  * ring-depth experts before computing them, so a ring slot is never reused while in use). */
 strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_phase phase, expert_view *out) {
     STRATA_ASSERT(&e->err, layer >= 0 && layer < e->hp.n_layer && expert >= 0 && expert < e->hp.n_expert);
+    STRATA_ASSERT(&e->err, layer >= e->hp.n_dense_lead);
     host_view(e, layer, expert, out);
     expert_cache *c = &e->md->cache;
     if (c->n_slots == 0) return STRATA_OK; /* no expert cache: host memory */
+    /* the cache takes model layers; it holds the layers with experts only */
     if (phase == MOE_PHASE_DECODE) {
         int32_t s = cache_decode_lookup(c, layer, expert);
         if (s >= 0) slot_view(out, cache_slot_ptr(c, s), out);
@@ -88,7 +95,7 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
 
 /* Softmax of E logits in place, then the K best (ties: lower id) with weights renormalized. Each pick
  * marks its entry with -1 (probabilities are >= 0), so a pick costs one pass over E. */
-static void route_token(float *p, int32_t E, int32_t K, int32_t *sel, float *w) {
+static void route_token(float *p, int32_t E, int32_t K, int32_t norm, float scale, int32_t *sel, float *w) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < E; i++) mx = p[i] > mx ? p[i] : mx;
     float sum = 0.0f;
@@ -107,10 +114,81 @@ static void route_token(float *p, int32_t E, int32_t K, int32_t *sel, float *w) 
         wsum += p[best];
         p[best] = -1.0f;
     }
-    for (int32_t k = 0; k < K; k++) w[k] /= wsum;
+    if (norm)
+        for (int32_t k = 0; k < K; k++) w[k] /= wsum;
+    if (scale != 1.0f)
+        for (int32_t k = 0; k < K; k++) w[k] *= scale;
+}
+
+/* Sigmoid routing (glm4moe, DeepSeek V3): s = sigmoid(logits) in place; the K best of s + bias (ties:
+ * lower id; bias may be NULL) are picked, and weighted by s itself, renormalized when norm. */
+static void route_token_sigmoid(float *p, float *choice, const float *bias, int32_t E, int32_t K, int32_t norm,
+                                float scale, int32_t *sel, float *w) {
+    for (int32_t i = 0; i < E; i++) {
+        p[i] = 1.0f / (1.0f + expf(-p[i]));
+        choice[i] = bias ? p[i] + bias[i] : p[i];
+    }
+    float wsum = 0.0f;
+    for (int32_t k = 0; k < K; k++) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < E; i++)
+            if (choice[i] > choice[best]) best = i;
+        sel[k] = best;
+        w[k] = p[best];
+        wsum += p[best];
+        choice[best] = -INFINITY;
+    }
+    if (norm)
+        for (int32_t k = 0; k < K; k++) w[k] /= wsum;
+    if (scale != 1.0f)
+        for (int32_t k = 0; k < K; k++) w[k] *= scale;
 }
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- dense SwiGLU: the shared expert, a dense leading layer ------------------------------------ */
+
+/* ysh = silu(xn Wg^T) * (xn Wu^T) Wd^T for every token (F = the weights' hidden width), times
+ * sigmoid(xn . sgate) when sgate is given. These weights are resident (not experts the cache moves).
+ * Reads cb->xn; clobbers cb->act. */
+static void dense_swiglu(strata_engine *e, const wview *wg, const wview *wu, const wview *wd, const float *sgate,
+                         int32_t T) {
+    const hparams *hp = &e->hp;
+    chunk_buffers *cb = &e->md->cb;
+    const int32_t D = hp->n_embd, FS = (int32_t)wg->rows;
+    const quant_traits *qg = quant_lookup(e->qt, wg->type), *qu = quant_lookup(e->qt, wu->type);
+    const quant_traits *qd = quant_lookup(e->qt, wd->type);
+    mm_quantize(e->qt, wg->type, cb->xn, D, T, D, cb->act, cb->act_stride);
+    if (qg->act_type == qu->act_type) {
+        mm_seg s[2] = {{qg, *wg, cb->act, cb->act_stride, NULL, T, cb->sg, FS, NULL},
+                       {qu, *wu, cb->act, cb->act_stride, NULL, T, cb->su, FS, NULL}};
+        mm_run(e->pool, s, 2);
+    } else {
+        mm_seg sg = {qg, *wg, cb->act, cb->act_stride, NULL, T, cb->sg, FS, NULL};
+        mm_run(e->pool, &sg, 1);
+        mm_quantize(e->qt, wu->type, cb->xn, D, T, D, cb->act, cb->act_stride);
+        mm_seg su = {qu, *wu, cb->act, cb->act_stride, NULL, T, cb->su, FS, NULL};
+        mm_run(e->pool, &su, 1);
+    }
+    for (int64_t i = 0; i < (int64_t)T * FS; i++) cb->sg[i] = silu(cb->sg[i]) * cb->su[i];
+    mm_quantize(e->qt, wd->type, cb->sg, FS, T, FS, cb->shact, cb->act_stride);
+    mm_seg sd = {qd, *wd, cb->shact, cb->act_stride, NULL, T, cb->ysh, D, NULL};
+    mm_run(e->pool, &sd, 1);
+    if (sgate)
+        for (int32_t t = 0; t < T; t++) {
+            const float *xt = cb->xn + (int64_t)t * D;
+            double z = 0.0; /* one dot of D values, in order */
+            for (int32_t d = 0; d < D; d++) z += (double)xt[d] * (double)sgate[d];
+            const float gt = 1.0f / (1.0f + expf(-(float)z));
+            float *yt = cb->ysh + (int64_t)t * D;
+            for (int32_t d = 0; d < D; d++) yt[d] *= gt;
+        }
+}
+
+static void shared_expert(strata_engine *e, const layer_weights *L, int32_t T) {
+    dense_swiglu(e, &L->gate_shexp, &L->up_shexp, &L->down_shexp,
+                 e->hp.ad->shexp == SHEXP_SIGMOID_GATE ? L->shexp_gate : NULL, T);
+}
 
 /* ---- the block --------------------------------------------------------------------------------- */
 
@@ -123,12 +201,27 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
 
     rmsnorm_rows(cb->xn, cb->x, L->ffn_norm, T, D, hp->rms_eps);
 
+    if (l < hp->n_dense_lead) { /* a dense leading layer: one SwiGLU, no router, no experts */
+        dense_swiglu(e, &L->gate_dense, &L->up_dense, &L->down_dense, NULL, T);
+        const float rs = hp->residual_scale;
+        for (int64_t i = 0; i < (int64_t)T * D; i++) cb->x[i] += rs != 1.0f ? cb->ysh[i] * rs : cb->ysh[i];
+        return STRATA_OK;
+    }
+
     /* router */
     mm_quantize(e->qt, L->router.type, cb->xn, D, T, D, cb->act, cb->act_stride);
     mm_seg sr = {quant_lookup(e->qt, L->router.type), L->router, cb->act, cb->act_stride, NULL, T, cb->router, E, NULL};
     mm_run(e->pool, &sr, 1);
-    for (int32_t t = 0; t < T; t++)
-        route_token(cb->router + (int64_t)t * E, E, K, cb->sel + (int64_t)t * K, cb->wsel + (int64_t)t * K);
+    for (int32_t t = 0; t < T; t++) {
+        float *pt = cb->router + (int64_t)t * E;
+        int32_t *st = cb->sel + (int64_t)t * K;
+        float *wt = cb->wsel + (int64_t)t * K;
+        if (hp->gating == GATING_SIGMOID)
+            route_token_sigmoid(pt, cb->choice + (int64_t)t * E, L->exp_bias, E, K, hp->norm_topk, hp->routed_scale, st,
+                                wt);
+        else
+            route_token(pt, E, K, hp->norm_topk, hp->routed_scale, st, wt);
+    }
 
     /* group the (token, k) pairs by expert, tokens ascending inside a group */
     memset(cb->grp_off, 0, sizeof(int32_t) * (size_t)(E + 1));
@@ -191,14 +284,20 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
         x0 = x1;
     }
 
-    /* weighted sum in k order (best expert first), then into the residual stream */
+    if (hp->n_ff_shexp > 0) shared_expert(e, L, T);
+
+    /* weighted sum in k order (best expert first), the shared expert after it, then into the residual
+     * stream (granite scales the block's output first) */
+    const float rs = hp->residual_scale;
     for (int32_t t = 0; t < T; t++) {
         float *xt = cb->x + (int64_t)t * D;
         const float *wt = cb->wsel + (int64_t)t * K;
+        const float *ys = hp->n_ff_shexp > 0 ? cb->ysh + (int64_t)t * D : NULL;
         for (int32_t d = 0; d < D; d++) {
             float acc = 0.0f;
             for (int32_t k = 0; k < K; k++) acc += wt[k] * cb->ye[((int64_t)t * K + k) * D + d];
-            xt[d] += acc;
+            if (ys) acc += ys[d];
+            xt[d] += rs != 1.0f ? acc * rs : acc;
         }
     }
     return STRATA_OK;

@@ -180,7 +180,7 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
                           ? STRATA_MISS_HOST
                           : prm->miss_policy;
     pp->kv_type = prm->kv_type;
-    pp->n_experts_total = in->n_layer * in->n_expert;
+    pp->n_experts_total = (in->n_moe_layer > 0 ? in->n_moe_layer : in->n_layer) * in->n_expert;
     pp->slot_bytes = slot_round(in->expert_bytes);
     pp->small_chunk = 0;
 
@@ -209,7 +209,9 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     int32_t ctx = prm->max_context > 0 ? prm->max_context : STRATA_MIN(in->n_ctx_train > 0 ? in->n_ctx_train : 4096, 4096);
     pp->max_context = ctx;
     pp->resident_bytes = in->resident_bytes;
+    pp->n_seq = prm->n_seq > 0 ? prm->n_seq : 1;
     pp->kv_bytes = in->kv_bytes(prm->kv_type, in->n_layer, ctx, in->n_head_kv, in->head_dim);
+    if (pp->kv_bytes > 0) pp->kv_bytes *= pp->n_seq; /* every sequence has its own */
     if (pp->kv_bytes < 0)
         return err_set(err, STRATA_ERR_UNSUPPORTED,
                        "--kv %s cannot hold this model's keys and values (head dimension %d; int8 needs a multiple of "
@@ -296,7 +298,9 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     left -= arena_size_of(pp->resident_bytes);
     say(sayfn, sctx, "plan: resident weights %.1f MiB, %.1f MiB left", MIB(pp->resident_bytes), MIB(left));
     left -= arena_size_of(pp->kv_bytes);
-    say(sayfn, sctx, "plan: KV cache %d tokens at %s %.1f MiB, %.1f MiB left", ctx, kv_name(prm->kv_type),
+    char seqs[48] = ""; /* "" for one sequence, else how many the KV cache holds */
+    if (pp->n_seq > 1) snprintf(seqs, sizeof seqs, " for each of %d sequences", pp->n_seq);
+    say(sayfn, sctx, "plan: KV cache %d tokens%s at %s %.1f MiB, %.1f MiB left", ctx, seqs, kv_name(prm->kv_type),
         MIB(pp->kv_bytes), MIB(left));
     left -= arena_size_of(pp->scratch_bytes);
     say(sayfn, sctx, "plan: decode scratch %.1f MiB, %.1f MiB left", MIB(pp->scratch_bytes), MIB(left));
@@ -312,17 +316,17 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
             int64_t per_tok = pp->kv_bytes / ctx;
             int64_t fit_ctx = per_tok > 0 ? (pp->kv_bytes - missing) / per_tok : 0;
             if (fit_ctx > 0)
-                snprintf(kvhint, sizeof kvhint, ", or lower --max-context to at most %lld tokens (or use --kv int8)",
-                         (long long)fit_ctx);
+                snprintf(kvhint, sizeof kvhint, ", or lower --max-context to at most %lld tokens (or use --kv int8%s)",
+                         (long long)fit_ctx, pp->n_seq > 1 ? ", or lower --parallel" : "");
             hint = "the context is too long for the budget";
         } else {
             hint = "the budget cannot hold the resident part";
         }
         return err_set(err, STRATA_ERR_BUDGET,
-                       "%s: resident weights %.1f MiB + KV cache %.1f MiB (%d tokens at %s) + decode scratch %.1f MiB "
+                       "%s: resident weights %.1f MiB + KV cache %.1f MiB (%d tokens%s at %s) + decode scratch %.1f MiB "
                        "+ reserve %.1f MiB = %.1f MiB, but the device budget is %.1f MiB (%s); %.1f MiB missing: "
                        "raise --vram-budget to at least %.0f MiB%s",
-                       hint, MIB(pp->resident_bytes), MIB(pp->kv_bytes), ctx, kv_name(prm->kv_type),
+                       hint, MIB(pp->resident_bytes), MIB(pp->kv_bytes), ctx, seqs, kv_name(prm->kv_type),
                        MIB(pp->scratch_bytes), MIB(pp->reserve_bytes), MIB(p->fixed_bytes), MIB(B), budget_src,
                        MIB(missing), ceil(MIB(p->fixed_bytes + pp->slot_bytes * 8)), kvhint);
     }
@@ -426,13 +430,15 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
 
 void plan_line(const plan *p, char *buf, size_t len) {
     const strata_plan *pp = &p->pub;
+    char seqs[32] = "";
+    if (pp->n_seq > 1) snprintf(seqs, sizeof seqs, " x %d sequences", pp->n_seq);
     static const char *miss[] = {"auto", "host", "copy", "read"};
     snprintf(buf, len,
-             "plan: budget %.1f MiB = resident %.1f + kv %.1f (%d tokens %s) + scratch %.1f + reserve %.1f + cache "
+             "plan: budget %.1f MiB = resident %.1f + kv %.1f (%d tokens %s%s) + scratch %.1f + reserve %.1f + cache "
              "%d slots x %lld bytes; auto chunk %d (ring %d slots, loan %d slots); small chunk %d (ring %d); floor %d; "
              "max lend %d; lend %s; miss %s; cache %s; host experts %.1f MiB %s, borrow %.1f of %.1f MiB",
              MIB(pp->budget_bytes), MIB(pp->resident_bytes), MIB(pp->kv_bytes), pp->max_context,
-             kv_name(pp->kv_type), MIB(pp->scratch_bytes), MIB(pp->reserve_bytes), pp->n_slots,
+             kv_name(pp->kv_type), seqs, MIB(pp->scratch_bytes), MIB(pp->reserve_bytes), pp->n_slots,
              (long long)pp->slot_bytes, pp->auto_chunk, pp->auto_ring_slots, pp->auto_loan_slots, pp->small_chunk,
              p->deep_ring, pp->lend_floor, pp->max_lend_slots,
              pp->lend_policy == STRATA_LEND_LEGACY ? "legacy" : "current",

@@ -25,6 +25,7 @@ typedef void (*plan_say_fn)(void *ctx, const char *line);
 /* What the plan needs to know, gathered by the engine before planning. */
 typedef struct plan_inputs {
     int32_t n_layer;             /* transformer blocks */
+    int32_t n_moe_layer;         /* of them, those with routed experts (0: all; dense leading layers have none) */
     int32_t n_expert;            /* E */
     int32_t n_expert_used;       /* K */
     int32_t n_embd;              /* D */

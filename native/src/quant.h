@@ -14,11 +14,11 @@
 #include <stdint.h>
 
 typedef struct quant_traits {
-    const char *name;      /* "Q8_0" */
-    int32_t type;          /* strata_type */
-    int32_t block;         /* values per block */
-    int32_t block_bytes;   /* bytes per block */
-    int32_t act_type;      /* type the activations are quantized to for vec_dot */
+    const char *name;    /* "Q8_0" */
+    int32_t type;        /* strata_type */
+    int32_t block;       /* values per block */
+    int32_t block_bytes; /* bytes per block */
+    int32_t act_type;    /* type the activations are quantized to for vec_dot */
     /* dst[n] = dequantized src (n a multiple of block). */
     void (*dequant)(const void *src, float *dst, int64_t n);
     /* For act types only: quantize x[n] into dst (n a multiple of block). NULL for weight-only types. */

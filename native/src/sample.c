@@ -23,8 +23,8 @@ struct strata_sampler {
     strata_sampling s;
     uint64_t rng[4];
     int32_t cap;
-    float *p;       /* [cap] probabilities of the candidates */
-    void *c;        /* [cap] candidates (value, token id) */
+    float *p; /* [cap] probabilities of the candidates */
+    void *c;  /* [cap] candidates (value, token id) */
 };
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -55,8 +55,7 @@ strata_status strata_sampler_init(const strata_sampling *s, strata_sampler **out
     *out = NULL;
     strata_sampling d = strata_default_sampling();
     if (!s) s = &d;
-    if (!(s->temperature >= 0) || !(s->top_p > 0 && s->top_p <= 1) || !(s->min_p >= 0 && s->min_p <= 1) ||
-        s->top_k < 0)
+    if (!(s->temperature >= 0) || !(s->top_p > 0 && s->top_p <= 1) || !(s->min_p >= 0 && s->min_p <= 1) || s->top_k < 0)
         return STRATA_ERR_INVALID_ARGUMENT;
     strata_sampler *smp = calloc(1, sizeof *smp);
     if (!smp) return STRATA_ERR_OUT_OF_MEMORY;
@@ -103,7 +102,9 @@ static void keep_top_k(pair *c, int32_t n, int32_t k) {
             if (l < k && before(c[w], c[l])) w = l;
             if (r < k && before(c[w], c[r])) w = r;
             if (w == j) break;
-            pair t = c[j]; c[j] = c[w]; c[w] = t;
+            pair t = c[j];
+            c[j] = c[w];
+            c[w] = t;
             j = w;
         }
     }
@@ -115,7 +116,9 @@ static void keep_top_k(pair *c, int32_t n, int32_t k) {
             if (l < k && before(c[w], c[l])) w = l;
             if (r < k && before(c[w], c[r])) w = r;
             if (w == j) break;
-            pair t = c[j]; c[j] = c[w]; c[w] = t;
+            pair t = c[j];
+            c[j] = c[w];
+            c[w] = t;
             j = w;
         }
     }

@@ -20,8 +20,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SPIN_ROUNDS 50000   /* pauses before a worker sleeps (on the order of a millisecond) */
-#define YIELD_EVERY 256     /* spinning threads yield this often, so an overloaded host can run others */
+#define SPIN_ROUNDS 50000 /* pauses before a worker sleeps (on the order of a millisecond) */
+#define YIELD_EVERY 256   /* spinning threads yield this often, so an overloaded host can run others */
 
 typedef struct job_slot {
     _Atomic(pool_fn) fn;
@@ -30,13 +30,13 @@ typedef struct job_slot {
 } job_slot;
 
 struct pool {
-    int n;                        /* threads including the caller */
-    pthread_t *tid;               /* [n - 1] */
+    int n;          /* threads including the caller */
+    pthread_t *tid; /* [n - 1] */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    _Atomic uint64_t state;       /* generation << 32 | next item */
-    _Atomic int64_t done;         /* items of the current job finished */
-    _Atomic int sleepers;         /* workers waiting on cv */
+    _Atomic uint64_t state; /* generation << 32 | next item */
+    _Atomic int64_t done;   /* items of the current job finished */
+    _Atomic int sleepers;   /* workers waiting on cv */
     _Atomic int quit;
     /* Job descriptions alternate between two slots: slot gen & 1 is rewritten only for job gen + 2,
      * which cannot start before every item of job gen is finished. */
@@ -131,8 +131,8 @@ strata_status pool_create(int n_threads, pool **out, errbuf *err) {
         if (!wa || pthread_create(&p->tid[i - 1], NULL, worker_main, wa) != 0) {
             free(wa);
             pool_destroy(p); /* joins the p->n - 1 workers started so far */
-            return err_set(err, STRATA_ERR_OUT_OF_MEMORY,
-                           "could not start worker thread %d of %d; try fewer --threads", i, n_threads);
+            return err_set(err, STRATA_ERR_OUT_OF_MEMORY, "could not start worker thread %d of %d; try fewer --threads",
+                           i, n_threads);
         }
         p->n = i + 1;
     }

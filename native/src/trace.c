@@ -80,8 +80,8 @@
  *
  *   STRATA_CUDA_FLASH "0": on --device cuda, run prompt chunks' attention with the decode kernel
  *                  (cuda/attention.cu, one query per block) instead of the tensor-core kernel
- *                  (cuda/flash_attn.cu, f16 KV with head dim 32, 64 or 128; other caches always take the
- *                  decode kernel). Any other value, or unset: the tensor-core kernel. Read at the first
+ *                  (cuda/flash_attn.cu, f16 or int8 KV with head dim 32, 64 or 128; other head dims
+ *                  always take the decode kernel). Any other value, or unset: the tensor-core kernel. Read at the first
  *                  prompt.
  *
  *   STRATA_CUDA_PORTABLE "1": on --device cuda, run every kernel in the form a card without sm_80 and

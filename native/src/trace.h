@@ -7,9 +7,9 @@
 #include "strata.h"
 
 typedef struct trace_sink {
-    strata_trace_fn fn;  /* NULL = stderr */
+    strata_trace_fn fn; /* NULL = stderr */
     void *user;
-    int enabled;         /* a sink was given, or STRATA_TRACE is set */
+    int enabled; /* a sink was given, or STRATA_TRACE is set */
 } trace_sink;
 
 /* A sink from the params' trace hook, falling back to the environment (see trace.c). */

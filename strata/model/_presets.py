@@ -1,8 +1,10 @@
 """Model presets: the dimensions and routing shape of each synthetic model strata can make.
 
-Every preset is a ``qwen3moe`` model. ``tiny`` is what tests and ``make run`` use; ``small`` is sized
-for CPU benchmarks; ``qwen3-30b-a3b`` has the real model's dimensions, for GPU benchmarks, and is
-written from pre-quantized random rows so that the whole file takes about a minute.
+A preset is a ``qwen3moe`` model unless its ``family`` names another architecture strata runs. ``tiny``
+is what tests and ``make run`` use; ``small`` is sized for CPU benchmarks; ``qwen3-30b-a3b`` has the real
+model's dimensions, for GPU benchmarks, and is written from pre-quantized random rows so that the whole
+file takes about a minute. ``tiny-qwen2moe``, ``tiny-mixtral``, ``tiny-olmoe`` and ``tiny-granitemoe`` are
+``tiny`` in each other family's layout (its tensors, metadata and blocks), with the same shaped routing.
 """
 
 from __future__ import annotations
@@ -11,7 +13,40 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PRESETS", "Preset", "get_preset"]
+__all__ = [
+    "FAMILIES",
+    "GLM4MOE_DENSE_LEAD",
+    "GLM4MOE_ROUTED_SCALE",
+    "GRANITE_SCALES",
+    "PRESETS",
+    "Preset",
+    "get_preset",
+]
+
+#: the GGUF architectures the maker writes, with the family each is
+FAMILIES = {
+    "qwen3moe": "Qwen3-MoE",
+    "qwen2moe": "Qwen2-MoE",
+    "llama": "Mixtral",
+    "olmoe": "OLMoE",
+    "granitemoe": "Granite-MoE",
+    "glm4moe": "GLM-4.5 MoE",
+}
+
+# glm4moe files the maker writes: the first layer dense, one shared expert of the experts' width, half the
+# head rotated, routed weights scaled as GLM-4.5's are
+GLM4MOE_DENSE_LEAD = 1
+GLM4MOE_ROUTED_SCALE = 2.5
+
+
+# granitemoe's multipliers in the files the maker writes (granite's own choices for their roles: a
+# larger embedding, 1/head_dim attention, damped residual updates, logits divided down), by metadata key
+GRANITE_SCALES = {
+    "embedding_scale": 6.0,
+    "attention.scale": 1.0 / 32,
+    "residual_scale": 0.5,
+    "logit_scale": 4.0,
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +80,9 @@ class Preset:
     check_tokens: int = 256
     # True: tensors are assembled from pools of pre-quantized random rows (fast, for huge presets).
     pooled: bool = False
+    # The architecture written (a key of FAMILIES) and, for qwen2moe, the shared expert's width.
+    family: str = "qwen3moe"
+    d_ff_shared: int = 0
 
     def with_overrides(self, **kw: Any) -> Preset:
         """A copy with some fields changed; unknown names raise ValueError."""
@@ -59,8 +97,12 @@ class Preset:
         D, L, E, F = self.d_model, self.n_layer, self.n_expert, self.d_ff_expert
         q = self.n_head * self.head_dim
         kv = self.n_head_kv * self.head_dim
-        attn = D * q + 2 * D * kv + q * D + 2 * self.head_dim + 2 * D  # projections, q/k norms, 2 norms
-        router = E * D
+        qk_norms = {"qwen3moe": 2 * self.head_dim, "olmoe": q + kv}.get(self.family, 0)
+        biases = q + 2 * kv if self.family == "qwen2moe" else 0
+        attn = (
+            D * q + 2 * D * kv + q * D + qk_norms + biases + 2 * D
+        )  # projections, q/k norms, biases, 2 norms
+        router = E * D + (3 * D * self.d_ff_shared + D if self.family == "qwen2moe" else 0)  # + shared expert
         embd = self.n_vocab * D
         head = 0 if self.tie_embeddings else self.n_vocab * D
         per_expert = 3 * D * F
@@ -84,6 +126,10 @@ class Preset:
             problems.append("embedding_length and expert_feed_forward_length must be multiples of 32")
         if self.n_vocab < 512:
             problems.append(f"vocabulary of {self.n_vocab} is too small (at least 512)")
+        if self.family not in FAMILIES:
+            problems.append(f"family {self.family!r} is not one the maker writes ({', '.join(FAMILIES)})")
+        if self.family == "qwen2moe" and (self.d_ff_shared <= 0 or self.d_ff_shared % 32):
+            problems.append("a qwen2moe preset needs d_ff_shared, a positive multiple of 32")
         if problems:
             raise ValueError(f"preset {self.name!r}: " + "; ".join(problems))
         return self
@@ -139,6 +185,19 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+
+
+# tiny in each other family's layout
+for _fam, _extra in (
+    ("qwen2moe", {"d_ff_shared": 128}),
+    ("mixtral", {}),
+    ("olmoe", {}),
+    ("granitemoe", {}),
+    ("glm4moe", {}),
+):
+    PRESETS[f"tiny-{_fam}"] = PRESETS["tiny"].with_overrides(
+        name=f"tiny-{_fam}", family="llama" if _fam == "mixtral" else _fam, **_extra
+    )
 
 
 def get_preset(name: str) -> Preset:

@@ -76,58 +76,102 @@ class _File:
 
 
 def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None) -> list[np.ndarray]:
-    """Expert ids chosen by each token, per layer: a list of int arrays ``[T, K]`` (best first)."""
+    """Expert ids chosen by each token, per layer: a list of int arrays ``[T, K]`` (best first).
+
+    The blocks are those of the file's family as the maker writes it (FAMILIES): q/k norms per head
+    (qwen3moe) or over the projection (olmoe), q/k/v biases and a gated shared expert (qwen2moe), the
+    llama layout's adjacent rotary pairs (llama, granitemoe), granite's multipliers, and glm4moe's dense
+    leading layers (which route nothing: the list holds MoE layers only), half-head rotary, sigmoid routing
+    with the correction bias, routed scaling and plain shared expert."""
     f = _File(Path(path))
+    fam = f.arch
     L = int(f.hp("block_count"))
     n_layers = L if n_layers is None else min(n_layers, L)
     H, Hkv = int(f.hp("attention.head_count")), int(f.hp("attention.head_count_kv"))
-    hd = int(f.hp("attention.key_length"))
+    try:
+        hd = int(f.hp("attention.key_length"))
+    except KeyError:  # converted files leave it to embedding_length / head_count
+        hd = int(f.hp("embedding_length")) // H
     K = int(f.hp("expert_used_count"))
     eps = float(f.hp("attention.layer_norm_rms_epsilon"))
     theta = float(f.hp("rope.freq_base"))
+    granite = fam == "granitemoe"
+    scale = float(f.hp("attention.scale")) if granite else 1.0 / math.sqrt(hd)
+    res_scale = float(f.hp("residual_scale")) if granite else 1.0
+    norm_topk = fam not in ("qwen2moe", "olmoe")
+    glm = fam == "glm4moe"
+    n_dense = int(f.hp("leading_dense_block_count")) if glm else 0
+    n_rot = int(f.hp("rope.dimension_count")) if glm else None
+    routed_scale = float(f.hp("expert_weights_scale")) if glm else 1.0
     T = len(tokens)
     tok = np.asarray(tokens, dtype=np.int64)
     x = f.get("token_embd.weight", tok)  # [T, D]
-    # NeoX rotary embedding: dimension i pairs with i + hd/2.
-    inv = theta ** (-np.arange(0, hd // 2, dtype=np.float64) * 2.0 / hd)
+    if granite:
+        x = x * np.float32(f.hp("embedding_scale"))
+    # NeoX rotary embedding: dimension i pairs with i + hd/2; the llama layout pairs 2i with 2i + 1.
+    nr = n_rot or hd  # glm4moe rotates the first half of each head
+    inv = theta ** (-np.arange(0, nr // 2, dtype=np.float64) * 2.0 / nr)
     ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]  # [T, hd/2]
     cos, sin = np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
+    adjacent = fam in ("llama", "granitemoe")
     causal = np.triu(np.full((T, T), -np.inf, dtype=np.float32), k=1)
     out: list[np.ndarray] = []
     for i in range(n_layers):
         b = f"blk.{i}."
         h = _rms_norm(x, f.get(b + "attn_norm.weight"), eps)
-        q = (h @ f.get(b + "attn_q.weight").T).reshape(T, H, hd)
-        k = (h @ f.get(b + "attn_k.weight").T).reshape(T, Hkv, hd)
-        v = (h @ f.get(b + "attn_v.weight").T).reshape(T, Hkv, hd)
-        q = _rms_norm(q, f.get(b + "attn_q_norm.weight"), eps)
-        k = _rms_norm(k, f.get(b + "attn_k_norm.weight"), eps)
+        q, k, v = (h @ f.get(b + f"attn_{n}.weight").T for n in "qkv")
+        if fam in ("qwen2moe", "glm4moe"):
+            q, k, v = q + f.get(b + "attn_q.bias"), k + f.get(b + "attn_k.bias"), v + f.get(b + "attn_v.bias")
+        if fam == "olmoe":
+            q, k = (
+                _rms_norm(q, f.get(b + "attn_q_norm.weight"), eps),
+                _rms_norm(k, f.get(b + "attn_k_norm.weight"), eps),
+            )
+        q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
+        if fam == "qwen3moe":
+            q = _rms_norm(q, f.get(b + "attn_q_norm.weight"), eps)
+            k = _rms_norm(k, f.get(b + "attn_k_norm.weight"), eps)
 
         def rope(a: np.ndarray) -> np.ndarray:
-            a1, a2 = a[..., : hd // 2], a[..., hd // 2 :]
-            return np.concatenate([a1 * cos - a2 * sin, a1 * sin + a2 * cos], axis=-1)
+            if adjacent:
+                a1, a2 = a[..., 0::2], a[..., 1::2]
+                r = np.empty_like(a)
+                r[..., 0::2], r[..., 1::2] = a1 * cos - a2 * sin, a1 * sin + a2 * cos
+                return r
+            a1, a2, rest = a[..., : nr // 2], a[..., nr // 2 : nr], a[..., nr:]
+            return np.concatenate([a1 * cos - a2 * sin, a1 * sin + a2 * cos, rest], axis=-1)
 
         q, k = rope(q), rope(k)
         rep = H // Hkv
         k = np.repeat(k, rep, axis=1)
         v = np.repeat(v, rep, axis=1)
         qh, kh, vh = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, T, hd]
-        s = qh @ kh.transpose(0, 2, 1) / np.float32(math.sqrt(hd)) + causal  # [H, T, T]
+        s = qh @ kh.transpose(0, 2, 1) * np.float32(scale) + causal  # [H, T, T]
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s /= s.sum(axis=-1, keepdims=True)
         a = (s @ vh).transpose(1, 0, 2).reshape(T, H * hd)
-        x = x + a @ f.get(b + "attn_output.weight").T
+        x = x + (a @ f.get(b + "attn_output.weight").T) * np.float32(res_scale)
 
-        h = _rms_norm(x, f.get(b + "ffn_norm.weight"), eps)
+        h = _rms_norm(x, f.get(b + ("post_attention_norm" if glm else "ffn_norm") + ".weight"), eps)
+        if i < n_dense:  # a dense leading layer: no routing to report
+            g, u = h @ f.get(b + "ffn_gate.weight").T, h @ f.get(b + "ffn_up.weight").T
+            x = x + (g / (1.0 + np.exp(-g)) * u) @ f.get(b + "ffn_down.weight").T
+            continue
         logits = h @ f.get(b + "ffn_gate_inp.weight").T  # [T, E]
-        sel = np.argsort(-logits, axis=-1, kind="stable")[:, :K]
+        if glm:  # sigmoid scores; experts picked by score + correction bias, weighted by the score
+            p = 1.0 / (1.0 + np.exp(-logits))
+            sel = np.argsort(-(p + f.get(b + "exp_probs_b.bias")), axis=-1, kind="stable")[:, :K]
+        else:
+            sel = np.argsort(-logits, axis=-1, kind="stable")[:, :K]
         out.append(sel)
         if i == n_layers - 1:
             break
-        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)
+        if not glm:
+            p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            p /= p.sum(axis=-1, keepdims=True)
         w = np.take_along_axis(p, sel, axis=-1)
-        w /= w.sum(axis=-1, keepdims=True)
+        if norm_topk:
+            w /= w.sum(axis=-1, keepdims=True)
         moe = np.zeros_like(x)
         for e in np.unique(sel):
             rows, slot = np.nonzero(sel == e)
@@ -136,7 +180,16 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
             u = he @ f.get(b + "ffn_up_exps.weight", int(e)).T
             y = (g / (1.0 + np.exp(-g)) * u) @ f.get(b + "ffn_down_exps.weight", int(e)).T
             moe[rows] += w[rows, slot][:, None] * y
-        x = x + moe
+        if glm:
+            moe *= np.float32(routed_scale)
+            g, u = h @ f.get(b + "ffn_gate_shexp.weight").T, h @ f.get(b + "ffn_up_shexp.weight").T
+            moe += (g / (1.0 + np.exp(-g)) * u) @ f.get(b + "ffn_down_shexp.weight").T
+        if fam == "qwen2moe":  # the shared expert, scaled by its sigmoid gate
+            g, u = h @ f.get(b + "ffn_gate_shexp.weight").T, h @ f.get(b + "ffn_up_shexp.weight").T
+            y = (g / (1.0 + np.exp(-g)) * u) @ f.get(b + "ffn_down_shexp.weight").T
+            gate = h @ f.get(b + "ffn_gate_inp_shexp.weight").reshape(-1)
+            moe += y / (1.0 + np.exp(-gate))[:, None]
+        x = x + moe * np.float32(res_scale)
     return out
 
 

@@ -23,7 +23,7 @@ import zlib
 
 import numpy as np
 
-from ._presets import Preset
+from ._presets import GLM4MOE_DENSE_LEAD, Preset
 
 __all__ = ["ANCHOR", "WeightGen", "log_popularity", "stream_rng", "tensor_specs"]
 
@@ -34,7 +34,10 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
     """(name, NumPy shape) of every tensor, in file order."""
     D, E, F = p.d_model, p.n_expert, p.d_ff_expert
     q, kv = p.n_head * p.head_dim, p.n_head_kv * p.head_dim
+    # the family's q/k norms: per head (qwen3moe), over the whole projection (olmoe), or none
+    qk_norm = {"qwen3moe": (p.head_dim, p.head_dim), "olmoe": (q, kv)}.get(p.family)
     specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (p.n_vocab, D))]
+    glm = p.family == "glm4moe"
     for i in range(p.n_layer):
         b = f"blk.{i}."
         specs += [
@@ -42,15 +45,44 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
             (b + "attn_q.weight", (q, D)),
             (b + "attn_k.weight", (kv, D)),
             (b + "attn_v.weight", (kv, D)),
-            (b + "attn_q_norm.weight", (p.head_dim,)),
-            (b + "attn_k_norm.weight", (p.head_dim,)),
+        ]
+        if p.family in ("qwen2moe", "glm4moe"):
+            specs += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
+        if qk_norm is not None:
+            specs += [(b + "attn_q_norm.weight", (qk_norm[0],)), (b + "attn_k_norm.weight", (qk_norm[1],))]
+        specs += [
             (b + "attn_output.weight", (D, q)),
-            (b + "ffn_norm.weight", (D,)),
+            (b + ("post_attention_norm" if glm else "ffn_norm") + ".weight", (D,)),
+        ]
+        if glm and i < GLM4MOE_DENSE_LEAD:  # a dense leading layer
+            specs += [
+                (b + "ffn_gate.weight", (p.d_ff, D)),
+                (b + "ffn_up.weight", (p.d_ff, D)),
+                (b + "ffn_down.weight", (D, p.d_ff)),
+            ]
+            continue
+        if glm:
+            specs.append((b + "exp_probs_b.bias", (E,)))
+        specs += [
             (b + "ffn_gate_inp.weight", (E, D)),
             (b + "ffn_gate_exps.weight", (E, F, D)),
             (b + "ffn_up_exps.weight", (E, F, D)),
             (b + "ffn_down_exps.weight", (E, D, F)),
         ]
+        if p.family == "qwen2moe":
+            FS = p.d_ff_shared
+            specs += [
+                (b + "ffn_gate_inp_shexp.weight", (1, D)),
+                (b + "ffn_gate_shexp.weight", (FS, D)),
+                (b + "ffn_up_shexp.weight", (FS, D)),
+                (b + "ffn_down_shexp.weight", (D, FS)),
+            ]
+        if glm:  # one shared expert of the experts' width
+            specs += [
+                (b + "ffn_gate_shexp.weight", (F, D)),
+                (b + "ffn_up_shexp.weight", (F, D)),
+                (b + "ffn_down_shexp.weight", (D, F)),
+            ]
     specs.append(("output_norm.weight", (D,)))
     if not p.tie_embeddings:
         specs.append(("output.weight", (p.n_vocab, D)))
@@ -97,6 +129,13 @@ class WeightGen:
             "ffn_gate_exps": 1.0 / math.sqrt(D),
             "ffn_up_exps": 1.0 / math.sqrt(D),
             "ffn_down_exps": 2.0 * self.out_gain / math.sqrt(F),
+            "ffn_gate_inp_shexp": 1.0 / math.sqrt(D),
+            "ffn_gate_shexp": 1.0 / math.sqrt(D),
+            "ffn_up_shexp": 1.0 / math.sqrt(D),
+            "ffn_down_shexp": self.out_gain / math.sqrt(max(1, p.d_ff_shared or F)),
+            "ffn_gate": 1.0 / math.sqrt(D),
+            "ffn_up": 1.0 / math.sqrt(D),
+            "ffn_down": self.out_gain / math.sqrt(p.d_ff),
             "output": 2.0 / math.sqrt(D),
         }[kind]
 
@@ -104,6 +143,8 @@ class WeightGen:
         """The float32 values of one tensor."""
         rng = stream_rng(self.seed, name)
         kind = self.kind(name)
+        if name.endswith(".bias"):  # attention biases: small, of both signs
+            return self.normal(rng, shape, 0.1)
         if len(shape) == 1:  # norm weights: positive, around 1
             return rng.uniform(0.8, 1.2, size=shape).astype(np.float32)
         if kind == "ffn_gate_inp":
@@ -126,12 +167,15 @@ class WeightGen:
             a[0, :] = 0.0
         elif kind == "ffn_down_exps":
             a[:, 0, :] = 0.0
+        elif kind in ("ffn_down_shexp", "ffn_down"):
+            a[0, :] = 0.0
 
     def router(self, rng: np.random.Generator, layer: int, shape: tuple[int, ...]) -> np.ndarray:
         E, D = shape
         # The token-dependent part: rows of std route_noise/sqrt(D) against a normed input of norm ~sqrt(D).
         r = self.normal(rng, shape, self.p.route_noise / math.sqrt(D))
         # ffn_norm's coordinate 0 scales what the router reads there; divide it out.
-        ffn_norm = self.tensor(f"blk.{layer}.ffn_norm.weight", (D,))
+        norm = "post_attention_norm" if self.p.family == "glm4moe" else "ffn_norm"
+        ffn_norm = self.tensor(f"blk.{layer}.{norm}.weight", (D,))
         r[:, 0] = log_popularity(self.p, self.seed, layer) / (ANCHOR * ffn_norm[0])
         return r

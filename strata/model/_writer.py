@@ -18,7 +18,7 @@ import numpy as np
 
 from . import quants
 from ._cache import atomic_path, cache_dir, file_lock
-from ._presets import Preset, get_preset
+from ._presets import GLM4MOE_DENSE_LEAD, GLM4MOE_ROUTED_SCALE, GRANITE_SCALES, Preset, get_preset
 from ._routing import PROMPT_TEXT, LayerSpread, expected_spread, route_file, spread
 from ._template import CHAT_TEMPLATE
 from ._tokenizer import build_vocab
@@ -94,7 +94,7 @@ def tensor_types(p: Preset, quant: str) -> dict[str, str]:
     mix = quants.MIXES.get(q)
     out: dict[str, str] = {}
     for name, shape in tensor_specs(p):
-        if len(shape) == 1 or name.endswith("ffn_gate_inp.weight"):
+        if len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")):
             out[name] = "F32"
             continue
         if mix is not None:
@@ -188,6 +188,24 @@ def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-u
     w.add_expert_count(p.n_expert)
     w.add_expert_used_count(p.n_expert_used)
     w.add_expert_feed_forward_length(p.d_ff_expert)
+    if p.family == "qwen2moe":
+        w.add_expert_shared_feed_forward_length(p.d_ff_shared)
+    if p.family in ("llama", "granitemoe"):  # as llama.cpp's converter writes these families
+        w.add_vocab_size(p.n_vocab)
+        w.add_rope_dimension_count(p.head_dim)
+    if p.family == "glm4moe":  # as llama.cpp's converter writes GLM-4.5's
+        w.add_rope_dimension_count(p.head_dim // 2)
+        w.add_expert_group_count(1)
+        w.add_expert_group_used_count(1)
+        w.add_expert_shared_count(1)
+        w.add_leading_dense_block_count(GLM4MOE_DENSE_LEAD)
+        w.add_uint32("glm4moe.expert_gating_func", 2)  # sigmoid
+        w.add_expert_weights_scale(GLM4MOE_ROUTED_SCALE)
+        w.add_expert_weights_norm(True)
+        w.add_uint32("glm4moe.nextn_predict_layers", 0)
+    if p.family == "granitemoe":
+        for key, value in GRANITE_SCALES.items():
+            w.add_float32(f"granitemoe.{key}", value)
     # How this file was made (readers ignore keys they do not know).
     w.add_string("strata.maker.preset", p.name)
     w.add_uint32("strata.maker.version", MAKER_VERSION)
@@ -233,7 +251,7 @@ def _write(
     types = tensor_types(p, quant)
     gen = WeightGen(p, seed)
     pools = _Pools(gen) if p.pooled else None
-    w = GGUFWriter(path, "qwen3moe")
+    w = GGUFWriter(path, p.family)
     try:
         _metadata(w, p, quant, seed)
         sizes = []

@@ -50,7 +50,21 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="std of the token-dependent part of the router logits (default: the preset's, 1.25)",
     )
+    _split_limits(mk, "also write the model as a split model (NAME-00001-of-0000N.gguf ...): ")
     mk.set_defaults(func=_cmd_make)
+
+    sp = sub.add_parser(
+        "split",
+        help="write a GGUF model as a split model (NAME-00001-of-0000N.gguf ...), as llama.cpp's gguf-split does",
+        description="Write FILE as a split model: every part a GGUF file, the metadata in the first, the "
+        "tensors spread over the parts unchanged. Open it by its first part.",
+    )
+    sp.add_argument("file", type=Path, help="the model to split")
+    sp.add_argument(
+        "out", type=Path, nargs="?", default=None, help="NAME.gguf of the parts (default: FILE's name)"
+    )
+    _split_limits(sp, "")
+    sp.set_defaults(func=_cmd_split)
 
     info = sub.add_parser("info", help="architecture, dimensions, tensor types and expert sizes of a GGUF")
     info.add_argument("file", type=Path)
@@ -67,6 +81,63 @@ def add_parser(subparsers: Any) -> None:
     rt.set_defaults(func=_cmd_routing)
 
     p.set_defaults(func=lambda a: (p.print_help(), 2)[1])
+
+
+def _split_limits(p: Any, what: str) -> None:
+    from ._split import parse_size
+
+    p.add_argument(
+        "--split-max-tensors",
+        type=int,
+        default=0,
+        metavar="N",
+        help=what + "at most N tensors in each part",
+    )
+    p.add_argument(
+        "--split-max-size",
+        type=_size_arg(parse_size),
+        default=0,
+        metavar="SIZE",
+        help=what + "at most SIZE bytes of tensor data in each part (512M, 2G)",
+    )
+
+
+def _size_arg(parse: Callable[[str], int]) -> Callable[[str], int]:
+    def size(text: str) -> int:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return size
+
+
+def _write_split(src: Path, out: Path, args: argparse.Namespace, say: Callable[[str], None]) -> Path:
+    """Split src into out's parts; say what was written and return the first part."""
+    from ._split import split_model
+
+    parts = split_model(src, out, max_tensors=args.split_max_tensors, max_size=args.split_max_size)
+    total = sum(p.stat().st_size for p in parts)
+    say(f"split into {len(parts)} parts ({total / 2**20:.1f} MiB): {parts[0].name} .. {parts[-1].name}")
+    return parts[0]
+
+
+def _cmd_split(args: argparse.Namespace) -> int:
+    from ._split import SplitError
+
+    def say(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    if not args.file.is_file():
+        print(f"strata model split: no such file: {args.file}", file=sys.stderr)
+        return 1
+    try:
+        first = _write_split(args.file, args.out or args.file, args, say)
+    except (SplitError, OSError) as e:
+        print(f"strata model split: {e}", file=sys.stderr)
+        return 1
+    print(first)
+    return 0
 
 
 class _Progress:
@@ -107,8 +178,7 @@ def _cmd_make(args: argparse.Namespace) -> int:
         out = model_cache_path(args.preset, quant, args.seed, **shape)
         if out.exists() and not args.force:
             say(f"already made: {out}")
-            print(out)
-            return 0
+            return _split_made(out, args, say, keep=True)
     t0 = time.perf_counter()
 
     # the file is written under a temporary .part name and removed on any error or interrupt: a
@@ -137,13 +207,44 @@ def _cmd_make(args: argparse.Namespace) -> int:
         for sig, handler in old.items():
             signal.signal(sig, handler)
     say(f"made in {time.perf_counter() - t0:.1f} s, {path.stat().st_size / 2**20:.1f} MiB")
+    return _split_made(path, args, say, keep=args.out is None)
+
+
+def _split_made(path: Path, args: argparse.Namespace, say: Callable[[str], None], keep: bool) -> int:
+    """Print the made model's path, or split it first when asked (--split-max-*): the parts replace a
+    file written to --out, and sit beside the cached file that ``ensure_model`` reuses."""
+    if args.split_max_tensors or args.split_max_size:
+        from ._split import SplitError
+
+        try:
+            first = _write_split(path, path, args, say)
+        except (SplitError, OSError) as e:
+            print(f"strata model make: {e}", file=sys.stderr)
+            return 1
+        if not keep:
+            path.unlink()
+        path = first
     print(path)
     return 0
+
+
+def _blocks(path: Path) -> tuple[str | None, str | None]:
+    """The engine's own account of the file: (family and blocks, None), or (None, why it cannot run it)."""
+    import ctypes
+
+    from .. import _cdefs as C
+
+    buf = ctypes.create_string_buffer(1024)
+    status = C.strata_model_describe(str(path).encode(), buf, len(buf))
+    text = buf.value.decode(errors="replace")
+    return (text, None) if status == 0 else (None, text)
 
 
 def describe(path: Path) -> dict[str, Any]:
     """What ``strata model info`` prints, as a dict."""
     from gguf import GGUFReader
+
+    from ._split import model_files
 
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
@@ -183,7 +284,9 @@ def describe(path: Path) -> dict[str, Any]:
     resident = 0
     expert_bytes: dict[int, int] = {}
     n_expert = int(dims.get("expert_count") or 0)
-    for t in r.tensors:
+    parts = model_files(path, int(field("split.count") or 1))
+    readers = [r] + [GGUFReader(str(p)) for p in parts[1:]]  # a missing part: FileNotFoundError
+    for t in (t for rd in readers for t in rd.tensors):
         nbytes = int(t.n_bytes)
         tensors.append(
             {"name": t.name, "type": t.tensor_type.name, "shape": [int(x) for x in t.shape], "bytes": nbytes}
@@ -193,9 +296,13 @@ def describe(path: Path) -> dict[str, Any]:
             expert_bytes[layer] = expert_bytes.get(layer, 0) + nbytes // n_expert
         else:
             resident += nbytes
+    blocks, unsupported = _blocks(path)
     return {
         "file": str(path),
+        "parts": [str(p) for p in parts],
         "architecture": arch,
+        "blocks": blocks,
+        "unsupported": unsupported,
         "name": field("general.name"),
         "file_type": field("general.file_type"),
         "dimensions": dims,
@@ -224,6 +331,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
         f"{d['file']}: {d['architecture']} ({d['name'] or 'unnamed'}), vocabulary {d['vocab_size']} "
         f"({d['tokenizer']['model']}/{d['tokenizer']['pre']})"
     )
+    if d["blocks"]:
+        print(f"  family and blocks: {d['blocks']}")
+    else:
+        print(f"  strata cannot run it: {d['unsupported']}")
     for k, v in d["dimensions"].items():
         print(f"  {k:34s} {v}")
     types: dict[str, int] = {}
@@ -258,9 +369,13 @@ def _cmd_routing(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         print(f"strata model routing: cannot read {args.file}: {e}", file=sys.stderr)
         return 1
-    if d["architecture"] != "qwen3moe" or "expert_count" not in d["dimensions"]:
+    from ._presets import FAMILIES
+
+    if d["architecture"] not in FAMILIES or "expert_count" not in d["dimensions"]:
         print(
-            f"strata model routing: {args.file} is {d['architecture']}, not a qwen3moe model", file=sys.stderr
+            f"strata model routing: {args.file} is {d['architecture']}; its NumPy forward pass routes "
+            f"{', '.join(FAMILIES)} models",
+            file=sys.stderr,
         )
         return 1
     n_expert = int(d["dimensions"]["expert_count"])

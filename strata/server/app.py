@@ -17,6 +17,7 @@ every other endpoint needs the key, ``/metrics`` included.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import traceback
 import uuid
@@ -34,7 +35,16 @@ from .metrics import CONTENT_TYPE, EngineView, Metrics
 from .prompts import chat_prompt, completion_prompt, fit_max_tokens
 from .requests import gen_params, read_json
 from .state import ServerState
-from .streaming import Generation, Watched, reply, stream_chat, stream_completion
+from .streaming import (
+    Choices,
+    Generation,
+    Watched,
+    reply,
+    reply_choices,
+    stream_chat,
+    stream_choices,
+    stream_completion,
+)
 from .supervisor import EngineStartError
 
 __all__ = ["ServerState", "create_app"]
@@ -54,7 +64,7 @@ class _Api:
             stats=sup.stats,
             restarts=sup.restarts,
             queue_length=sup.queue_length,
-            running=sup.running is not None,
+            running=len(sup.running_jobs()),
             ready=sup.ready,
         )
 
@@ -113,6 +123,17 @@ class _Api:
                     "length": sup.queue_length,
                     "waiting": [{"seq": j.seq, "position": k + 1} for k, j in enumerate(sup.waiting())],
                     "running": running.seq if running is not None else None,
+                    # every request the engine runs now, one per sequence (--parallel), first started first
+                    "parallel": sup.parallel,
+                    "sequences": [
+                        {
+                            "seq": j.seq,
+                            "state": j.phase,
+                            "prompt": j.progress if j.phase == "reading" else None,
+                            "tokens": j.n_tokens,
+                        }
+                        for j in sup.running_jobs()
+                    ],
                 },
                 "plan": plan,
                 # each device of a layer split: its layers and its own plan (the counters are as at open)
@@ -167,6 +188,32 @@ class _Api:
         except ApiError as e:
             state.metrics.request(endpoint, e.status)
             return error_response(e)
+        if gen.n > 1:  # a generation per choice, choice i sampled with seed + i
+            gens = [
+                Generation(
+                    state,
+                    client,
+                    built.ids,
+                    max_tokens,
+                    dataclasses.replace(gen, seed=(gen.seed + i) & ((1 << 64) - 1)),
+                    built.think_open,
+                    built.tools,
+                    built.grammar,
+                    index=i,
+                )
+                for i in range(gen.n)
+            ]
+            ch = Choices(gens)
+            if gen.stream:
+                state.metrics.request(endpoint, 200)
+                return Watched(ch, stream_choices(ch, chat=chat))  # type: ignore[return-value]
+
+            async def make_n() -> tuple[int, dict[str, Any]]:
+                status, data = await reply_choices(ch, chat=chat)
+                state.metrics.request(endpoint, status)
+                return status, data
+
+            return Watched(ch, None, make_n)  # type: ignore[return-value]
         g = Generation(
             state, client, built.ids, max_tokens, gen, built.think_open, built.tools, built.grammar
         )

@@ -46,7 +46,7 @@ class EngineView:
     stats: dict[str, Any] | None
     restarts: int
     queue_length: int
-    running: bool
+    running: int  # requests the engine runs now (up to --parallel)
     ready: bool
 
 

@@ -25,6 +25,7 @@ __all__ = ["DEFAULT_MAX_BODY", "MAX_DEPTH", "GenParams", "gen_params", "parse_bo
 DEFAULT_MAX_BODY = 8 << 20
 MAX_DEPTH = 64
 _MAX_STOP = 16
+_MAX_N = 64  # choices per request (n): each is a generation of its own, run side by side with --parallel
 _MAX_TOP_LOGPROBS = 20
 _MAX_CACHE_KEY = 256
 
@@ -178,6 +179,7 @@ class GenParams:
     cache_prompt: bool = False
     prompt_cache_key: str = ""  # the client's own name for a cache scope (OpenAI's prompt_cache_key)
     split_reasoning: bool = False  # reasoning_format "deepseek": <think>...</think> -> reasoning_content
+    n: int = 1  # choices: n generations of the prompt, choice i sampled with seed + i
 
 
 def gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False) -> GenParams:
@@ -189,9 +191,9 @@ def gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False) 
     max_tokens = integer(body, "max_completion_tokens", None, 1, 1 << 30) if chat else None
     if max_tokens is None:
         max_tokens = integer(body, "max_tokens", None, 1, 1 << 30)
-    n = integer(body, "n", 1, 1, 1 << 30)
-    if n != 1:
-        raise bad("n", "only one choice per request is supported (n must be 1)")
+    n = integer(body, "n", 1, 1, 1 << 30) or 1
+    if n > _MAX_N:
+        raise bad("n", f"at most {_MAX_N} choices per request (got {n})")
     seed = integer(body, "seed", None, -(1 << 63), (1 << 64) - 1)
     if seed is None or seed == -1:
         seed = secrets.randbits(63)
@@ -237,6 +239,7 @@ def gen_params(body: dict[str, Any], *, chat: bool, cache_prompt: bool = False) 
         cache_prompt=boolean(body, "cache_prompt", cache_prompt),
         prompt_cache_key=key or "",
         split_reasoning=_reasoning_format(body) == "deepseek" if chat else False,
+        n=int(n),
     )
 
 

@@ -32,7 +32,17 @@ from .state import ServerState
 from .supervisor import Job
 from .tools import ToolCall, ToolSpec, ToolStream, parse_calls
 
-__all__ = ["Generation", "StopMatcher", "Watched", "reply", "stream_chat", "stream_completion"]
+__all__ = [
+    "Choices",
+    "Generation",
+    "StopMatcher",
+    "Watched",
+    "reply",
+    "reply_choices",
+    "stream_chat",
+    "stream_choices",
+    "stream_completion",
+]
 
 
 class StopMatcher:
@@ -91,8 +101,10 @@ class Generation:
         think_open: bool = False,
         tools: ToolSpec | None = None,
         grammar: str = "",
+        index: int = 0,
     ) -> None:
         self.state = state
+        self.index = index  # the choice this generation is (n > 1: one Generation per choice)
         self.tools = tools if tools is not None and tools.active else None
         self.n_calls = 0  # tool calls found in the reply (set by the writer)
         self.client = client
@@ -119,7 +131,7 @@ class Generation:
         self.job: Job = state.supervisor.submit(command)
         self.decoder = tok.stream_decoder()
         # a family whose tool-call tags are control tokens: their text is kept for the parser
-        marks = (self.tools.fmt.open, self.tools.fmt.close) if self.tools is not None else ()
+        marks = self.tools.fmt.kept if self.tools is not None else ()
         self.keep_ids = {i for i in (tok.token_id(m) for m in marks) if i is not None and tok.is_special(i)}
         self.stopper = StopMatcher(gen.stop)
         self.tokens: list[int] = []
@@ -140,7 +152,8 @@ class Generation:
         Raises ApiError when the engine fails."""
         try:
             pos = self.job.position
-            if pos > 1 or (pos == 1 and self.state.supervisor.running is not None):
+            sup = self.state.supervisor
+            if pos > 1 or (pos == 1 and len(sup.running_jobs()) >= sup.parallel):
                 yield {"queued": pos}
             while True:
                 ev = await self.job.events.get()
@@ -348,7 +361,9 @@ async def _chat_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]
     tok = g.state.tokenizer
 
     def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
-        return c.sse([{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}], **extra)
+        return c.sse(
+            [{"index": g.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}], **extra
+        )
 
     yield chunk({"role": "assistant", "content": ""})
     splitter = ThinkSplitter(g.think_open) if g.gen.split_reasoning else None
@@ -427,7 +442,9 @@ def _call_deltas(index: int, call: ToolCall, piece: int = 32) -> list[dict[str, 
 
 async def _completion_chunks(g: Generation, c: _Chunks) -> AsyncGenerator[bytes, None]:
     def chunk(text: str, finish: str | None = None, logprobs: Any = None, **extra: Any) -> bytes:
-        return c.sse([{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}], **extra)
+        return c.sse(
+            [{"index": g.index, "text": text, "logprobs": logprobs, "finish_reason": finish}], **extra
+        )
 
     async for p in g.pieces():
         if isinstance(p, Piece):
@@ -451,7 +468,7 @@ async def reply(g: Generation, *, chat: bool) -> tuple[int, dict[str, Any]]:
         return e.status, e.body()
     text = "".join(p.text for p in pieces)
     tok = g.state.tokenizer
-    choice: dict[str, Any] = {"index": 0, "finish_reason": g.finish_reason}
+    choice: dict[str, Any] = {"index": g.index, "finish_reason": g.finish_reason}
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
         if g.gen.split_reasoning:
@@ -485,13 +502,106 @@ async def reply(g: Generation, *, chat: bool) -> tuple[int, dict[str, Any]]:
     }
 
 
+# ---- n > 1: one generation per choice -----------------------------------------------------------
+
+
+class Choices:
+    """The n generations of one request (``n`` > 1), each a job of its own: with ``--parallel`` they run
+    side by side. A client that goes away cancels them all."""
+
+    def __init__(self, gens: list[Generation]) -> None:
+        self.gens = gens
+        self.job = gens[0].job
+
+    def client_disconnected(self) -> None:
+        for g in self.gens:
+            g.client_disconnected()
+
+    def usage(self) -> dict[str, Any]:
+        """The prompt once, the completions of every choice."""
+        u = self.gens[0].usage()
+        done = sum(g.usage()["completion_tokens"] for g in self.gens)
+        return {**u, "completion_tokens": done, "total_tokens": u["prompt_tokens"] + done}
+
+
+async def reply_choices(ch: Choices, *, chat: bool) -> tuple[int, dict[str, Any]]:
+    """``reply`` of every choice, as one body with ``choices`` in index order (the first failure, if any)."""
+    answers = await asyncio.gather(*(reply(g, chat=chat) for g in ch.gens))
+    for status, body in answers:
+        if status != 200:
+            for g in ch.gens:
+                g.job.cancel()
+            return status, body
+    body = answers[0][1]
+    body["choices"] = [b["choices"][0] for _, b in answers]
+    body["usage"] = ch.usage()
+    body["strata"] = {**body["strata"], "choices": [b["strata"] for _, b in answers]}
+    return 200, body
+
+
+def stream_choices(ch: Choices, *, chat: bool) -> AsyncIterator[bytes]:
+    """One stream of every choice's chunks as they come (each names its ``index``), then the usage of all
+    (when asked for) and ``[DONE]``."""
+    if chat:
+        c = _Chunks("chat.completion.chunk", ch.gens[0].state.model_name, "chatcmpl-" + uuid.uuid4().hex[:24])
+        bodies = [_chat_chunks(g, c) for g in ch.gens]
+    else:
+        c = _Chunks("text_completion", ch.gens[0].state.model_name, "cmpl-" + uuid.uuid4().hex[:24])
+        bodies = [_completion_chunks(g, c) for g in ch.gens]
+    return _merged(ch, c, bodies)
+
+
+async def _merged(ch: Choices, c: _Chunks, bodies: list[AsyncGenerator[bytes, None]]) -> AsyncIterator[bytes]:
+    out: asyncio.Queue[bytes | ApiError | None] = asyncio.Queue()
+
+    async def pump(body: AsyncGenerator[bytes, None]) -> None:
+        try:
+            async with contextlib.aclosing(body):
+                async for chunk in body:
+                    await out.put(chunk)
+        except ApiError as e:
+            await out.put(e)
+        finally:
+            await out.put(None)
+
+    pumps = [asyncio.create_task(pump(b)) for b in bodies]
+    failed: ApiError | None = None
+    try:
+        left = len(pumps)
+        while left:
+            x = await out.get()
+            if x is None:
+                left -= 1
+            elif isinstance(x, ApiError):
+                failed = x
+                for g in ch.gens:
+                    g.job.cancel()
+                break
+            else:
+                yield x
+    finally:
+        for t in pumps:
+            t.cancel()
+        for t in pumps:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+    if failed is not None:
+        yield _sse(failed.body())
+        yield _sse("[DONE]")
+        return
+    g0 = ch.gens[0]
+    if g0.gen.include_usage:
+        yield c.sse([], usage=ch.usage(), timings=g0.timings(), strata=g0.extension())
+    yield _sse("[DONE]")
+
+
 class Watched:
     """An ASGI response that cancels the generation as soon as the client disconnects: a stream
     (``body``) or one JSON answer (``make_json``); ``on_status`` is told the status it ends with."""
 
     def __init__(
         self,
-        g: Generation,
+        g: Generation | Choices,
         body: AsyncIterator[bytes] | None,
         make_json: Callable[[], Awaitable[tuple[int, dict[str, Any]]]] | None = None,
     ) -> None:

@@ -1,9 +1,11 @@
-"""Runs the engine in a worker process, one request at a time, and restarts it when it dies.
+"""Runs the engine in a worker process, up to ``--parallel`` requests at a time, and restarts it when it dies.
 
-Requests wait in a FIFO (``Job``s); the one at the head runs on the worker while the others see their
-position. The run loop hands each job the worker's events (prompt progress, tokens, the result). A
-job whose client went away is cancelled: a queued one leaves the queue, a running one tells the
-worker to stop, which it does after at most one more token.
+Requests wait in a FIFO (``Job``s); the engine runs as many as it has sequences (``EngineConfig.parallel``,
+1 by default), the others see their position. A job leaves the queue for the worker as soon as a sequence
+is free, so a newcomer joins the running ones at the engine's next step. Every command and event carries
+its job's id (``job``), and the run loop hands each job its own events (prompt progress, tokens, the
+result). A job whose client went away is cancelled: a queued one leaves the queue, a running one tells the
+worker to stop it, which it does after at most one more token (the others run on).
 
 When the worker exits while a job runs, that job ends with ``engine_exited`` ("the engine stopped
 unexpectedly (exit code N)") and a fresh worker is started for the requests that follow; the tail of
@@ -94,6 +96,9 @@ class Job:
     cancelled: bool = False
     abandoned: bool = False
     run_index: int | None = None  # 1 for the first job the engine ran, 2 for the next, ...
+    phase: str = "queued"  # then "reading" (its prompt), "generating"
+    progress: dict[str, Any] | None = None  # while reading: {"done", "total", "tokens_per_second"}
+    n_tokens: int = 0  # tokens generated so far
     _sup: Supervisor | None = None
 
     def cancel(self) -> None:
@@ -163,12 +168,13 @@ class Supervisor:
         self.restarts = 0
         self.last_exit_code: int | None = None
         self.prompt_progress: dict[str, Any] | None = None
+        self.parallel = max(1, int(config.parallel or 1))  # jobs the engine runs at once
         self.unresponsive_since: float | None = None
         self._worker: _Worker | None = None
         self._spawning: asyncio.Task[_Worker] | None = None
         self._queue: collections.deque[Job] = collections.deque()
         self._wakeup = asyncio.Event()
-        self._current: Job | None = None
+        self._running: dict[int, Job] = {}  # job.seq -> job, in the order they started
         self._seq = itertools.count(1)
         self._runs = itertools.count(1)
         self._run_task: asyncio.Task[None] | None = None
@@ -294,7 +300,7 @@ class Supervisor:
             raise
         self.info, self.plan, self.stats = msg.get("info"), msg.get("plan"), msg.get("stats")
         self.devices = msg.get("devices") or []
-        self.state = "idle" if self._current is None else self.state
+        self.state = "idle" if not self._running else self.state
         if beat > 0:
             w.watchdog = asyncio.create_task(self._watch(w, beat), name="strata-worker-watchdog")
         return w
@@ -367,7 +373,8 @@ class Supervisor:
         if self.unresponsive_since is not None and w is self._worker:
             self.unresponsive_since = None
             self._log("engine worker is answering again")
-            self.state = "idle" if self._current is None else "generating"
+            self.state = "idle"
+            self._update_state()
         if ev == "heartbeat":
             return
         if ev == "ready":
@@ -380,21 +387,24 @@ class Supervisor:
             return
         if msg.get("stats"):
             self.stats = msg["stats"]
-        job = self._current
+        job = self._running.get(msg["job"]) if "job" in msg else None
         if job is None:
             return
         if ev == "progress":
             elapsed = time.monotonic() - (job.started or time.monotonic())
             done = int(msg.get("done", 0))
-            self.state = "reading"
-            self.prompt_progress = {
+            job.phase = "reading"
+            job.progress = {
                 "done": done,
                 "total": int(msg.get("total", 0)),
                 "tokens_per_second": done / elapsed if elapsed > 0 else 0.0,
             }
+            self._update_state()
         elif ev == "token":
-            self.state = "generating"
-            self.prompt_progress = None
+            job.n_tokens += 1
+            if job.phase != "generating":
+                job.phase, job.progress = "generating", None
+                self._update_state()
         elif ev not in ("done", "error"):
             return
         if not job.abandoned:
@@ -427,14 +437,16 @@ class Supervisor:
                 file=sys.stderr,
                 flush=True,
             )
-        job = self._current
-        if job is not None and was_ready:
+        if was_ready:
             how = f" It was killed by {_signal_name(code)}." if code < 0 else ""
             message = (
                 f"the engine stopped unexpectedly (exit code {code}).{how} The server's log says more; "
                 f"the next request gets a fresh engine"
             )
-            self._finish(job, {"ev": "error", "code": "engine_exited", "message": message, "exit_code": code})
+            for job in list(self._running.values()):  # every sequence it was running
+                self._finish(
+                    job, {"ev": "error", "code": "engine_exited", "message": message, "exit_code": code}
+                )
         if was_ready:
             # it had been running: start a fresh one for the requests that follow
             self.restarts += 1
@@ -466,14 +478,33 @@ class Supervisor:
 
     @property
     def running(self) -> Job | None:
-        return self._current
+        """The job that started first of those running (None when none runs)."""
+        return next(iter(self._running.values()), None)
+
+    def running_jobs(self) -> list[Job]:
+        """Every job the engine runs now, in the order they started."""
+        return list(self._running.values())
+
+    def _update_state(self) -> None:
+        """The engine's state from its jobs': generating when one is, else reading, else idle."""
+        phases = [j.phase for j in self._running.values()]
+        if self.unresponsive_since is not None or self._closing:
+            return
+        reading = [j for j in self._running.values() if j.phase == "reading"]
+        self.prompt_progress = reading[0].progress if reading else None
+        if "generating" in phases:
+            self.state = "generating"
+        elif reading:
+            self.state = "reading"
+        elif self.state in ("reading", "generating"):
+            self.state = "idle"
 
     def waiting(self) -> list[Job]:
         """The jobs in the queue, first to run first."""
         return list(self._queue)
 
     def position_of(self, job: Job) -> int:
-        if job is self._current:
+        if self._running.get(job.seq) is job:
             return 0
         try:
             return self._queue.index(job) + 1
@@ -481,10 +512,10 @@ class Supervisor:
             return -1
 
     def _cancel(self, job: Job) -> None:
-        if job is self._current:
+        if self._running.get(job.seq) is job:
             w = self._worker
             if w is not None:
-                w.send({"op": "cancel"})
+                w.send({"op": "cancel", "job": job.seq})
         elif job in self._queue:
             self._queue.remove(job)
             self._finish(
@@ -500,6 +531,10 @@ class Supervisor:
         if event is not None and not job.abandoned:
             job.events.put_nowait(event)
         job.finished.set()
+        if self._running.get(job.seq) is job:  # its sequence is free for the next job
+            del self._running[job.seq]
+            self._update_state()
+            self._wakeup.set()
 
     def _fail_all(self, code: str, message: str) -> None:
         """End the waiting jobs, and answer the running one (which the worker may still have)."""
@@ -507,62 +542,61 @@ class Supervisor:
         for waiting in list(self._queue):
             self._finish(waiting, dict(event))
         self._queue.clear()
-        job = self._current
-        if job is not None and not job.abandoned and not job.finished.is_set():
-            job.events.put_nowait(dict(event))
-            job.abandoned = True
+        for job in self._running.values():
+            if not job.abandoned and not job.finished.is_set():
+                job.events.put_nowait(dict(event))
+                job.abandoned = True
 
     async def _run(self) -> None:
         while True:
-            while not self._queue:
+            while not self._queue or len(self._running) >= self.parallel:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             job = self._queue.popleft()
-            self._current = job
+            self._running[job.seq] = job
             try:
-                try:
-                    w = await self._ensure_worker()
-                except EngineStartError as e:
+                w = await self._ensure_worker()
+            except EngineStartError as e:
+                self._finish(
+                    job,
+                    {
+                        "ev": "error",
+                        "code": "engine_start_failed",
+                        "message": public_message(e.message, self.model_path),
+                    },
+                )
+                continue
+            except Exception as e:
+                self._finish(
+                    job,
+                    {
+                        "ev": "error",
+                        "code": "engine_start_failed",
+                        "message": f"the engine worker did not start ({type(e).__name__})",
+                    },
+                )
+                continue
+            if (
+                job.finished.is_set()
+            ):  # ended while the engine started (shutdown, the engine stopped answering)
+                self._running.pop(job.seq, None)
+                continue
+            job.started = time.monotonic()
+            job.run_index = next(self._runs)
+            job.events.put_nowait({"ev": "started"})
+            job.phase = "reading"
+            job.progress = {"done": 0, "total": len(job.command.prompt), "tokens_per_second": 0.0}
+            self._update_state()
+            if not w.send({**job.command.to_message(), "job": job.seq}):
+                # the worker is going away; its exit path ends the job (or it is already gone)
+                if w.exit_code is not None:
                     self._finish(
                         job,
                         {
                             "ev": "error",
-                            "code": "engine_start_failed",
-                            "message": public_message(e.message, self.model_path),
+                            "code": "engine_exited",
+                            "message": f"the engine stopped unexpectedly (exit code {w.exit_code})",
                         },
                     )
-                    continue
-                except Exception as e:
-                    self._finish(
-                        job,
-                        {
-                            "ev": "error",
-                            "code": "engine_start_failed",
-                            "message": f"the engine worker did not start ({type(e).__name__})",
-                        },
-                    )
-                    continue
-                job.started = time.monotonic()
-                job.run_index = next(self._runs)
-                job.events.put_nowait({"ev": "started"})
-                self.state = "reading"
-                self.prompt_progress = {"done": 0, "total": len(job.command.prompt), "tokens_per_second": 0.0}
-                if not w.send(job.command.to_message()):
-                    # the worker is going away; its exit path ends the job (or it is already gone)
-                    if w.exit_code is not None:
-                        self._finish(
-                            job,
-                            {
-                                "ev": "error",
-                                "code": "engine_exited",
-                                "message": f"the engine stopped unexpectedly (exit code {w.exit_code})",
-                            },
-                        )
-                elif job.cancelled:
-                    w.send({"op": "cancel"})
-                await job.finished.wait()
-            finally:
-                self._current = None
-                self.prompt_progress = None
-                if self.state in ("reading", "generating"):
-                    self.state = "idle"
+            elif job.cancelled:
+                w.send({"op": "cancel", "job": job.seq})

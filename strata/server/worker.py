@@ -52,6 +52,10 @@ class _Channel:
         self.cancel_seen_at: int | None = None
         self.context: list[int] = []  # the tokens in the engine's KV cache, in order
         self.context_scope = ""  # the client scope of the request that wrote them
+        self.current_job: int | None = None  # the job of the one-sequence loop
+        self.known_jobs: set[int] = set()  # jobs received and not finished
+        self.cancelled_jobs: set[int] = set()  # jobs told to stop (a cancel without a job: all known ones)
+        self.cancel_all = threading.Event()  # the server is gone: every job stops
 
     def send(self, msg: dict[str, Any]) -> None:
         with self._lock:
@@ -72,10 +76,21 @@ class _Channel:
                 if msg is None:
                     break
                 if msg.get("op") == "cancel":
-                    if not self.cancel.is_set():
-                        self.cancel_seen_at = self.n_generated
-                    self.cancel.set()
+                    job = msg.get("job")
+                    with self._lock:
+                        if job is None:
+                            self.cancelled_jobs |= self.known_jobs
+                        else:
+                            self.cancelled_jobs.add(int(job))
+                        mine = job is None or job == self.current_job
+                    if mine:
+                        if not self.cancel.is_set():
+                            self.cancel_seen_at = self.n_generated
+                        self.cancel.set()
                 else:
+                    if msg.get("op") == "generate" and isinstance(msg.get("job"), int):
+                        with self._lock:
+                            self.known_jobs.add(msg["job"])
                     self.commands.put(msg)
                     if msg.get("op") == "shutdown":
                         break
@@ -83,7 +98,16 @@ class _Channel:
             print(f"worker: command stream failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         self.closed.set()
         self.cancel.set()
+        self.cancel_all.set()
         self.commands.put(None)
+
+    def is_cancelled(self, job: int) -> bool:
+        return self.cancel_all.is_set() or job in self.cancelled_jobs
+
+    def job_done(self, job: int | None) -> None:
+        with self._lock:
+            self.known_jobs.discard(job)  # type: ignore[arg-type]
+            self.cancelled_jobs.discard(job)  # type: ignore[arg-type]
 
 
 def _asdict(obj: Any) -> dict[str, Any]:
@@ -117,24 +141,54 @@ _DELTA_FIELDS = (
 )
 
 
-def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "") -> None:
-    import numpy as np
+class _Job:
+    """One generate command's side of the worker: its callbacks (tokens, log-probabilities, the grammar,
+    prompt progress, cancel) and its events, all tagged with the job's id. The one-sequence loop runs it
+    through ``Engine.generate``, the several-sequence loop through ``strata._batch.Batch``."""
 
-    ch.cancel.clear()
-    ch.cancel_seen_at = None
-    ch.n_generated = 0
-    n_logprobs = cmd.top_logprobs
-    want_logprobs = cmd.logprobs
-    last_stats = [time.monotonic()]
+    def __init__(self, eng: Any, ch: _Channel, cmd: GenerateCommand, job: int | None, model: str) -> None:
+        self.eng, self.ch, self.cmd, self.job = eng, ch, cmd, job
+        self.n_generated = 0
+        self.cancel_seen_at: int | None = None
+        self.last_stats = time.monotonic()
+        self.constraint: Any = None
+        self.before: dict[str, Any] = {}
+        self.reuse = 0
+        if cmd.grammar:
+            from strata.grammar import grammars_for
+            from strata.tokenizer import Tokenizer
 
-    def on_token(tok: int, logits: Any) -> bool:
-        ch.n_generated += 1
+            tok = _TOKENIZER.get(model) or _TOKENIZER.setdefault(model, Tokenizer.from_gguf(model))
+            self.constraint = grammars_for(tok).constraint(cmd.grammar, cmd.max_tokens)
+
+    def send(self, ev: dict[str, Any]) -> None:
+        if self.job is not None:
+            ev["job"] = self.job
+        self.ch.send(ev)
+
+    def cancelled(self) -> bool:
+        if self.job is None or self.ch.current_job == self.job:
+            return self.ch.cancel.is_set()
+        gone = self.ch.is_cancelled(self.job)
+        if gone and self.cancel_seen_at is None:
+            self.cancel_seen_at = self.n_generated
+        return gone
+
+    def on_token(self, tok: int, logits: Any) -> bool:
+        import numpy as np
+
+        if self.constraint is not None:
+            self.constraint.accept(tok)
+        self.n_generated += 1
+        if self.ch.current_job == self.job:
+            self.ch.n_generated = self.n_generated
         ev: dict[str, Any] = {"ev": "token", "id": int(tok)}
-        if want_logprobs:
+        if self.cmd.logprobs:
             x = np.asarray(logits, dtype=np.float64)
             m = float(x.max())
             lse = m + math.log(float(np.exp(x - m).sum()))
             ev["logprob"] = float(x[tok]) - lse
+            n_logprobs = self.cmd.top_logprobs
             if n_logprobs > 0:
                 k = min(n_logprobs, x.shape[0])
                 idx = np.argpartition(-x, k - 1)[:k]
@@ -142,43 +196,107 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "") -> 
                 # under a grammar the forbidden tokens have no probability (-inf): they are left out
                 ev["top_logprobs"] = [[int(i), float(x[i]) - lse] for i in idx if math.isfinite(float(x[i]))]
         now = time.monotonic()
-        if now - last_stats[0] >= _STATS_EVERY_S:
-            last_stats[0] = now
-            ev["stats"] = _asdict(eng.stats())
-        ch.send(ev)
-        return ch.cancel.is_set()
+        if now - self.last_stats >= _STATS_EVERY_S:
+            self.last_stats = now
+            ev["stats"] = _asdict(self.eng.stats())
+        self.send(ev)
+        return self.cancelled()
 
-    def on_prompt(done: int, total: int) -> bool:
-        ch.send({"ev": "progress", "done": int(done), "total": int(total), "stats": _asdict(eng.stats())})
-        return ch.cancel.is_set()
+    def on_prompt(self, done: int, total: int) -> bool:
+        self.send(
+            {"ev": "progress", "done": int(done), "total": int(total), "stats": _asdict(self.eng.stats())}
+        )
+        return self.cancelled()
 
-    constraint = None
-    if cmd.grammar:
-        try:
-            from strata.grammar import grammars_for
-            from strata.tokenizer import Tokenizer
+    def reuse_of(self, held: list[int], scope: str) -> int:
+        """With cache_prompt, the longest prefix of held (a KV cache's tokens) the prompt shares, if the same
+        client scope wrote it; at least one prompt token is always read again (its logits pick the first
+        reply token)."""
+        prompt = self.cmd.prompt
+        reuse = 0
+        if self.cmd.cache_prompt and self.cmd.cache_scope == scope:
+            limit = min(len(held), len(prompt) - 1)
+            while reuse < limit and held[reuse] == prompt[reuse]:
+                reuse += 1
+        return reuse
 
-            tok = _TOKENIZER.get(model) or _TOKENIZER.setdefault(model, Tokenizer.from_gguf(model))
-            constraint = grammars_for(tok).constraint(cmd.grammar, cmd.max_tokens)
-        except Exception as e:
-            ch.send({"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())})
-            return
-        free_on_token = on_token
+    def error(self, e: BaseException) -> None:
+        self.send({"ev": "error", **_error_event(e), "stats": _asdict(self.eng.stats())})
 
-        def on_token(tok: int, logits: Any) -> bool:  # noqa: F811 (the grammar follows each token)
-            assert constraint is not None
-            constraint.accept(tok)
-            return free_on_token(tok, logits)
+    def done(self, r: Any) -> None:
+        after = _asdict(self.eng.stats())
+        finish = r.finish_reason
+        if self.cancelled():
+            finish = "cancelled"
+        # under a grammar the runner-up may be a forbidden token (-inf): no margin then
+        margins = [
+            float(t[0][1] - t[1][1]) if len(t) >= 2 and math.isfinite(t[0][1] - t[1][1]) else None
+            for t in r.top
+        ]
+        before = self.before
+        self.send(
+            {
+                "ev": "done",
+                "tokens": r.tokens,
+                "finish_reason": finish,
+                "prompt_tokens": r.prompt_tokens,
+                "prompt_ms": r.prompt_ms,
+                "decode_ms": r.decode_ms,
+                "margins": margins,
+                "stats": after,
+                # several sequences share the engine: its counters moved for all of them meanwhile
+                "delta": {k: after[k] - before[k] for k in _DELTA_FIELDS if k in after and k in before},
+                "cancel_seen_at": self.cancel_seen_at,
+                "cached_tokens": self.reuse,
+                "closed_early": bool(self.constraint is not None and self.constraint.closed_early),
+            }
+        )
 
+    def request(self, seq_key: Any) -> Any:
+        """The generation as a strata._batch.BatchRequest (the prompt after the reused prefix)."""
+        from strata._batch import BatchRequest
+
+        c = self.cmd
+        return BatchRequest(
+            seq_key,
+            [int(t) for t in c.prompt[self.reuse :]],
+            max_tokens=c.max_tokens,
+            temperature=c.temperature,
+            top_k=c.top_k,
+            top_p=c.top_p,
+            min_p=c.min_p,
+            seed=c.seed,
+            stop_tokens=c.stop_tokens,
+            stop_at_eos=c.stop_at_eos,
+            top_logits=c.top_logits,
+            on_token=self.on_token,
+            on_prompt=self.on_prompt,
+            logits_processor=self.constraint.mask if self.constraint is not None else None,
+            keep=self.reuse,
+        )
+
+
+def _generate(
+    eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "", job_id: int | None = None
+) -> None:
+    """One generation on a one-sequence engine (the engine's own loop)."""
+    with ch._lock:
+        ch.current_job = job_id
+        ch.cancel.clear()
+        if ch.cancel_all.is_set() or (job_id is not None and job_id in ch.cancelled_jobs):
+            ch.cancel.set()
+    ch.cancel_seen_at = None
+    ch.n_generated = 0
+    try:
+        job = _Job(eng, ch, cmd, job_id, model)
+    except Exception as e:
+        ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
+        ch.send({**ev, "job": job_id} if job_id is not None else ev)
+        ch.job_done(job_id)
+        return
     prompt = [int(t) for t in cmd.prompt]
-    # with cache_prompt, the longest prefix the KV cache already holds is kept, if the same client scope
-    # wrote it (at least one prompt token is always read again: its logits pick the first reply token)
-    reuse = 0
-    if cmd.cache_prompt and cmd.cache_scope == ch.context_scope:
-        held, limit = ch.context, min(len(ch.context), len(prompt) - 1)
-        while reuse < limit and held[reuse] == prompt[reuse]:
-            reuse += 1
-    before = _asdict(eng.stats())
+    reuse = job.reuse = job.reuse_of(ch.context, ch.context_scope)
+    job.before = _asdict(eng.stats())
     try:
         if reuse > 0:
             eng.kv_truncate(reuse)
@@ -196,40 +314,91 @@ def _generate(eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "") -> 
             seed=cmd.seed,
             stop_tokens=cmd.stop_tokens,
             stop_at_eos=cmd.stop_at_eos,
-            on_token=on_token,
-            on_prompt=on_prompt,
+            on_token=job.on_token,
+            on_prompt=job.on_prompt,
             top_logits=cmd.top_logits,
-            logits_processor=constraint.mask if constraint is not None else None,
+            logits_processor=job.constraint.mask if job.constraint is not None else None,
         )
     except Exception as e:
-        after = _asdict(eng.stats())
-        ch.send({"ev": "error", **_error_event(e), "stats": after})
+        job.error(e)
         return
-    after = _asdict(eng.stats())
+    finally:
+        with ch._lock:
+            ch.current_job = None
+        ch.job_done(job_id)
+    job.cancel_seen_at = ch.cancel_seen_at
     ch.context = (prompt + list(r.tokens))[: eng.n_past]  # what the KV cache now holds
-    finish = r.finish_reason
     if ch.cancel.is_set():
-        finish = "cancelled"
-    # under a grammar the runner-up may be a forbidden token (-inf): no margin then
-    margins = [
-        float(t[0][1] - t[1][1]) if len(t) >= 2 and math.isfinite(t[0][1] - t[1][1]) else None for t in r.top
-    ]
-    ch.send(
-        {
-            "ev": "done",
-            "tokens": r.tokens,
-            "finish_reason": finish,
-            "prompt_tokens": r.prompt_tokens,
-            "prompt_ms": r.prompt_ms,
-            "decode_ms": r.decode_ms,
-            "margins": margins,
-            "stats": after,
-            "delta": {k: after[k] - before[k] for k in _DELTA_FIELDS if k in after and k in before},
-            "cancel_seen_at": ch.cancel_seen_at,
-            "cached_tokens": reuse,
-            "closed_early": bool(constraint is not None and constraint.closed_early),
-        }
-    )
+        r.finish_reason = "cancelled"
+    job.done(r)
+
+
+def _serve_batch(eng: Any, ch: _Channel, model: str) -> None:
+    """Several sequences at once: generate commands join the batch as they come (the supervisor sends at
+    most n_seq at a time), every running one is stepped together, and each one's events go out as they
+    happen. A sequence keeps its KV cache after its job, for a later prompt of the same client scope."""
+    from strata._batch import Batch
+
+    batch = Batch(eng)
+    jobs: dict[int, tuple[_Job, int]] = {}  # job id -> (job, sequence)
+    scopes = [""] * batch.n_seq  # the client scope that wrote each sequence's cache
+    last_used = [0.0] * batch.n_seq
+    stopping = False
+    while not stopping or batch.active:
+        # commands: wait for one when nothing runs, else take what has come and step
+        while True:
+            try:
+                cmd = ch.commands.get(block=not batch.active and not stopping)
+            except queue.Empty:
+                break
+            if cmd is None or cmd.get("op") == "shutdown":
+                stopping = True
+                break
+            if cmd.get("op") != "generate":
+                ch.send({"ev": "error", "error": "ProtocolError", "status": 0,
+                         "message": f"unknown command {cmd.get('op')!r}"})  # fmt: skip
+                continue
+            job_id = cmd.pop("job", None)
+            try:
+                command = GenerateCommand.from_message(cmd)
+                job = _Job(eng, ch, command, job_id, model)
+            except Exception as e:
+                ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
+                ch.send({**ev, "job": job_id} if job_id is not None else ev)
+                ch.job_done(job_id)
+                continue
+            free = batch.free_sequences()
+            if not free:
+                job.error(RuntimeError(f"all {batch.n_seq} sequences are busy"))
+                ch.job_done(job_id)
+                continue
+            # the free sequence whose cache this prompt reuses most, else the one unused longest
+            seq = max(free, key=lambda q: (job.reuse_of(batch.held[q], scopes[q]), -last_used[q]))
+            job.reuse = job.reuse_of(batch.held[seq], scopes[seq])
+            job.before = _asdict(eng.stats())
+            scopes[seq] = command.cache_scope
+            try:
+                batch.start(job.request(job_id), seq)
+            except Exception as e:
+                job.error(e)
+                ch.job_done(job_id)
+                continue
+            jobs[job_id if job_id is not None else -1] = (job, seq)
+        if stopping and batch.active:
+            ended = batch.cancel_all()
+        elif batch.active:
+            ended = batch.step()  # a job cancelled while its prompt is read stops after the chunk it reads
+        else:
+            ended = []
+        for key, result, err in ended:
+            job, seq = jobs.pop(key if key is not None else -1)
+            last_used[seq] = time.monotonic()
+            ch.job_done(key)
+            if err is not None:
+                batch.held[seq] = batch.held[seq][: eng.seq_n_past(seq)]
+                job.error(err)
+            else:
+                job.done(result)
 
 
 def serve(
@@ -262,17 +431,22 @@ def serve(
             target=ch.heartbeat_loop, args=(heartbeat_s,), name="strata-worker-heartbeat", daemon=True
         ).start()
     try:
+        if eng.n_seq > 1:
+            _serve_batch(eng, ch, model)
+            return 0
         while True:
             cmd = ch.commands.get()
             if cmd is None or cmd.get("op") == "shutdown":
                 break
             if cmd.get("op") == "generate":
+                job_id = cmd.pop("job", None)
                 try:
                     command = GenerateCommand.from_message(cmd)
                 except ProtocolError as e:
-                    ch.send({"ev": "error", "error": "ProtocolError", "status": 0, "message": str(e)})
+                    ev = {"ev": "error", "error": "ProtocolError", "status": 0, "message": str(e)}
+                    ch.send({**ev, "job": job_id} if job_id is not None else ev)
                     continue
-                _generate(eng, ch, command, model)
+                _generate(eng, ch, command, model, job_id)
             else:
                 ch.send(
                     {

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import ProgressBar, Static
 
-__all__ = ["EnginePanel", "describe_state"]
+__all__ = ["EnginePanel", "describe_state", "sequences_line"]
 
 _STATES = {
     "loading": ("loading the model", "warning"),
@@ -45,6 +45,20 @@ def _eta(seconds: float) -> str:
     if seconds >= 60:
         return f"{int(seconds // 60)} min {int(seconds % 60)} s"
     return f"{seconds:.1f} s"
+
+
+def sequences_line(queue: dict[str, Any]) -> str | None:
+    """The engine's sequences (``strata serve --parallel N``) as one line: how many of N run and what
+    they do; None for a server of one sequence."""
+    n = int(queue.get("parallel") or 1)
+    if n <= 1:
+        return None
+    seqs = queue.get("sequences") or []
+    reading = sum(1 for q in seqs if q.get("state") == "reading")
+    line = f"{len(seqs)} / {n}"
+    if seqs:
+        line += f" · {reading} reading" if reading else " · generating"
+    return line
 
 
 class EnginePanel(Vertical):
@@ -169,6 +183,9 @@ class EnginePanel(Vertical):
             lines.append(
                 ("restarts", f"{eng['restarts']}" + (f" (last exit {code})" if code is not None else ""))
             )
+        seqs = sequences_line(s.get("queue") or {})
+        if seqs is not None:
+            lines.append(("running", seqs))
         q = (s.get("queue") or {}).get("length")
         if q:
             lines.append(("queue", str(q)))

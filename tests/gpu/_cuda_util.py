@@ -81,6 +81,45 @@ def _f16_bytes(v: np.ndarray) -> np.ndarray:
     return v.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
+# f16 scale fields (byte offsets in a block) of the block types, for random_rows: a random f16 there could be
+# inf or NaN. The first gets either sign, the others (minimums) are positive.
+SCALE_AT = {
+    "Q4_1": [0, 2],
+    "Q5_0": [0],
+    "Q5_1": [0, 2],
+    "IQ4_NL": [0],
+    "Q2_K": [80, 82],
+    "Q3_K": [108],
+    "Q5_K": [0, 2],
+    "IQ4_XS": [0],
+    "IQ3_XXS": [0],
+    "IQ3_S": [0],
+    "IQ2_XS": [0],
+    "IQ2_XXS": [0],
+    "IQ2_S": [0],
+    "IQ1_S": [0],
+}
+# the types added to the CUDA kernels after the first seven (GQ_NEW_TYPES in native/src/group_dequant.h)
+NEW_TYPES = {
+    "Q4_1": 3,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "IQ4_NL": 20,
+    "MXFP4": 39,
+    "Q2_K": 10,
+    "Q3_K": 11,
+    "Q5_K": 13,
+    "IQ4_XS": 23,
+    "IQ3_XXS": 18,
+    "IQ3_S": 21,
+    "IQ2_XS": 17,
+    "IQ2_XXS": 16,
+    "IQ2_S": 22,
+    "IQ1_S": 19,
+    "IQ1_M": 29,
+}
+
+
 def random_rows(name: str, rows: int, cols: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Random rows of a type as raw bytes [rows, row_bytes] and their values [rows, cols] (float32).
 
@@ -110,6 +149,19 @@ def random_rows(name: str, rows: int, cols: int, rng: np.random.Generator) -> tu
         raw[:, 2:4] = _f16_bytes(rng.uniform(0.001, 0.05, nb))
     elif name == "Q6_K":
         raw[:, 208:210] = scale(nb)
+    elif name == "MXFP4":
+        raw[:, 0] = rng.integers(118, 130, nb)  # scales 2^-10 .. 2^1
+    elif name == "IQ1_M":
+        # the f16 d is spread over the top nibbles of the four scale words (bytes 49, 51, 53, 55)
+        d = np.abs(rng.uniform(0.001, 0.05, nb)).astype(np.float16).view(np.uint16)
+        for i in range(4):
+            nib = ((d >> (4 * i)) & 0xF).astype(np.uint8)
+            raw[:, 49 + 2 * i] = (raw[:, 49 + 2 * i] & 0x0F) | (nib << 4)
+    else:
+        for off in SCALE_AT[name]:
+            raw[:, off : off + 2] = (
+                scale(nb) if off == SCALE_AT[name][0] else _f16_bytes(rng.uniform(0.001, 0.05, nb))
+            )
     w = raw.reshape(rows, -1)
     dense = dequantize(w, qt).reshape(rows, cols).astype(np.float32)
     return w, dense

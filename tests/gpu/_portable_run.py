@@ -1,5 +1,6 @@
 """One engine run on the GPU for test_cuda_portable.py, in a process of its own (the driver reads
-CUDA_FORCE_PTX_JIT when it starts): ``python -m tests.gpu._portable_run MODEL OUT.npz``.
+CUDA_FORCE_PTX_JIT when it starts): ``python -m tests.gpu._portable_run MODEL OUT.npz [KV]`` (KV: the
+``--kv`` cache type, f16 unless given).
 
 Prefills a prompt, keeps the logits of its last token, then generates 16 tokens greedily from the
 same prompt, keeping every token's logits. Writes them to OUT.npz and prints one JSON line: the
@@ -14,11 +15,11 @@ import sys
 import numpy as np
 
 
-def main(model: str, out: str) -> None:
+def main(model: str, out: str, kv: str = "f16") -> None:
     from strata import Engine, EngineConfig
 
     trace: list[str] = []
-    with Engine(model, EngineConfig(device="cuda"), trace=trace.append) as eng:
+    with Engine(model, EngineConfig(device="cuda", kv=kv), trace=trace.append) as eng:
         vocab = eng.info.n_vocab
         prompt = [int(t) for t in np.random.default_rng(7).integers(10, vocab - 10, size=150)]
         eng.prefill(prompt)
@@ -37,4 +38,4 @@ def main(model: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:4])

@@ -47,11 +47,15 @@ def _decode(path, env: dict[str, str], monkeypatch, prompt: list[int], n: int) -
     return res.tokens, h.hexdigest()
 
 
-@pytest.mark.parametrize("quant", ["q8_0", "f16"])
-def test_decode_switches_give_the_same_bits(quant, monkeypatch):
+@pytest.mark.parametrize(
+    "preset,quant",
+    # small/q4_k_m: the K-quant decode kernels (Q4_K and Q6_K, 2-byte and 4-byte aligned rows)
+    [("tiny", "q8_0"), ("tiny", "f16"), ("small", "q4_k_m")],
+)
+def test_decode_switches_give_the_same_bits(preset, quant, monkeypatch):
     from strata.model import ensure_model
 
-    path = ensure_model("tiny", quant=quant, seed=0)
+    path = ensure_model(preset, quant=quant, seed=0)
     prompt = [int(t) for t in np.random.default_rng(3).integers(10, 2000, size=60)]
     ref = _decode(path, OFF, monkeypatch, prompt, 24)
     # everything on (the default), and each part alone off

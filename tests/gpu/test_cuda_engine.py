@@ -136,6 +136,35 @@ def test_cuda_replies_identical_across_cache_chunk_and_miss_policy(monkeypatch):
             monkeypatch.delenv(k)
 
 
+@pytest.mark.parametrize("kv", ["f16", "int8"])
+def test_cuda_kquant_replies_identical_across_cache_chunk_and_miss_policy(kv):
+    """small/q4_k_m: Q4_K and Q6_K projections and experts (Q6_K rows of 1 and 2 super-blocks: 2- and
+    4-byte aligned). The device's K-quant decode kernels, the host mirror (--miss host) and the device
+    reading misses over the bus (--miss read) give the same replies bit for bit, whatever the cache size
+    and the prompt chunk, with an f16 and an int8 KV cache (int8 prompts on flash attention)."""
+    path = _model("small", "q4_k_m")
+    with Engine(path, EngineConfig(device="cpu")) as eng:
+        vocab = eng.info.n_vocab
+        n_experts = eng.info.n_layer * eng.info.n_expert
+    prompt = _prompt(301, vocab, seed=4)
+    ref = None
+    seen = []
+    for cache in ["auto", str(n_experts * 3 // 4)]:
+        for prefill in ["auto", "100"]:
+            for miss in ["copy"] if cache == "auto" else ["copy", "host", "read"]:
+                cfg = EngineConfig(device="cuda", expert_cache=cache, prefill=prefill, miss=miss, kv=kv)
+                tok, first, top, stats = _run(path, cfg, prompt, 24)
+                got = (tok, first.tobytes(), [[v for _, v in step] for step in top])
+                if ref is None:
+                    ref = got
+                assert got[0] == ref[0], f"tokens differ with {cfg.to_cli_args()}"
+                assert got[1] == ref[1], f"prompt logits differ with {cfg.to_cli_args()}"
+                assert got[2] == ref[2], f"decode logits differ with {cfg.to_cli_args()}"
+                seen.append((cache, miss, stats.misses, stats.host_expert_runs))
+    assert any(m > 0 for c, _, m, _ in seen if c != "auto"), seen
+    assert any(h > 0 for _, miss, _, h in seen if miss == "host"), seen
+
+
 def test_miss_read_needs_the_pinned_store(monkeypatch):
     """--miss read without a pinned expert store fails at open, saying why and what to use instead."""
     path = _model("tiny", "q8_0")

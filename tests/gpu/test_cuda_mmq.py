@@ -14,8 +14,20 @@ import numpy as np
 import pytest
 
 from strata import _cdefs as C
-from tests.gpu._cuda_util import random_rows
-from tests.gpu.test_cuda_kernels import TYPES, _quantized_activations
+from tests.gpu._cuda_util import NEW_TYPES, random_rows
+from tests.gpu.test_cuda_kernels import TYPES as _OLD_TYPES
+from tests.gpu.test_cuda_kernels import _quantized_activations
+
+TYPES = {**_OLD_TYPES, **NEW_TYPES}
+# every quantized type runs its prompt products on the tensor cores (mmq.cu, mmq_types.cu)
+MMQ_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K", *NEW_TYPES]
+
+
+def _block(name: str) -> int:
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[getattr(gguf.GGMLQuantizationType, name)][0]
+
 
 pytestmark = pytest.mark.gpu
 
@@ -71,12 +83,12 @@ def _same_bits(a, b, what):
     assert bad.size == 0, f"{what}: row {bad[0]} got {a[bad[0]]!r}, mirror {b[bad[0]]!r}"
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", MMQ_TYPES)
 @pytest.mark.parametrize("rows,cols", [(200, 768), (64, 2080), (130, 256)])
 def test_grouped_equals_mirror_in_any_segment(name, rows, cols):
     """Pairs grouped by matrix into segments of 64, 7 or 1 tokens: every pair gets the mirror's bits."""
-    if name in ("Q4_K", "Q6_K") and cols % 256:
-        pytest.skip("K-quants need rows of whole 256-value blocks")
+    if cols % _block(name):
+        pytest.skip(f"{name} rows are whole blocks of {_block(name)} values")
     rng = np.random.default_rng(rows + cols)
     n_mat, n_x, xdiv = 5, 70, 2
     mats = [random_rows(name, rows, cols, rng) for _ in range(n_mat)]
@@ -103,7 +115,7 @@ def test_grouped_equals_mirror_in_any_segment(name, rows, cols):
         assert err < 1e-5, f"{name} pair {p}: relative error {err:.2e} against the float64 reference"
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("name", MMQ_TYPES)
 def test_dense_equals_mirror_and_is_batch_invariant(name):
     rows, cols = 300, 2048
     rng = np.random.default_rng(11)
@@ -119,8 +131,8 @@ def test_dense_equals_mirror_and_is_batch_invariant(name):
     exact = xr @ dense.astype(np.float64).T
     err = np.linalg.norm(y - exact) / np.linalg.norm(exact)
     assert err < 1e-5, f"{name}: relative error {err:.2e} against the float64 reference"
-    if name in ("Q4_K", "Q6_K"):
-        return  # the decode kernel multiplies K-quants with float activations: not the same products
+    if name not in ("Q8_0", "Q4_0"):
+        return  # the decode kernel multiplies the other types with float activations: not the same products
     # close to the decode kernel (same exact block products, summed in another order)
     ym = np.full((x.shape[0], rows), np.nan, dtype=np.float32)
     st = C.strata_cuda_matvec(

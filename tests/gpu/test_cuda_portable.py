@@ -51,10 +51,10 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _run(model: Path, extra: dict[str, str], tmp_path: Path, tag: str) -> dict:
+def _run(model: Path, extra: dict[str, str], tmp_path: Path, tag: str, kv: str = "f16") -> dict:
     out = tmp_path / f"{tag}.npz"
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.gpu._portable_run", str(model), str(out)],
+        [sys.executable, "-m", "tests.gpu._portable_run", str(model), str(out), kv],
         cwd=ROOT,
         env=_env(extra),
         capture_output=True,
@@ -90,16 +90,21 @@ def _model(preset: str, quant: str) -> Path:
 MODELS = [("tiny", "q8_0"), ("small", "q4_k_m")]
 
 
-@pytest.mark.parametrize("preset,quant", MODELS)
-def test_portable_switch_gives_the_default_bits(preset, quant, tmp_path):
+@pytest.mark.parametrize(
+    "preset,quant,kv",
+    [(p, q, "f16") for p, q in MODELS] + [("tiny", "q8_0", "int8"), ("small", "q4_k_m", "int8")],
+)
+def test_portable_switch_gives_the_default_bits(preset, quant, kv, tmp_path):
+    """int8 KV too: its flash attention stages the raw rows (4-byte copies at tiny's kv_dim, 16-byte at
+    small's) and converts them, in one stage and with plain copies under the switch."""
     model = _model(preset, quant)
-    ref = _run(model, {}, tmp_path, "default")
-    got = _run(model, PORTABLE, tmp_path, "portable")
+    ref = _run(model, {}, tmp_path, "default", kv)
+    got = _run(model, PORTABLE, tmp_path, "portable", kv)
     assert "runs code built for" in ref["code_path"], "the engine's trace does not name its code path"
     path = got["code_path"]
     for words in ("portable path", "plain copies", "m8n8k16", "programmatic launches off"):
         assert words in path, f"STRATA_CUDA_PORTABLE=1: {words!r} not in the code path {path!r}"
-    _same(got, ref, "STRATA_CUDA_PORTABLE=1")
+    _same(got, ref, f"STRATA_CUDA_PORTABLE=1, {kv} KV")
 
 
 @pytest.mark.parametrize("preset,quant", MODELS)

@@ -1,6 +1,6 @@
 /*
  * attn.h — causal attention over an f16 KV cache, tiled: several queries of one KV head against
- * tiles of 16 positions (cpu/attn_avx512.c).
+ * tiles of 16 positions (cpu/attn_avx512.c, and the same algorithm on 8-lane vectors in cpu/attn_avx2.c).
  *
  * A work item is one KV head and a block of tokens; its queries are the G heads that read that KV
  * head, for every token of the block. The K and V rows of a tile are converted to f32 once and read
@@ -34,6 +34,10 @@ void attn_f16_tiled_avx512(const attn_tile_job *j, int32_t kvh, int32_t t0, int3
 /* dst[n] = src[n] as f16, rounded to nearest even (vcvtps2ph): the bits of strata_f32_to_f16 for
  * every value but NaN payloads. The tiled path stores its cache rows with it. */
 void attn_store_f16_avx512(uint16_t *dst, const float *src, int32_t n);
+/* The same on AVX2 + FMA + F16C (cpu/attn_avx2.c): its own bits, as fixed per query as the AVX-512 one's. */
+void attn_f16_tiled_avx2(const attn_tile_job *j, int32_t kvh, int32_t t0, int32_t t1);
+/* attn_store_f16_avx512's conversion with F16C (vcvtps2ph, nearest even). */
+void attn_store_f16_avx2(uint16_t *dst, const float *src, int32_t n);
 /* Queries (heads x tokens) a work item should hold: the tile's conversion is shared by them. */
 #define ATTN_ITEM_QUERIES 32
 

@@ -29,13 +29,13 @@ int attn_f16_tiled_supported(int32_t hd) { return hd == 32 || hd == 64 || hd == 
 static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-86.0f));
     const __m512i ni = _mm512_cvt_roundps_epi32(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 n = _mm512_cvtepi32_ps(ni);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
     const __m512 r2 = _mm512_mul_ps(r, r);
-    const __m512 a0 = _mm512_add_ps(r, _mm512_set1_ps(1.0f));                                     /* 1 + r */
-    const __m512 a1 = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 6.0f), _mm512_set1_ps(0.5f));      /* 1/2 + r/6 */
+    const __m512 a0 = _mm512_add_ps(r, _mm512_set1_ps(1.0f));                                /* 1 + r */
+    const __m512 a1 = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 6.0f), _mm512_set1_ps(0.5f)); /* 1/2 + r/6 */
     const __m512 a2 = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 120.0f), _mm512_set1_ps(1.0f / 24.0f));
     __m512 p = _mm512_fmadd_ps(r2, _mm512_set1_ps(1.0f / 720.0f), a2);
     p = _mm512_fmadd_ps(r2, p, a1);
@@ -67,12 +67,12 @@ static inline __m512 reduce16(const __m512 v[16]) {
 
 /* One pass over the tiles for queries qs .. qs + nq - 1 of the item (query i = token t0 + i / G,
  * head kvh * G + i % G). */
-static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job *j, int32_t kvh, int32_t t0,
-                                                           int32_t qs, int32_t nq, const int HD) {
+static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job *j, int32_t kvh, int32_t t0, int32_t qs,
+                                                            int32_t nq, const int HD) {
     const int NV = HD / 16; /* vectors per row */
     const int32_t G = j->group;
-    float kt[16 * 128] __attribute__((aligned(64)));  /* [16, HD] */
-    float vt[16 * 128] __attribute__((aligned(64)));  /* [16, HD] */
+    float kt[16 * 128] __attribute__((aligned(64)));                 /* [16, HD] */
+    float vt[16 * 128] __attribute__((aligned(64)));                 /* [16, HD] */
     float acc[ATTN_ITEM_QUERIES * 128] __attribute__((aligned(64))); /* [nq, HD] */
     float m[ATTN_ITEM_QUERIES], l[ATTN_ITEM_QUERIES];
     float sc[ATTN_ITEM_QUERIES * 16] __attribute__((aligned(64))); /* [nq, 16] scores of the tile */
@@ -191,8 +191,11 @@ void attn_f16_tiled_avx512(const attn_tile_job *j, int32_t kvh, int32_t t0, int3
     const int32_t nq_all = (t1 - t0) * j->group;
     for (int32_t qs = 0; qs < nq_all; qs += ATTN_ITEM_QUERIES) {
         const int32_t nq = nq_all - qs < ATTN_ITEM_QUERIES ? nq_all - qs : ATTN_ITEM_QUERIES;
-        if (j->hd == 32) attn_pass(j, kvh, t0, qs, nq, 32);
-        else if (j->hd == 64) attn_pass(j, kvh, t0, qs, nq, 64);
-        else attn_pass(j, kvh, t0, qs, nq, 128);
+        if (j->hd == 32)
+            attn_pass(j, kvh, t0, qs, nq, 32);
+        else if (j->hd == 64)
+            attn_pass(j, kvh, t0, qs, nq, 64);
+        else
+            attn_pass(j, kvh, t0, qs, nq, 128);
     }
 }

@@ -199,7 +199,8 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
     }
 }
 
-/* F32, F16, BF16: a step's 256 weights are widened to floats in value order (exact conversions), then
+/* F32, F16, BF16 (and the types of GQ_NEW_TYPES, dequantized by gq_dequant8: px->deq): a step's 256 weights
+ * are widened to floats in value order (exact conversions), then
  * gathered per value index v from that buffer: element l of vector v is lane l's value v. */
 static void rows_float(const mirror_x *px, const uint8_t *w, int64_t rows, float *y) {
     const int64_t G = px->cols / 32, S = G / 8, rb = gq_row_bytes(px->type, px->cols);
@@ -210,17 +211,22 @@ static void rows_float(const mirror_x *px, const uint8_t *w, int64_t rows, float
         const uint8_t *row = w + r * rb;
         __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
         for (int64_t t = 0; t < S; t++) {
-            const uint8_t *src = row + t * 256 * es;
-            for (int k = 0; k < 32; k++) {
-                __m256 v;
-                if (px->type == STRATA_TYPE_F32)
-                    v = _mm256_loadu_ps((const float *)(const void *)(src + 32 * k));
-                else if (px->type == STRATA_TYPE_F16)
-                    v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 16 * k)));
-                else
-                    v = _mm256_castsi256_ps(
-                        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 16 * k))), 16));
-                _mm256_store_ps(buf + 8 * k, v);
+            if (px->deq) { /* the other types: gq_dequant8's values, the scalar kernel's */
+                for (int gg = 0; gg < 8; gg++)
+                    for (int sl = 0; sl < 4; sl++) gq_dequant8(px->type, row, 8 * t + gg, sl, buf + 32 * gg + 8 * sl);
+            } else {
+                const uint8_t *src = row + t * 256 * es;
+                for (int k = 0; k < 32; k++) {
+                    __m256 v;
+                    if (px->type == STRATA_TYPE_F32)
+                        v = _mm256_loadu_ps((const float *)(const void *)(src + 32 * k));
+                    else if (px->type == STRATA_TYPE_F16)
+                        v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 16 * k)));
+                    else
+                        v = _mm256_castsi256_ps(
+                            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + 16 * k))), 16));
+                    _mm256_store_ps(buf + 8 * k, v);
+                }
             }
             const float *xt = px->xt + t * 256;
             for (int v = 0; v < 8; v++)

@@ -211,7 +211,8 @@ static void rows_kquant(const mirror_x *px, const uint8_t *w, int64_t rows, floa
     }
 }
 
-/* F32, F16, BF16: a step's 256 weights are widened to floats in value order (exact conversions), then
+/* F32, F16, BF16 (and the types of GQ_NEW_TYPES, dequantized by gq_dequant8: px->deq): a step's 256 weights
+ * are widened to floats in value order (exact conversions), then
  * gathered per value index v from that buffer: element l of vector v is lane l's value v. */
 static void rows_float(const mirror_x *px, const uint8_t *w, int64_t rows, float *y) {
     const int64_t G = px->cols / 32, S = G / 8, rb = gq_row_bytes(px->type, px->cols);
@@ -224,17 +225,22 @@ static void rows_float(const mirror_x *px, const uint8_t *w, int64_t rows, float
         const uint8_t *row = w + r * rb;
         __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
         for (int64_t t = 0; t < S; t++) {
-            const uint8_t *src = row + t * 256 * es;
-            for (int k = 0; k < 16; k++) {
-                __m512 v;
-                if (px->type == STRATA_TYPE_F32)
-                    v = _mm512_loadu_ps(src + 64 * k);
-                else if (px->type == STRATA_TYPE_F16)
-                    v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 32 * k)));
-                else
-                    v = _mm512_castsi512_ps(_mm512_slli_epi32(
-                        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + 32 * k))), 16));
-                _mm512_store_ps(buf + 16 * k, v);
+            if (px->deq) { /* the other types: gq_dequant8's values, the scalar kernel's */
+                for (int gg = 0; gg < 8; gg++)
+                    for (int sl = 0; sl < 4; sl++) gq_dequant8(px->type, row, 8 * t + gg, sl, buf + 32 * gg + 8 * sl);
+            } else {
+                const uint8_t *src = row + t * 256 * es;
+                for (int k = 0; k < 16; k++) {
+                    __m512 v;
+                    if (px->type == STRATA_TYPE_F32)
+                        v = _mm512_loadu_ps(src + 64 * k);
+                    else if (px->type == STRATA_TYPE_F16)
+                        v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + 32 * k)));
+                    else
+                        v = _mm512_castsi512_ps(_mm512_slli_epi32(
+                            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + 32 * k))), 16));
+                    _mm512_store_ps(buf + 16 * k, v);
+                }
             }
             const float *xt = px->xt + t * 256;
             for (int v = 0; v < 8; v++) {

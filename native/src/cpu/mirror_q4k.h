@@ -18,8 +18,8 @@
 static inline void mirror_q4k_scales(const uint8_t *b, __m256 *dsc, __m256 *dm) {
     /* bytes 4..19 of the block: the 12 scale bytes (and 4 quant bytes, not used) */
     const __m128i s = _mm_loadu_si128((const __m128i *)(b + 4));
-    const __m128i lo = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1); /* s[j] / s[j+4] */
-    const __m128i mi = _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1); /* s[j+4] */
+    const __m128i lo = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);   /* s[j] / s[j+4] */
+    const __m128i mi = _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, -1, -1, -1, -1, -1, -1, -1, -1);   /* s[j+4] */
     const __m128i hs = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1, -1); /* s[j-4] */
     const __m128i hm = _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, -1, -1, -1, -1); /* s[j] */
     const __m256i a = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(s, lo));

@@ -123,6 +123,51 @@ static void q8_0_vec_dot_x4_avx2(int64_t n, const void *w, size_t ws, const void
     q8_0_rows_avx2(n, w, ws, act, out, 4);
 }
 
+/* Q8_0, four weight rows x many activation rows (the prompt path): for two rows and four tokens at a
+ * time, the eight (row, token) pairs run q8_0_rows_avx2's operations for their row and token — the same
+ * sign split, maddubs and madd per block, the same scale product da * db, conversion and fused
+ * multiply-add into the same eight lanes, blocks in order, then hsum256 — with each weight block loaded
+ * and sign-split once for the four tokens. So out[4 k + r] is bit for bit vec_dot(n, row r, act[k]). */
+static void q8_0_vec_dot_4xn_avx2(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,
+                                  float *out) {
+    const int64_t nb = n / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int32_t k0 = 0; k0 < n_act; k0 += 4) {
+        const int32_t kn = n_act - k0 < 4 ? n_act - k0 : 4;
+        const uint8_t *b[4];
+        for (int k = 0; k < 4; k++) b[k] = act[k0 + (k < kn ? k : 0)];
+        for (int rp = 0; rp < 2; rp++) {
+            const uint8_t *a0 = (const uint8_t *)w + (size_t)(2 * rp) * ws, *a1 = a0 + ws;
+            __m256 acc[8]; /* pair 4 rr + k: row 2 rp + rr, token k0 + k */
+            for (int p = 0; p < 8; p++) acc[p] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < nb; i++) {
+                uint16_t h;
+                float db[4], da[2];
+                for (int k = 0; k < 4; k++) {
+                    memcpy(&h, b[k] + i * 34, 2);
+                    db[k] = quant_f16_lut[h];
+                }
+                memcpy(&h, a0 + i * 34, 2);
+                da[0] = quant_f16_lut[h];
+                memcpy(&h, a1 + i * 34, 2);
+                da[1] = quant_f16_lut[h];
+                for (int rr = 0; rr < 2; rr++) {
+                    const __m256i qa = _mm256_loadu_si256((const __m256i *)((rr ? a1 : a0) + i * 34 + 2));
+                    const __m256i ua = _mm256_sign_epi8(qa, qa);
+                    for (int k = 0; k < 4; k++) {
+                        const __m256i qb = _mm256_loadu_si256((const __m256i *)(b[k] + i * 34 + 2));
+                        const __m256i p32 = _mm256_madd_epi16(_mm256_maddubs_epi16(ua, _mm256_sign_epi8(qb, qa)), ones);
+                        acc[4 * rr + k] =
+                            _mm256_fmadd_ps(_mm256_set1_ps(da[rr] * db[k]), _mm256_cvtepi32_ps(p32), acc[4 * rr + k]);
+                    }
+                }
+            }
+            for (int rr = 0; rr < 2; rr++)
+                for (int k = 0; k < kn; k++) out[(size_t)(k0 + k) * 4 + 2 * rp + rr] = hsum256(acc[4 * rr + k]);
+        }
+    }
+}
+
 /* Activations to Q8_0, bit-identical to the scalar quantizer: the same max (exact in any order), the
  * same scale and product per value, and roundf's ties-away-from-zero rounding rebuilt from a truncation
  * (t - trunc(t) is exact, so |t - trunc(t)| >= 0.5 decides the step away from zero exactly). */
@@ -167,5 +212,6 @@ void quant_base_avx2(quant_traits t[]) {
     quant_set_x4(t, STRATA_TYPE_BF16, bf16_vec_dot_x4_avx2);
     t[STRATA_TYPE_Q8_0].vec_dot = q8_0_vec_dot_avx2;
     quant_set_x4(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_x4_avx2);
+    quant_set_4xn(t, STRATA_TYPE_Q8_0, q8_0_vec_dot_4xn_avx2);
     t[STRATA_TYPE_Q8_0].quantize_act = q8_0_quantize_act_avx2;
 }

@@ -31,9 +31,8 @@ static inline __attribute__((always_inline)) float load1(const void *w, int64_t 
 /* R weight rows against one activation row. Per row: two 16-lane accumulators over 32-element steps,
  * one more 16-element step into the first, reduced (_mm512_reduce_add_ps: a fixed tree), then a scalar
  * tail. Instantiated for R = 1 and R = 4: bit-identical per row. */
-static inline __attribute__((always_inline)) void float_rows_avx512(int64_t n, const uint8_t *w, size_t ws,
-                                                                   const float *b, float *out, const int R,
-                                                                   const int wt) {
+static inline __attribute__((always_inline)) void
+float_rows_avx512(int64_t n, const uint8_t *w, size_t ws, const float *b, float *out, const int R, const int wt) {
     __m512 s0[4], s1[4];
     for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_ps();
     int64_t i = 0;
@@ -56,14 +55,14 @@ static inline __attribute__((always_inline)) void float_rows_avx512(int64_t n, c
     }
 }
 
-#define FLOAT_KERNELS(name, wt)                                                                       \
-    static float name##_vec_dot_avx512(int64_t n, const void *w, const void *act) {                \
-        float out[1];                                                                               \
-        float_rows_avx512(n, w, 0, act, out, 1, wt);                                                \
-        return out[0];                                                                              \
-    }                                                                                               \
-    static void name##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) { \
-        float_rows_avx512(n, w, ws, act, out, 4, wt);                                               \
+#define FLOAT_KERNELS(name, wt)                                                                                        \
+    static float name##_vec_dot_avx512(int64_t n, const void *w, const void *act) {                                    \
+        float out[1];                                                                                                  \
+        float_rows_avx512(n, w, 0, act, out, 1, wt);                                                                   \
+        return out[0];                                                                                                 \
+    }                                                                                                                  \
+    static void name##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {         \
+        float_rows_avx512(n, w, ws, act, out, 4, wt);                                                                  \
     }
 FLOAT_KERNELS(f32, W_F32)
 FLOAT_KERNELS(f16, W_F16)
@@ -92,7 +91,8 @@ static inline __m512 q8_pair_scale(const uint8_t *p0, const uint8_t *p1) {
     uint16_t h0, h1;
     memcpy(&h0, p0, 2);
     memcpy(&h1, p1, 2);
-    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1);
+    const __m256i h =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)h0)), _mm_set1_epi16((short)h1), 1);
     return _mm512_cvtph_ps(h);
 }
 
@@ -106,7 +106,7 @@ static inline __m512 q8_pair_scale(const uint8_t *p0, const uint8_t *p1) {
  * both give bit-identical results per row (and the prompt kernels in quant_legacy_avx512.c make the
  * same lanes). */
 static inline __attribute__((always_inline)) void q8_0_rows_avx512(int64_t n, const uint8_t *w, size_t ws,
-                                                                  const uint8_t *b, float *out, const int R) {
+                                                                   const uint8_t *b, float *out, const int R) {
     const int64_t nb = n / 32;
     const __m512i x80 = _mm512_set1_epi8((char)0x80);
     __m512 acc2[4];
@@ -137,7 +137,8 @@ static inline __attribute__((always_inline)) void q8_0_rows_avx512(int64_t n, co
     for (int r = 0; r < R; r++) {
         const uint8_t *a = w + (size_t)r * ws + i * 34, *bb = b + i * 34;
         __m256 acc = _mm256_add_ps(_mm512_castps512_ps256(acc2[r]), _mm512_extractf32x8_ps(acc2[r], 1));
-        if (i < nb) acc = _mm256_fmadd_ps(_mm256_set1_ps(q8_scale(a, bb)), _mm256_cvtepi32_ps(q8_block_dot(a, bb)), acc);
+        if (i < nb)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(q8_scale(a, bb)), _mm256_cvtepi32_ps(q8_block_dot(a, bb)), acc);
         __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
         lo = _mm_add_ps(lo, hi);
         lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));

@@ -27,30 +27,30 @@
 /* ---- 32-value blocks ----------------------------------------------------------------------------- */
 
 typedef struct {
-    uint16_t d;              /* f16 scale */
-    uint8_t qs[QK4_0 / 2];   /* value j: nibble j (low nibbles: 0..15, high: 16..31); y = d * (q - 8) */
+    uint16_t d;            /* f16 scale */
+    uint8_t qs[QK4_0 / 2]; /* value j: nibble j (low nibbles: 0..15, high: 16..31); y = d * (q - 8) */
 } block_q4_0;
 
 typedef struct {
-    uint16_t d, m;           /* f16 scale and minimum */
-    uint8_t qs[QK4_0 / 2];   /* y = d * q + m */
+    uint16_t d, m;         /* f16 scale and minimum */
+    uint8_t qs[QK4_0 / 2]; /* y = d * q + m */
 } block_q4_1;
 
 typedef struct {
     uint16_t d;
-    uint8_t qh[4];           /* bit j = 5th bit of value j */
-    uint8_t qs[QK4_0 / 2];   /* y = d * (q - 16) */
+    uint8_t qh[4];         /* bit j = 5th bit of value j */
+    uint8_t qs[QK4_0 / 2]; /* y = d * (q - 16) */
 } block_q5_0;
 
 typedef struct {
     uint16_t d, m;
     uint8_t qh[4];
-    uint8_t qs[QK4_0 / 2];   /* y = d * q + m */
+    uint8_t qs[QK4_0 / 2]; /* y = d * q + m */
 } block_q5_1;
 
 typedef struct {
     uint16_t d;
-    uint8_t qs[QK4_0 / 2];   /* y = d * iq4nl_values[q] */
+    uint8_t qs[QK4_0 / 2]; /* y = d * iq4nl_values[q] */
 } block_iq4_nl;
 
 /* The Q8_0 activation block (engine-core's type; repeated here for the dot products). */
@@ -69,22 +69,22 @@ _Static_assert(sizeof(block_q8_0_act) == 34, "Q8_0 block is 34 bytes");
 /* ---- 256-value blocks ---------------------------------------------------------------------------- */
 
 typedef struct {
-    uint8_t scales[QK_K / 16];  /* per 16 values: low nibble scale, high nibble min */
-    uint8_t qs[QK_K / 4];       /* 2-bit values; byte b of a 32-byte group holds values b, b+32, b+64, b+96 */
-    uint16_t d, dmin;           /* y = d * sc * q - dmin * m */
+    uint8_t scales[QK_K / 16]; /* per 16 values: low nibble scale, high nibble min */
+    uint8_t qs[QK_K / 4];      /* 2-bit values; byte b of a 32-byte group holds values b, b+32, b+64, b+96 */
+    uint16_t d, dmin;          /* y = d * sc * q - dmin * m */
 } block_q2_K;
 
 typedef struct {
-    uint8_t hmask[QK_K / 8];    /* bit set: value has no -4 offset */
-    uint8_t qs[QK_K / 4];       /* low 2 bits */
-    uint8_t scales[12];         /* 16 6-bit scales, offset 32 */
-    uint16_t d;                 /* y = d * (sc - 32) * (q - (hbit ? 0 : 4)) */
+    uint8_t hmask[QK_K / 8]; /* bit set: value has no -4 offset */
+    uint8_t qs[QK_K / 4];    /* low 2 bits */
+    uint8_t scales[12];      /* 16 6-bit scales, offset 32 */
+    uint16_t d;              /* y = d * (sc - 32) * (q - (hbit ? 0 : 4)) */
 } block_q3_K;
 
 typedef struct {
     uint16_t d, dmin;
-    uint8_t scales[12];         /* 8 6-bit scales and 8 6-bit mins */
-    uint8_t qs[QK_K / 2];       /* y = d * sc * q - dmin * m */
+    uint8_t scales[12];   /* 8 6-bit scales and 8 6-bit mins */
+    uint8_t qs[QK_K / 2]; /* y = d * sc * q - dmin * m */
 } block_q4_K;
 
 typedef struct {
@@ -97,35 +97,35 @@ typedef struct {
 typedef struct {
     uint8_t ql[QK_K / 2];
     uint8_t qh[QK_K / 4];
-    int8_t scales[QK_K / 16];   /* y = d * sc * (q - 32) */
+    int8_t scales[QK_K / 16]; /* y = d * sc * (q - 32) */
     uint16_t d;
 } block_q6_K;
 
 typedef struct {
     uint16_t d;
-    uint16_t scales_h;          /* high 2 bits of the 8 sub-block scales */
-    uint8_t scales_l[QK_K / 64];/* low 4 bits */
-    uint8_t qs[QK_K / 2];       /* y = d * (ls - 32) * iq4nl_values[q] */
+    uint16_t scales_h;           /* high 2 bits of the 8 sub-block scales */
+    uint8_t scales_l[QK_K / 64]; /* low 4 bits */
+    uint8_t qs[QK_K / 2];        /* y = d * (ls - 32) * iq4nl_values[q] */
 } block_iq4_xs;
 
 typedef struct {
     uint16_t d;
-    uint8_t qs[QK_K / 4];       /* 64 grid indices (4 values each) */
-    uint8_t sas[QK_K / 8];      /* per 32 values one u32: 4 x 7 sign bits, 4-bit scale on top */
+    uint8_t qs[QK_K / 4];  /* 64 grid indices (4 values each) */
+    uint8_t sas[QK_K / 8]; /* per 32 values one u32: 4 x 7 sign bits, 4-bit scale on top */
 } block_iq3_xxs;
 
 typedef struct {
     uint16_t d;
-    uint8_t qs[QK_K / 4];       /* low 8 bits of 64 grid indices */
-    uint8_t qh[QK_K / 32];      /* 9th bit of each index */
-    uint8_t signs[QK_K / 8];    /* one sign bit per value */
-    uint8_t scales[QK_K / 64];  /* 8 4-bit scales: y = d * (1 + 2 s) * grid * sign */
+    uint8_t qs[QK_K / 4];      /* low 8 bits of 64 grid indices */
+    uint8_t qh[QK_K / 32];     /* 9th bit of each index */
+    uint8_t signs[QK_K / 8];   /* one sign bit per value */
+    uint8_t scales[QK_K / 64]; /* 8 4-bit scales: y = d * (1 + 2 s) * grid * sign */
 } block_iq3_s;
 
 typedef struct {
     uint16_t d;
-    uint16_t qs[QK_K / 8];      /* 9-bit grid index (8 values) | 7 sign bits << 9 */
-    uint8_t scales[QK_K / 32];  /* 16 4-bit scales: y = d * (0.5 + s) / 4 * grid * sign */
+    uint16_t qs[QK_K / 8];     /* 9-bit grid index (8 values) | 7 sign bits << 9 */
+    uint8_t scales[QK_K / 32]; /* 16 4-bit scales: y = d * (0.5 + s) / 4 * grid * sign */
 } block_iq2_xs;
 
 /* Activations of the 256-blocks: y = d * qs, |qs| <= 127, bsums[i] = sum of qs[16 i .. 16 i + 15]. */
@@ -192,8 +192,8 @@ float quant_iq4nl_vec_dot_avx2(int64_t n, const void *w, const void *act);
 /* And its AVX-512 one-row, four-row and prompt kernels (quant_legacy_avx512.c). */
 float quant_iq4nl_vec_dot_avx512(int64_t n, const void *w, const void *act);
 void quant_iq4nl_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, const void *act, float out[4]);
-void quant_iq4nl_vec_dot_4xn_avx512(int64_t n, const void *w, size_t w_stride, const void *const *act,
-                                    int32_t n_act, float *out);
+void quant_iq4nl_vec_dot_4xn_avx512(int64_t n, const void *w, size_t w_stride, const void *const *act, int32_t n_act,
+                                    float *out);
 void quant_iq_avx2(quant_traits table[]);
 void quant_iq_avx512(quant_traits table[]);
 

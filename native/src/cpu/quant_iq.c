@@ -239,8 +239,8 @@ static float iq2xs_vec_dot(int64_t n, const void *w, const void *act) {
 /* ---- registration ------------------------------------------------------------------------------- */
 
 void quant_register_iq(quant_traits t[], int32_t simd) {
-    t[STRATA_TYPE_IQ4_NL] = (quant_traits){"IQ4_NL", STRATA_TYPE_IQ4_NL, QK4_0, sizeof(block_iq4_nl), STRATA_TYPE_Q8_0,
-                                           iq4nl_dequant, NULL, iq4nl_vec_dot};
+    t[STRATA_TYPE_IQ4_NL] = (quant_traits){"IQ4_NL",         STRATA_TYPE_IQ4_NL, QK4_0, sizeof(block_iq4_nl),
+                                           STRATA_TYPE_Q8_0, iq4nl_dequant,      NULL,  iq4nl_vec_dot};
 #define IQ(T, name, blk, deq, dot) t[T] = (quant_traits){name, T, QK_K, sizeof(blk), STRATA_TYPE_Q8_K, deq, NULL, dot}
     IQ(STRATA_TYPE_IQ4_XS, "IQ4_XS", block_iq4_xs, iq4xs_dequant, iq4xs_vec_dot);
     IQ(STRATA_TYPE_IQ3_XXS, "IQ3_XXS", block_iq3_xxs, iq3xxs_dequant, iq3xxs_vec_dot);

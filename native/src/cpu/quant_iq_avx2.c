@@ -45,8 +45,10 @@ static float iq4xs_vec_dot_avx2(int64_t n, const void *w, const void *act) {
             const __m256i v0 = _mm256_shuffle_epi8(lut, _mm256_permute2x128_si256(lo, hi, 0x20));
             const __m256i v1 = _mm256_shuffle_epi8(lut, _mm256_permute2x128_si256(lo, hi, 0x31));
             const __m256i a0 = load256(q8 + 64 * p), a1 = load256(q8 + 64 * p + 32);
-            __m256i s0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v0, v0), _mm256_sign_epi8(a0, v0)), one16);
-            __m256i s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v1, v1), _mm256_sign_epi8(a1, v1)), one16);
+            __m256i s0 =
+                _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v0, v0), _mm256_sign_epi8(a0, v0)), one16);
+            __m256i s1 =
+                _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v1, v1), _mm256_sign_epi8(a1, v1)), one16);
             const int ls0 = (((x[i].scales_l[p] & 0xF) | (((x[i].scales_h >> (4 * p)) & 3) << 4))) - 32;
             const int ls1 = (((x[i].scales_l[p] >> 4) | (((x[i].scales_h >> (4 * p + 2)) & 3) << 4))) - 32;
             s0 = _mm256_mullo_epi32(s0, _mm256_set1_epi32(ls0));
@@ -89,8 +91,8 @@ static float iq3xxs_vec_dot_avx2(int64_t n, const void *w, const void *act) {
                                                 (int)iq3xxs_grid[qs[8 * ib + 2]], (int)iq3xxs_grid[qs[8 * ib + 3]],
                                                 (int)iq3xxs_grid[qs[8 * ib + 4]], (int)iq3xxs_grid[qs[8 * ib + 5]],
                                                 (int)iq3xxs_grid[qs[8 * ib + 6]], (int)iq3xxs_grid[qs[8 * ib + 7]]);
-            const __m256i sg = signs32(iq_ksigns[aux & 127], iq_ksigns[(aux >> 7) & 127],
-                                         iq_ksigns[(aux >> 14) & 127], iq_ksigns[(aux >> 21) & 127]);
+            const __m256i sg = signs32(iq_ksigns[aux & 127], iq_ksigns[(aux >> 7) & 127], iq_ksigns[(aux >> 14) & 127],
+                                       iq_ksigns[(aux >> 21) & 127]);
             const __m256i a = _mm256_sign_epi8(load256(q8 + 32 * ib), sg);
             __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(g, a), one16);
             s = _mm256_mullo_epi32(s, _mm256_set1_epi32(2 * (int32_t)(aux >> 28) + 1));
@@ -138,10 +140,11 @@ static float iq2xs_vec_dot_avx2(int64_t n, const void *w, const void *act) {
         const int8_t *q8 = y[i].qs;
         __m256i acc = _mm256_setzero_si256();
         for (int p = 0; p < 8; p++) { /* 32 values: groups 2p and 2p + 1 of 16 */
-            const __m256i g = _mm256_setr_epi64x((long long)iq2xs_grid[qs[4 * p] & 511], (long long)iq2xs_grid[qs[4 * p + 1] & 511],
-                                                 (long long)iq2xs_grid[qs[4 * p + 2] & 511], (long long)iq2xs_grid[qs[4 * p + 3] & 511]);
+            const __m256i g = _mm256_setr_epi64x(
+                (long long)iq2xs_grid[qs[4 * p] & 511], (long long)iq2xs_grid[qs[4 * p + 1] & 511],
+                (long long)iq2xs_grid[qs[4 * p + 2] & 511], (long long)iq2xs_grid[qs[4 * p + 3] & 511]);
             const __m256i sg = signs32(iq_ksigns[qs[4 * p] >> 9], iq_ksigns[qs[4 * p + 1] >> 9],
-                                         iq_ksigns[qs[4 * p + 2] >> 9], iq_ksigns[qs[4 * p + 3] >> 9]);
+                                       iq_ksigns[qs[4 * p + 2] >> 9], iq_ksigns[qs[4 * p + 3] >> 9]);
             const __m256i a = _mm256_sign_epi8(load256(q8 + 32 * p), sg);
             const int16_t f0 = (int16_t)(2 * (x[i].scales[p] & 0xF) + 1), f1 = (int16_t)(2 * (x[i].scales[p] >> 4) + 1);
             const __m256i f = _mm256_setr_epi16(f0, f0, f0, f0, f0, f0, f0, f0, f1, f1, f1, f1, f1, f1, f1, f1);

@@ -298,8 +298,14 @@ void quant_register_k(quant_traits t[], int32_t simd) {
     KQ(STRATA_TYPE_Q5_K, "Q5_K", block_q5_K, q5k_dequant, q5k_vec_dot);
     KQ(STRATA_TYPE_Q6_K, "Q6_K", block_q6_K, q6k_dequant, q6k_vec_dot);
 #undef KQ
-    t[STRATA_TYPE_Q8_K] = (quant_traits){"Q8_K", STRATA_TYPE_Q8_K, QK_K, sizeof(block_q8_K), STRATA_TYPE_Q8_K,
-                                         q8k_dequant, quant_q8k_quantize_act_scalar, q8k_vec_dot};
+    t[STRATA_TYPE_Q8_K] = (quant_traits){"Q8_K",
+                                         STRATA_TYPE_Q8_K,
+                                         QK_K,
+                                         sizeof(block_q8_K),
+                                         STRATA_TYPE_Q8_K,
+                                         q8k_dequant,
+                                         quant_q8k_quantize_act_scalar,
+                                         q8k_vec_dot};
     if (simd >= STRATA_SIMD_AVX2) quant_k_avx2(t);
     if (simd >= STRATA_SIMD_AVX512) quant_k_avx512(t);
 }

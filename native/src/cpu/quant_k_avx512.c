@@ -73,7 +73,8 @@ static inline __m128i reduce4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
     const __m512i d = _mm512_add_epi32(c, _mm512_shuffle_epi32(c, _MM_PERM_BADC));
     const __m512i e = _mm512_add_epi32(d, _mm512_shuffle_epi32(d, _MM_PERM_CDAB));
     /* lane k of the result = element 0 of 128-bit lane k */
-    return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), e));
+    return _mm512_castsi512_si128(
+        _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), e));
 }
 
 /* Four 8-lane int32 vectors -> their four sums. */
@@ -171,7 +172,8 @@ static void q4k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
                 const __m256i bits = load256(b->qs + 32 * q);
                 const __m256i lo = _mm256_and_si256(bits, m4), hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
                 const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(wq, a[q]), scale_pair(sc[2 * q], sc[2 * q + 1]));
+                acc[r] =
+                    _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(wq, a[q]), scale_pair(sc[2 * q], sc[2 * q + 1]));
             }
             const __m256i mp = mins_pairs(m);
             bacc[r] = _mm256_madd_epi16(bs, _mm256_or_si256(mp, _mm256_slli_epi32(mp, 16)));
@@ -331,7 +333,8 @@ static float q6k_vec_dot_avx512(int64_t n, const void *w, const void *act) {
                                                 _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s01), m2), 4));
             const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
                                                 _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(h, s23), m2), 4));
-            const __m512i sc01 = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
+            const __m512i sc01 =
+                _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g))), scv);
             const __m512i sc23 =
                 _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(8 * g + 4))), scv);
             acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(q01, _mm512_loadu_si512((const void *)(q8 + 128 * g))),
@@ -401,7 +404,8 @@ static void q6k_vec_dot_x4_avx512(int64_t n, const void *w, size_t w_stride, con
             q6k_unpacked u;
             q6k_unpack(b, &u);
             acc[r] = _mm512_setzero_si512();
-            for (int q = 0; q < 4; q++) acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u.q[q], a[q]), u.s[q]);
+            for (int q = 0; q < 4; q++)
+                acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u.q[q], a[q]), u.s[q]);
             cc[r] = _mm256_madd_epi16(u.sc16, bs);
             dd[r] = u.d;
         }
@@ -433,10 +437,9 @@ static void q6k_vec_dot_n_avx512(int64_t n, const void *w, const void *const *ac
                     for (int k = 0; k < 4; k++)
                         cc[k] = _mm256_madd_epi16(uc->sc16, _mm256_loadu_si256((const __m256i *)y[k][c].bsums));
                     const __m128i C = reduce4_256(cc[0], cc[1], cc[2], cc[3]);
-                    const __m128i A =
-                        _mm_sub_epi32(reduce4(q6k_acc(uc, y[0][c].qs), q6k_acc(uc, y[1][c].qs), q6k_acc(uc, y[2][c].qs),
-                                              q6k_acc(uc, y[3][c].qs)),
-                                      _mm_slli_epi32(C, 5));
+                    const __m128i A = _mm_sub_epi32(reduce4(q6k_acc(uc, y[0][c].qs), q6k_acc(uc, y[1][c].qs),
+                                                            q6k_acc(uc, y[2][c].qs), q6k_acc(uc, y[3][c].qs)),
+                                                    _mm_slli_epi32(C, 5));
                     const __m128 yd = _mm_setr_ps(y[0][c].d, y[1][c].d, y[2][c].d, y[3][c].d);
                     sum = _mm_add_ps(sum, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(uc->d), yd), _mm_cvtepi32_ps(A)));
                 }
@@ -506,7 +509,8 @@ static inline void k16_scale_lanes(__m256i sc16, __m512i s[4]) {
     const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
                                          0, 0, 0, 0, 0, 0);
     const __m512i scv = _mm512_castsi256_si512(sc16);
-    for (int q = 0; q < 4; q++) s[q] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(4 * q))), scv);
+    for (int q = 0; q < 4; q++)
+        s[q] = _mm512_permutexvar_epi16(_mm512_add_epi16(idx, _mm512_set1_epi16((short)(4 * q))), scv);
 }
 
 /* Values 128 g + 32 k + c are bits 2k of qs[32 g + c]: the 32 bytes broadcast to both halves and
@@ -560,7 +564,8 @@ static inline void q3k_unpack(const block_q3_K *b, k16_unpacked *u) {
 }
 
 /* q2 is a constant at every call: the kernels below are written once and compiled per type */
-static inline __attribute__((always_inline)) void k16_unpack(const uint8_t *w, int64_t i, k16_unpacked *u, const int q2) {
+static inline __attribute__((always_inline)) void k16_unpack(const uint8_t *w, int64_t i, k16_unpacked *u,
+                                                             const int q2) {
     if (q2)
         q2k_unpack((const block_q2_K *)w + i, u);
     else
@@ -582,7 +587,8 @@ static inline int32_t hsum256_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-static inline __attribute__((always_inline)) float k16_vec_dot(int64_t n, const void *w, const void *act, const int q2) {
+static inline __attribute__((always_inline)) float k16_vec_dot(int64_t n, const void *w, const void *act,
+                                                               const int q2) {
     const block_q8_K *y = act;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -618,7 +624,8 @@ static inline __attribute__((always_inline)) void k16_vec_dot_x4(int64_t n, cons
             k16_unpacked u;
             k16_unpack(row, i, &u, q2);
             acc[r] = _mm512_setzero_si512();
-            for (int q = 0; q < 4; q++) acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u.q[q], a[q]), u.s[q]);
+            for (int q = 0; q < 4; q++)
+                acc[r] = _mm512_dpwssd_epi32(acc[r], _mm512_maddubs_epi16(u.q[q], a[q]), u.s[q]);
             cc[r] = _mm256_madd_epi16(u.c16, bs);
             dd[r] = u.d;
             dm[r] = u.dmin;
@@ -681,9 +688,8 @@ static inline __attribute__((always_inline)) void k16_vec_dot_n(int64_t n, const
 
 /* Four weight rows x many activation rows (the prompt path), as q6k_vec_dot_4xn_avx512: out[4 k + r]
  * is bit for bit vec_dot(n, row r, act[k]). */
-static inline __attribute__((always_inline)) void k16_vec_dot_4xn(int64_t n, const void *w, size_t ws,
-                                                                  const void *const *act, int32_t n_act, float *out,
-                                                                  const int q2) {
+static inline __attribute__((always_inline)) void
+k16_vec_dot_4xn(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act, float *out, const int q2) {
     const int64_t nb = n / QK_K;
     k16_unpacked u[4][X4N_CHUNK];
     for (int32_t t0 = 0; t0 < n_act; t0 += QUANT_DOT_4XN_MAX) {
@@ -716,7 +722,8 @@ static inline __attribute__((always_inline)) void k16_vec_dot_4xn(int64_t n, con
                         sum = _mm512_add_ps(sum, _mm512_sub_ps(ta, tb));
                     } else {
                         const __m512i Ai = _mm512_sub_epi32(A, _mm512_slli_epi32(C, 2));
-                        sum = _mm512_add_ps(sum, _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(Ai)));
+                        sum = _mm512_add_ps(sum,
+                                            _mm512_mul_ps(_mm512_mul_ps(pairs_by_row(dd), yv), _mm512_cvtepi32_ps(Ai)));
                     }
                 }
                 sums[k0 / 4] = sum;
@@ -777,6 +784,9 @@ static void q8k_quantize_act_avx512(const float *x, void *dst, int64_t n) {
         b[i].d = amax / 127.0f;
         for (int j = 0; j < QK_K; j += 16) {
             __m512 v = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), id), magic), magic);
+            /* a block whose largest value is below 127 / FLT_MAX has an infinite id: 0 x inf is NaN,
+             * which the scalar kernel turns into 0 (max_ps would have made it -127) */
+            v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
             v = _mm512_min_ps(_mm512_max_ps(v, nlim), lim);
             const __m512i q = _mm512_cvttps_epi32(v);
             _mm_storeu_si128((__m128i *)(b[i].qs + j), _mm512_cvtepi32_epi8(q));

@@ -143,14 +143,14 @@ static float q5_1_vec_dot(int64_t n, const void *w, const void *act) {
 /* ---- registration ------------------------------------------------------------------------------- */
 
 void quant_register_legacy(quant_traits t[], int32_t simd) {
-    t[STRATA_TYPE_Q4_0] = (quant_traits){"Q4_0", STRATA_TYPE_Q4_0, QK4_0, sizeof(block_q4_0), STRATA_TYPE_Q8_0,
-                                         q4_0_dequant, NULL, q4_0_vec_dot};
-    t[STRATA_TYPE_Q4_1] = (quant_traits){"Q4_1", STRATA_TYPE_Q4_1, QK4_0, sizeof(block_q4_1), STRATA_TYPE_Q8_0,
-                                         q4_1_dequant, NULL, q4_1_vec_dot};
-    t[STRATA_TYPE_Q5_0] = (quant_traits){"Q5_0", STRATA_TYPE_Q5_0, QK4_0, sizeof(block_q5_0), STRATA_TYPE_Q8_0,
-                                         q5_0_dequant, NULL, q5_0_vec_dot};
-    t[STRATA_TYPE_Q5_1] = (quant_traits){"Q5_1", STRATA_TYPE_Q5_1, QK4_0, sizeof(block_q5_1), STRATA_TYPE_Q8_0,
-                                         q5_1_dequant, NULL, q5_1_vec_dot};
+    t[STRATA_TYPE_Q4_0] = (quant_traits){"Q4_0",           STRATA_TYPE_Q4_0, QK4_0, sizeof(block_q4_0),
+                                         STRATA_TYPE_Q8_0, q4_0_dequant,     NULL,  q4_0_vec_dot};
+    t[STRATA_TYPE_Q4_1] = (quant_traits){"Q4_1",           STRATA_TYPE_Q4_1, QK4_0, sizeof(block_q4_1),
+                                         STRATA_TYPE_Q8_0, q4_1_dequant,     NULL,  q4_1_vec_dot};
+    t[STRATA_TYPE_Q5_0] = (quant_traits){"Q5_0",           STRATA_TYPE_Q5_0, QK4_0, sizeof(block_q5_0),
+                                         STRATA_TYPE_Q8_0, q5_0_dequant,     NULL,  q5_0_vec_dot};
+    t[STRATA_TYPE_Q5_1] = (quant_traits){"Q5_1",           STRATA_TYPE_Q5_1, QK4_0, sizeof(block_q5_1),
+                                         STRATA_TYPE_Q8_0, q5_1_dequant,     NULL,  q5_1_vec_dot};
     if (simd >= STRATA_SIMD_AVX2) quant_legacy_avx2(t);
     if (simd >= STRATA_SIMD_AVX512) quant_legacy_avx512(t);
 }

@@ -46,12 +46,13 @@ static void q8_0_vec_dot_n_avx512(int64_t n, const void *w, const void *const *a
             const float da0 = f16_at(ai), da1 = f16_at(ai + 34);
             for (int k = 0; k < 4; k++) {
                 const uint8_t *bb = b[k] + i * 34;
-                const __m512i qb = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bb + 2))),
-                    _mm256_loadu_si256((const __m256i *)(bb + 36)), 1);
+                const __m512i qb =
+                    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(bb + 2))),
+                                       _mm256_loadu_si256((const __m256i *)(bb + 36)), 1);
                 const __m512i sb = _mm512_mask_sub_epi8(qb, neg, _mm512_setzero_si512(), qb);
                 const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ua, sb);
-                const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(da0 * f16_at(bb)), _mm256_set1_ps(da1 * f16_at(bb + 34)), 1);
+                const __m512 d =
+                    _mm512_insertf32x8(_mm512_set1_ps(da0 * f16_at(bb)), _mm256_set1_ps(da1 * f16_at(bb + 34)), 1);
                 acc2[k] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc2[k]);
             }
         }
@@ -168,7 +169,9 @@ enum { L_Q4_0, L_Q4_1, L_Q5_0, L_Q5_1, L_IQ4NL };
 ALWAYS_INLINE int l_bytes(int kind) {
     return kind == L_Q4_0 || kind == L_IQ4NL ? 18 : kind == L_Q4_1 ? 20 : kind == L_Q5_0 ? 22 : 24;
 }
-ALWAYS_INLINE int l_qs(int kind) { return kind == L_Q4_0 || kind == L_IQ4NL ? 2 : kind == L_Q4_1 ? 4 : kind == L_Q5_0 ? 6 : 8; }
+ALWAYS_INLINE int l_qs(int kind) {
+    return kind == L_Q4_0 || kind == L_IQ4NL ? 2 : kind == L_Q4_1 ? 4 : kind == L_Q5_0 ? 6 : 8;
+}
 ALWAYS_INLINE int l_qh(int kind) { return kind == L_Q5_0 ? 2 : 4; }
 ALWAYS_INLINE int l_affine(int kind) { return kind == L_Q4_1 || kind == L_Q5_1; }
 ALWAYS_INLINE int l_off(int kind) { return kind == L_Q4_0 ? 8 : kind == L_Q5_0 ? 16 : 128; }
@@ -179,7 +182,8 @@ ALWAYS_INLINE __m512i l_unpack(int kind, const uint8_t *b0, const uint8_t *b1, _
     const __m512i z = _mm512_inserti64x4(
         _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + l_qs(kind))))),
         _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b1 + l_qs(kind)))), 1);
-    __m512i u = _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
+    __m512i u =
+        _mm512_and_si512(_mm512_srlv_epi64(z, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0F));
     if (kind == L_Q5_0 || kind == L_Q5_1) { /* bit j of qh is value j's fifth bit: a byte mask as it is */
         uint32_t h0, h1;
         memcpy(&h0, b0 + l_qh(kind), 4);
@@ -205,9 +209,7 @@ ALWAYS_INLINE __m512 l_f16x16(const uint8_t *base, __m512i idx_bytes) {
 }
 
 /* Lane sum of the low 256 bits (one block) of an int32 vector. */
-ALWAYS_INLINE int32_t l_lo_sum(__m512i v) {
-    return _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(0x00FF, v));
-}
+ALWAYS_INLINE int32_t l_lo_sum(__m512i v) { return _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(0x00FF, v)); }
 
 /* Blocks i0 .. nb - 1 (fewer than sixteen) of rows r < nr one at a time, in the scalar kernel's way:
  * the block's exact integer sums, then its float expression added to lane (block mod 8). */
@@ -222,7 +224,8 @@ ALWAYS_INLINE void l_tail(int kind, int64_t i0, int64_t nb, const uint8_t *w, si
         memcpy(&hy, yb, 2);
         const float da = quant_f16_lut[hy];
         const __m512i c = l_affine(kind) ? _mm512_setzero_si512()
-                                         : _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a));
+                                         : _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                            _mm512_dpbusd_epi32(_mm512_setzero_si512(), offv, a));
         const int32_t sas = l_affine(kind) ? l_lo_sum(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, a)) : 0;
         for (int r = 0; r < nr; r++) {
             const uint8_t *xb = w + (size_t)r * ws + i * bytes;
@@ -245,8 +248,9 @@ ALWAYS_INLINE __m512 l_act_group(int kind, const uint8_t *yb, __m512i a[8], __m5
     const __m512i zero = _mm512_setzero_si512();
     for (int p = 0; p < 8; p++) {
         a[p] = l_act_pair(yb + p * 34, yb + (p + 8) * 34);
-        c[p] = l_affine(kind) ? zero
-                              : _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)l_off(kind)), a[p]));
+        c[p] = l_affine(kind)
+                   ? zero
+                   : _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8((char)l_off(kind)), a[p]));
     }
     if (!l_affine(kind)) return _mm512_setzero_ps();
     __m512i s[8];
@@ -268,7 +272,8 @@ ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, cons
     const int bytes = l_bytes(kind);
     const int64_t nb = n / QK4_0;
     /* IQ4_NL's table + 128 (wrapping byte add: the values are -127..113) */
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
+    const __m512i lut =
+        _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i wi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(bytes));
     const __m512i wi_m = _mm512_add_epi32(wi_d, _mm512_set1_epi32(2));
@@ -285,7 +290,8 @@ ALWAYS_INLINE void l_rows(int kind, int64_t n, const uint8_t *w, size_t ws, cons
             const uint8_t *xb = w + (size_t)r * ws + i * bytes;
             if (nr > 1) prefetch_block(xb + QUANT_PREFETCH_ROWS * ws, 16 * bytes);
             __m512i v[8];
-            for (int p = 0; p < 8; p++) v[p] = _mm512_dpbusd_epi32(c[p], l_unpack(kind, xb + p * bytes, xb + (p + 8) * bytes, lut), a[p]);
+            for (int p = 0; p < 8; p++)
+                v[p] = _mm512_dpbusd_epi32(c[p], l_unpack(kind, xb + p * bytes, xb + (p + 8) * bytes, lut), a[p]);
             const __m512 s = _mm512_cvtepi32_ps(reduce16_from8(v));
             const __m512 wm = l_affine(kind) ? l_f16x16(xb, wi_m) : _mm512_setzero_ps();
             acc[r] = l_add_group(kind, acc[r], l_f16x16(xb, wi_d), wm, yd, s, sa);
@@ -306,7 +312,8 @@ ALWAYS_INLINE void l_4xn(int kind, int64_t n, const uint8_t *w, size_t ws, const
                          float *out) {
     const int bytes = l_bytes(kind);
     const int64_t nb = n / QK4_0;
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
+    const __m512i lut =
+        _mm512_broadcast_i32x4(_mm_add_epi8(_mm_loadu_si128((const __m128i *)iq4nl_values), _mm_set1_epi8((char)0x80)));
     const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i wi_d = _mm512_mullo_epi32(iota, _mm512_set1_epi32(bytes));
     const __m512i wi_m = _mm512_add_epi32(wi_d, _mm512_set1_epi32(2));
@@ -348,18 +355,18 @@ ALWAYS_INLINE void l_4xn(int kind, int64_t n, const uint8_t *w, size_t ws, const
     }
 }
 
-#define L_KERNELS(name, kind)                                                                              \
-    static float name##_vec_dot_avx512(int64_t n, const void *w, const void *act) {                        \
-        float out;                                                                                         \
-        l_rows(kind, n, w, 0, act, &out, 1);                                                               \
-        return out;                                                                                        \
-    }                                                                                                      \
-    static void name##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) { \
-        l_rows(kind, n, w, ws, act, out, 4);                                                               \
-    }                                                                                                      \
-    static void name##_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act, \
-                                          float *out) {                                                    \
-        l_4xn(kind, n, w, ws, act, n_act, out);                                                            \
+#define L_KERNELS(name, kind)                                                                                          \
+    static float name##_vec_dot_avx512(int64_t n, const void *w, const void *act) {                                    \
+        float out;                                                                                                     \
+        l_rows(kind, n, w, 0, act, &out, 1);                                                                           \
+        return out;                                                                                                    \
+    }                                                                                                                  \
+    static void name##_vec_dot_x4_avx512(int64_t n, const void *w, size_t ws, const void *act, float out[4]) {         \
+        l_rows(kind, n, w, ws, act, out, 4);                                                                           \
+    }                                                                                                                  \
+    static void name##_vec_dot_4xn_avx512(int64_t n, const void *w, size_t ws, const void *const *act, int32_t n_act,  \
+                                          float *out) {                                                                \
+        l_4xn(kind, n, w, ws, act, n_act, out);                                                                        \
     }
 
 L_KERNELS(q4_0, L_Q4_0)

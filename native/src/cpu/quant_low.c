@@ -142,8 +142,8 @@ void quant_register_low(quant_traits t[], int32_t simd) {
     LOW(STRATA_TYPE_IQ1_S, "IQ1_S", block_iq1_s, iq1s_dequant);
     LOW(STRATA_TYPE_IQ1_M, "IQ1_M", block_iq1_m, iq1m_dequant);
 #undef LOW
-    t[STRATA_TYPE_MXFP4] = (quant_traits){"MXFP4", STRATA_TYPE_MXFP4, 32, sizeof(block_mxfp4), STRATA_TYPE_Q8_0,
-                                         mxfp4_dequant, NULL, NULL};
+    t[STRATA_TYPE_MXFP4] = (quant_traits){"MXFP4",          STRATA_TYPE_MXFP4, 32,   sizeof(block_mxfp4),
+                                          STRATA_TYPE_Q8_0, mxfp4_dequant,     NULL, NULL};
     low_set_scalar(t);
     if (simd >= STRATA_SIMD_AVX2) quant_low_avx2(t);
     if (simd >= STRATA_SIMD_AVX512) quant_low_avx512(t);

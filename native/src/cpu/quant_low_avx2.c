@@ -37,8 +37,8 @@ static inline int32_t mxdot_avx2(const block_mxfp4 *b, const int8_t *a) {
     const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
     const __m256i v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lut), idx);
     const __m256i x = _mm256_loadu_si256((const __m256i *)a);
-    return hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v)),
-                                      _mm256_set1_epi16(1)));
+    return hsum_i32(
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(x, v)), _mm256_set1_epi16(1)));
 }
 
 LOW_LEVEL_KERNELS(avx2, low_idot_avx2, mxdot_avx2)

@@ -29,8 +29,8 @@ static inline int32_t mxdot_avx512(const block_mxfp4 *b, const int8_t *a) {
     const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
     const __m256i v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lut), idx);
     const __m256i x = _mm256_loadu_si256((const __m256i *)a);
-    const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v)),
-                                        _mm256_set1_epi16(1));
+    const __m256i s =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(x, v)), _mm256_set1_epi16(1));
     __m128i r = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
     r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(1, 0, 3, 2)));
     r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
@@ -64,9 +64,11 @@ static inline __attribute__((always_inline)) void low_chunk_vec(const void *w, i
         memcpy(&lo8, b->qs + 8 * c, 8);
         memcpy(&sg, b->signs + 8 * c, 8);
         const int h16 = b->qh[2 * c] | (b->qh[2 * c + 1] << 8);
-        const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(h16), _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14)),
-                                            _mm512_set1_epi64(3));
-        const __m512i idx = _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)lo8)), _mm512_slli_epi64(hi, 8));
+        const __m512i hi =
+            _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(h16), _mm512_setr_epi64(0, 2, 4, 6, 8, 10, 12, 14)),
+                             _mm512_set1_epi64(3));
+        const __m512i idx =
+            _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)lo8)), _mm512_slli_epi64(hi, 8));
         *m = _mm512_i64gather_epi64(idx, (const void *)iq2s_grid, 8);
         *neg = (__mmask64)sg;
     } else {
@@ -79,7 +81,8 @@ static inline __attribute__((always_inline)) void low_chunk_vec(const void *w, i
             uint64_t lo8;
             memcpy(&lo8, b->qs + 8 * c, 8);
             const __m512i qv = _mm512_setr_epi64(q0, q0, q0, q0, q1, q1, q1, q1);
-            const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(qv, _mm512_setr_epi64(0, 3, 6, 9, 0, 3, 6, 9)), _mm512_set1_epi64(7));
+            const __m512i hi = _mm512_and_si512(_mm512_srlv_epi64(qv, _mm512_setr_epi64(0, 3, 6, 9, 0, 3, 6, 9)),
+                                                _mm512_set1_epi64(7));
             const __m512i dn = _mm512_and_si512(_mm512_srli_epi64(qv, 15), _mm512_set1_epi64(1));
             idx = _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)lo8)),
                                   _mm512_or_si512(_mm512_slli_epi64(hi, 8), _mm512_slli_epi64(dn, 11)));
@@ -92,9 +95,10 @@ static inline __attribute__((always_inline)) void low_chunk_vec(const void *w, i
             uint32_t h4;
             memcpy(&lo8, b->qs + 8 * c, 8);
             memcpy(&h4, b->qh + 4 * c, 4);
-            const __m512i hb = _mm512_cvtepu8_epi64(_mm_shuffle_epi8(_mm_cvtsi32_si128((int)h4),
-                                                                     _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1)));
-            const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(hb, _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4)), _mm512_set1_epi64(0xF));
+            const __m512i hb = _mm512_cvtepu8_epi64(_mm_shuffle_epi8(
+                _mm_cvtsi32_si128((int)h4), _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, -1, -1, -1, -1, -1, -1, -1, -1)));
+            const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(hb, _mm512_setr_epi64(0, 4, 0, 4, 0, 4, 0, 4)),
+                                                 _mm512_set1_epi64(0xF));
             idx = _mm512_or_si512(_mm512_cvtepu8_epi64(_mm_cvtsi64_si128((long long)lo8)),
                                   _mm512_or_si512(_mm512_slli_epi64(_mm512_and_si512(nib, _mm512_set1_epi64(7)), 8),
                                                   _mm512_slli_epi64(_mm512_srli_epi64(nib, 3), 11)));
@@ -120,8 +124,8 @@ static inline __attribute__((always_inline)) float low_vec_dot_reg(int64_t n, co
             low_chunk_vec(w, i, c, &m, &neg, f, kind);
             int32_t fp[4];
             for (int g = 0; g < 4; g++) fp[g] = (int32_t)((uint32_t)f[g] | ((uint32_t)f[g] << 16));
-            const __m512i fv = _mm512_set_epi32(fp[3], fp[3], fp[3], fp[3], fp[2], fp[2], fp[2], fp[2], fp[1], fp[1], fp[1],
-                                                fp[1], fp[0], fp[0], fp[0], fp[0]);
+            const __m512i fv = _mm512_set_epi32(fp[3], fp[3], fp[3], fp[3], fp[2], fp[2], fp[2], fp[2], fp[1], fp[1],
+                                                fp[1], fp[1], fp[0], fp[0], fp[0], fp[0]);
             const __m512i x = _mm512_loadu_si512((const void *)(y[i].qs + 64 * c));
             const __m512i sx = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
             acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(m, sx), fv);
@@ -131,7 +135,7 @@ static inline __attribute__((always_inline)) float low_vec_dot_reg(int64_t n, co
     return sum;
 }
 
-#define REG_DOT(pfx, kind)                                                                                         \
+#define REG_DOT(pfx, kind)                                                                                             \
     static float pfx##_vec_dot_reg(int64_t n, const void *w, const void *a) { return low_vec_dot_reg(n, w, a, kind); }
 REG_DOT(iq2xxs, LOW_IQ2XXS)
 REG_DOT(iq2s, LOW_IQ2S)

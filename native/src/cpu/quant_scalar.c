@@ -18,8 +18,8 @@
 
 #define QK8_0 32
 typedef struct {
-    uint16_t d;        /* f16 scale */
-    int8_t qs[QK8_0];  /* values = d * qs */
+    uint16_t d;       /* f16 scale */
+    int8_t qs[QK8_0]; /* values = d * qs */
 } block_q8_0;
 _Static_assert(sizeof(block_q8_0) == 34, "Q8_0 block is 34 bytes in GGUF");
 
@@ -119,13 +119,12 @@ static float q8_0_vec_dot(int64_t n, const void *w, const void *act) {
 /* ---- registration ------------------------------------------------------------------------------ */
 
 void quant_register_base(quant_traits t[], int32_t simd) {
-    t[STRATA_TYPE_F32] = (quant_traits){"F32", STRATA_TYPE_F32, 1, 4, STRATA_TYPE_F32,
-                                        f32_dequant, f32_quantize_act, f32_vec_dot};
-    t[STRATA_TYPE_F16] = (quant_traits){"F16", STRATA_TYPE_F16, 1, 2, STRATA_TYPE_F32,
-                                        f16_dequant, NULL, f16_vec_dot};
-    t[STRATA_TYPE_BF16] = (quant_traits){"BF16", STRATA_TYPE_BF16, 1, 2, STRATA_TYPE_F32,
-                                         bf16_dequant, NULL, bf16_vec_dot};
-    t[STRATA_TYPE_Q8_0] = (quant_traits){"Q8_0", STRATA_TYPE_Q8_0, QK8_0, 34, STRATA_TYPE_Q8_0,
+    t[STRATA_TYPE_F32] =
+        (quant_traits){"F32", STRATA_TYPE_F32, 1, 4, STRATA_TYPE_F32, f32_dequant, f32_quantize_act, f32_vec_dot};
+    t[STRATA_TYPE_F16] = (quant_traits){"F16", STRATA_TYPE_F16, 1, 2, STRATA_TYPE_F32, f16_dequant, NULL, f16_vec_dot};
+    t[STRATA_TYPE_BF16] =
+        (quant_traits){"BF16", STRATA_TYPE_BF16, 1, 2, STRATA_TYPE_F32, bf16_dequant, NULL, bf16_vec_dot};
+    t[STRATA_TYPE_Q8_0] = (quant_traits){"Q8_0",       STRATA_TYPE_Q8_0,  QK8_0,       34, STRATA_TYPE_Q8_0,
                                          q8_0_dequant, q8_0_quantize_act, q8_0_vec_dot};
     if (simd >= STRATA_SIMD_AVX2) quant_base_avx2(t);
     if (simd >= STRATA_SIMD_AVX512) quant_base_avx512(t);

@@ -53,8 +53,7 @@
  * sm_80 or newer the copy is asynchronous and done once cu_cp_wait_all (or cu_cp_wait_group) returns in
  * the thread that issued it; otherwise it is done when the call returns. Either way the caller's
  * __syncthreads after the wait makes it visible to the block. */
-template <bool SM80>
-static __device__ __forceinline__ void cu_cp16(void *dst, const void *src, int src_bytes) {
+template <bool SM80> static __device__ __forceinline__ void cu_cp16(void *dst, const void *src, int src_bytes) {
 #if CU_ARCH_SM80
     if (SM80) {
         const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -64,8 +63,7 @@ static __device__ __forceinline__ void cu_cp16(void *dst, const void *src, int s
 #endif
     *(uint4 *)dst = src_bytes ? *(const uint4 *)src : make_uint4(0u, 0u, 0u, 0u);
 }
-template <bool SM80>
-static __device__ __forceinline__ void cu_cp4(void *dst, const void *src, int src_bytes) {
+template <bool SM80> static __device__ __forceinline__ void cu_cp4(void *dst, const void *src, int src_bytes) {
 #if CU_ARCH_SM80
     if (SM80) {
         const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -76,21 +74,18 @@ static __device__ __forceinline__ void cu_cp4(void *dst, const void *src, int sr
     *(uint32_t *)dst = src_bytes ? *(const uint32_t *)src : 0u;
 }
 /* The copies issued since the last commit form one group (cu_cp_wait_group counts groups). */
-template <bool SM80>
-static __device__ __forceinline__ void cu_cp_commit() {
+template <bool SM80> static __device__ __forceinline__ void cu_cp_commit() {
 #if CU_ARCH_SM80
     if (SM80) asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
 /* Wait until at most N of this thread's committed groups are still in flight. */
-template <bool SM80, int N>
-static __device__ __forceinline__ void cu_cp_wait_group() {
+template <bool SM80, int N> static __device__ __forceinline__ void cu_cp_wait_group() {
 #if CU_ARCH_SM80
     if (SM80) asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
-template <bool SM80>
-static __device__ __forceinline__ void cu_cp_wait_all() {
+template <bool SM80> static __device__ __forceinline__ void cu_cp_wait_all() {
 #if CU_ARCH_SM80
     if (SM80) asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
@@ -108,8 +103,7 @@ static __device__ __forceinline__ void cu_cp_wait_all() {
  * associative while nothing overflows, so both forms give the same int32 for every |c| + 32 * 128 * 128
  * below 2^31, which every caller keeps (mmq.cu: c = 1.5 * 2^23 as an integer, |dot| < 2^19). */
 template <bool SM80>
-static __device__ __forceinline__ void cu_mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                                 int c) {
+static __device__ __forceinline__ void cu_mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int c) {
 #if CU_ARCH_SM80
     if (SM80) {
         asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

@@ -11,7 +11,7 @@
 
 struct cuda_ctx {
     int device;
-    cudaStream_t stream[2];  /* CUDA_STREAM_COMPUTE, CUDA_STREAM_COPY */
+    cudaStream_t stream[2]; /* CUDA_STREAM_COMPUTE, CUDA_STREAM_COPY */
     cudaEvent_t order_event;
     char name[256];
     char err[1024];
@@ -50,10 +50,10 @@ static inline strata_status cuda_fail(cuda_ctx *ctx, cudaError_t e, const char *
 }
 
 /* Check a runtime call; on failure return the status from the enclosing function. */
-#define CU_TRY(ctx, call, ...)                                  \
-    do {                                                        \
-        cudaError_t e_ = (call);                                \
-        if (e_ != cudaSuccess) return cuda_fail((ctx), e_, __VA_ARGS__); \
+#define CU_TRY(ctx, call, ...)                                                                                         \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) return cuda_fail((ctx), e_, __VA_ARGS__);                                               \
     } while (0)
 
 /* Check the launch that was just made. */

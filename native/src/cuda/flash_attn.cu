@@ -1,5 +1,5 @@
 /*
- * flash_attn.cu — causal attention of a prompt chunk on the tensor cores (f16 KV cache).
+ * flash_attn.cu — causal attention of a prompt chunk on the tensor cores (f16 or int8 KV cache).
  *
  * Legend: T queries at positions pos0.., H query heads, Hkv key/value heads, G = H / Hkv query heads
  * per kv head, D head dim (32, 64 or 128), P = FA_KV positions per KV tile, R = T * G rows per kv head.
@@ -35,6 +35,14 @@
  * So the C fragments of two 8-position tiles of s are the A fragment of p for those 16 positions. B of
  * K^T comes from K rows by ldmatrix (thread i gets row i / 4, columns 2 (i % 4)..+1 of an 8 x 8
  * matrix); B of V from V rows by ldmatrix.trans (thread i gets rows 2 (i % 4)..+1 of column i / 4).
+ *
+ * int8 cache (I8). A cache row is kv_dim int8 values then kv_dim / 32 f32 scales (one per block of 32
+ * values). The copies bring the tile's raw rows (the head's D bytes and D / 32 scales of each position)
+ * to a staging area of S stages; once they have landed, the block turns the tile into the f16 K and V
+ * tiles the products read, value = f16(f32(q8) * scale) (the f32 product of the decode kernel, rounded
+ * to f16 once), and computes exactly as for an f16 cache. So an int8 cache gives the bits of an f16
+ * cache holding f16(q8 * scale), and every property above holds as it is. Staging positions after the
+ * block's last row are zeros (values and scales), so their f16 rows are zeros too.
  *
  * Cards. ldmatrix is sm_75's; the m16n8k16 product is two m16n8k8 on sm_75 (cu_mma_f16: the same
  * operands in the same order; the tensor core's own rounding of the sums is the hardware's, so the
@@ -81,28 +89,44 @@ static __device__ __forceinline__ void fa_split(float x, float y, uint32_t &hi, 
     lo = fa_pack(__fsub_rn(x, __half2float(hx)), __fsub_rn(y, __half2float(hy)));
 }
 
-/* Shared memory of a block: S stages of a K and a V tile (2 stages, head dim 128: 68 KiB). */
+/* Shared memory of a block. f16 cache: S stages of a K and a V tile (2 stages, head dim 128: 68 KiB).
+ * int8 cache: one f16 K and V tile, and S stages of the raw tiles (D bytes and D / 32 scales per
+ * position, for K and for V): 2 stages, head dim 128: 70 KiB; 1 stage: 52 KiB. */
 template <int D>
+constexpr int fa_raw_bytes() {
+    return 2 * FA_KV * (D + D / 8);
+}
+template <int D, bool I8>
 constexpr int fa_smem_bytes(int S) {
-    return S * 2 * FA_KV * (D + FA_PAD) * 2;
+    return I8 ? 2 * FA_KV * (D + FA_PAD) * 2 + S * fa_raw_bytes<D>() : S * 2 * FA_KV * (D + FA_PAD) * 2;
 }
 
 /* S = 2: the next tile's copies are in flight while the current tile is computed; S = 1 (a card whose
  * opt-in shared memory is below two stages, 64 KiB on sm_75, or STRATA_CUDA_PORTABLE=1): each tile is
  * brought in, then computed. SM80: cp.async (else plain copies, arch.cuh). Neither changes what is
- * computed or in which order: the same bits. */
-template <int D, int S, bool SM80>
+ * computed or in which order: the same bits. I8: an int8 cache (kc, vc its rows of kv_dim * 9 / 8
+ * bytes), copied CW bytes at a time (16 where every row and the cache start on 16 bytes, else 4): the
+ * same bytes land either way. */
+template <int D, int S, bool SM80, bool I8, int CW>
 __global__ void __launch_bounds__(FA_WARPS * 32)
-k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const __half *__restrict__ vc,
+k_flash_attn(const float *__restrict__ q, const void *__restrict__ kcache, const void *__restrict__ vcache,
              float *__restrict__ out, int T, int H, int Hkv, int pos0, const int32_t *pos_dev, float qscale) {
     constexpr int SD = D + FA_PAD;  /* shared row stride in halves */
     constexpr int KS = D / 16;      /* k-steps of q . k */
     constexpr int ND = D / 8;       /* 8-wide column tiles of o */
     constexpr int NT = FA_KV / 8;   /* 8-position tiles of s */
     constexpr int CH = D / 8;       /* 16-byte chunks of a row */
+    constexpr int NB = D / 32;      /* int8 cache: scales per row of a head */
+    constexpr int FS = I8 ? 1 : S;  /* f16 tile stages */
+    constexpr int RB = 2 * FA_KV * (D + D / 8); /* I8: bytes of a staging stage (fa_raw_bytes) */
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    __half *sk = (__half *)fa_smem;          /* [S][FA_KV][SD] */
-    __half *sv = sk + S * FA_KV * SD;        /* [S][FA_KV][SD] */
+    __half *sk = (__half *)fa_smem;          /* [FS][FA_KV][SD] */
+    __half *sv = sk + FS * FA_KV * SD;       /* [FS][FA_KV][SD] */
+    /* I8 staging, stage st at raw + st * RB: K values [FA_KV][D], V values [FA_KV][D], K scales
+     * [FA_KV][NB], V scales [FA_KV][NB] */
+    unsigned char *raw = (unsigned char *)(sv + FS * FA_KV * SD);
+    const __half *kc = (const __half *)kcache, *vc = (const __half *)vcache;
+    const unsigned char *kc8 = (const unsigned char *)kcache, *vc8 = (const unsigned char *)vcache;
 
     if (pos_dev) pos0 = *pos_dev;
     const int G = H / Hkv, R = T * G, kv_dim = Hkv * D;
@@ -140,15 +164,62 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
 
     /* bring tile j to stage st: row i of the tile is position j * FA_KV + i */
     auto load_tile = [&](int j, int st) {
-        __half *dk = sk + st * FA_KV * SD, *dv = sv + st * FA_KV * SD;
-        for (int c = threadIdx.x; c < FA_KV * CH; c += FA_WARPS * 32) {
-            const int i = c / CH, ch = c % CH, p = j * FA_KV + i;
-            const int ok = p <= pos_last;
-            const int64_t src = (int64_t)(ok ? p : pos_last) * kv_dim + hk * D + ch * 8;
-            cu_cp16<SM80>(dk + i * SD + ch * 8, kc + src, ok ? 16 : 0);
-            cu_cp16<SM80>(dv + i * SD + ch * 8, vc + src, ok ? 16 : 0);
+        if (!I8) {
+            __half *dk = sk + st * FA_KV * SD, *dv = sv + st * FA_KV * SD;
+            for (int c = threadIdx.x; c < FA_KV * CH; c += FA_WARPS * 32) {
+                const int i = c / CH, ch = c % CH, p = j * FA_KV + i;
+                const int ok = p <= pos_last;
+                const int64_t src = (int64_t)(ok ? p : pos_last) * kv_dim + hk * D + ch * 8;
+                cu_cp16<SM80>(dk + i * SD + ch * 8, kc + src, ok ? 16 : 0);
+                cu_cp16<SM80>(dv + i * SD + ch * 8, vc + src, ok ? 16 : 0);
+            }
+        } else {
+            const int64_t rb = (int64_t)kv_dim + kv_dim / 8; /* bytes of a cache row */
+            unsigned char *rk = raw + st * RB, *rv = rk + FA_KV * D;
+            unsigned char *rks = rv + FA_KV * D, *rvs = rks + FA_KV * NB * 4;
+            constexpr int VC = D / CW; /* copies of a row's values */
+            for (int c = threadIdx.x; c < FA_KV * VC; c += FA_WARPS * 32) {
+                const int i = c / VC, ch = c % VC, p = j * FA_KV + i;
+                const int ok = p <= pos_last;
+                const int64_t src = (int64_t)(ok ? p : pos_last) * rb + hk * D + ch * CW;
+                if (CW == 16) {
+                    cu_cp16<SM80>(rk + i * D + ch * 16, kc8 + src, ok ? 16 : 0);
+                    cu_cp16<SM80>(rv + i * D + ch * 16, vc8 + src, ok ? 16 : 0);
+                } else {
+                    cu_cp4<SM80>(rk + i * D + ch * 4, kc8 + src, ok ? 4 : 0);
+                    cu_cp4<SM80>(rv + i * D + ch * 4, vc8 + src, ok ? 4 : 0);
+                }
+            }
+            for (int c = threadIdx.x; c < FA_KV * NB; c += FA_WARPS * 32) {
+                const int i = c / NB, b = c % NB, p = j * FA_KV + i;
+                const int ok = p <= pos_last;
+                const int64_t src = (int64_t)(ok ? p : pos_last) * rb + kv_dim + (int64_t)(hk * NB + b) * 4;
+                cu_cp4<SM80>(rks + (i * NB + b) * 4, kc8 + src, ok ? 4 : 0);
+                cu_cp4<SM80>(rvs + (i * NB + b) * 4, vc8 + src, ok ? 4 : 0);
+            }
         }
         cu_cp_commit<SM80>();
+    };
+    /* I8: the staged tile of stage st as f16 K and V tiles, value f16(f32(q8) * scale), 8 values (one
+     * 16-byte shared store) at a time */
+    auto convert_tile = [&](int st) {
+        const unsigned char *rk = raw + st * RB, *rv = rk + FA_KV * D;
+        const float *rks = (const float *)(rv + FA_KV * D), *rvs = rks + FA_KV * NB;
+        for (int c = threadIdx.x; c < 2 * FA_KV * CH; c += FA_WARPS * 32) {
+            const int isv = c >= FA_KV * CH, cc = isv ? c - FA_KV * CH : c;
+            const int i = cc / CH, ch = cc % CH;
+            const uint2 w = *(const uint2 *)((isv ? rv : rk) + i * D + ch * 8);
+            const float sc = (isv ? rvs : rks)[i * NB + ch / 4];
+            uint32_t hv[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const uint32_t x = e < 2 ? w.x : w.y, sh = (e & 1) * 16;
+                const float lo = __fmul_rn((float)(int8_t)(x >> sh), sc);
+                const float hi = __fmul_rn((float)(int8_t)(x >> (sh + 8)), sc);
+                hv[e] = fa_pack(lo, hi);
+            }
+            *(uint4 *)((isv ? sv : sk) + i * SD + ch * 8) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        }
     };
 
     float o[ND][4];
@@ -169,8 +240,15 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
             cu_cp_wait_group<SM80, 0>();
         }
         __syncthreads();
+        if (I8) {
+            /* the f16 tiles' last readers (tile j - 1) passed the barrier above; the staging stage is
+             * refilled only after the barrier below (the next iteration's copies) */
+            convert_tile(st);
+            __syncthreads();
+        }
         if (j < warp_tiles) {
-            const __half *tk = sk + st * FA_KV * SD, *tv = sv + st * FA_KV * SD;
+            const int fs = I8 ? 0 : st;
+            const __half *tk = sk + fs * FA_KV * SD, *tv = sv + fs * FA_KV * SD;
             /* s = q . k for the tile's 64 positions (8 tiles of 8) */
             float s[NT][4];
 #pragma unroll
@@ -254,7 +332,10 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
                 }
             }
         }
-        __syncthreads(); /* the stage is refilled by the next iteration's copies */
+        /* f16: the stage is refilled by the next iteration's copies. I8: the next iteration's copies
+         * go to a staging stage last read before the barrier after convert_tile, and its f16 tiles are
+         * written after its first barrier, so no barrier is needed here. */
+        if (!I8) __syncthreads();
     }
 
 #pragma unroll
@@ -273,44 +354,61 @@ k_flash_attn(const float *__restrict__ q, const __half *__restrict__ kc, const _
 }
 
 extern "C" int32_t cuda_flash_attention_supported(int32_t kv_type, int32_t H, int32_t Hkv, int32_t hd) {
-    return kv_type == STRATA_KV_F16 && (hd == 32 || hd == 64 || hd == 128) && Hkv > 0 && H % Hkv == 0;
+    return (kv_type == STRATA_KV_F16 || kv_type == STRATA_KV_INT8) && (hd == 32 || hd == 64 || hd == 128) &&
+           Hkv > 0 && H % Hkv == 0;
 }
 
-template <int D, int S, bool SM80>
+template <int D, int S, bool SM80, bool I8, int CW>
 static strata_status fa_launch_as(cuda_ctx *ctx, const float *q, const void *kc, const void *vc, float *out, int32_t T,
                                   int32_t H, int32_t Hkv, int32_t pos0, const int32_t *pos_dev) {
-    const int bytes = fa_smem_bytes<D>(S);
+    const int bytes = fa_smem_bytes<D, I8>(S);
     /* above 48 KiB a kernel must ask for its dynamic shared memory */
-    CU_TRY(ctx, cudaFuncSetAttribute(k_flash_attn<D, S, SM80>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+    CU_TRY(ctx,
+           cudaFuncSetAttribute(k_flash_attn<D, S, SM80, I8, CW>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
            "setting the flash attention kernel's shared memory (%d bytes)", bytes);
     const int64_t rows = (int64_t)T * (H / Hkv);
     const dim3 grid((unsigned)((rows + FA_ROWS - 1) / FA_ROWS), (unsigned)Hkv);
     /* scores in log2 units: exp2(s') = exp(q . k / sqrt(D)) */
     const float qscale = (float)(1.4426950408889634 / sqrt((double)D));
-    k_flash_attn<D, S, SM80><<<grid, FA_WARPS * 32, bytes, CU_COMPUTE(ctx)>>>(q, (const __half *)kc, (const __half *)vc,
-                                                                             out, T, H, Hkv, pos0, pos_dev, qscale);
+    k_flash_attn<D, S, SM80, I8, CW><<<grid, FA_WARPS * 32, bytes, CU_COMPUTE(ctx)>>>(q, kc, vc, out, T, H, Hkv, pos0,
+                                                                                   pos_dev, qscale);
     CU_LAUNCHED(ctx, "flash attention");
     return STRATA_OK;
 }
 
+template <int D, bool I8, int CW>
+static strata_status fa_launch_kv(cuda_ctx *ctx, int two, const float *q, const void *kc, const void *vc, float *out,
+                                  int32_t T, int32_t H, int32_t Hkv, int32_t pos0, const int32_t *pos_dev) {
+    if (two) {
+        return ctx->sm80 ? fa_launch_as<D, 2, true, I8, CW>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev)
+                         : fa_launch_as<D, 2, false, I8, CW>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
+    }
+    return ctx->sm80 ? fa_launch_as<D, 1, true, I8, CW>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev)
+                     : fa_launch_as<D, 1, false, I8, CW>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
+}
+
 /* Two stages where the card's opt-in shared memory holds them (every card but sm_75 at head dim 128),
  * cp.async where the code has it; STRATA_CUDA_PORTABLE=1 takes one stage and plain copies. */
-template <int D>
+template <int D, bool I8>
 static strata_status fa_launch(cuda_ctx *ctx, const float *q, const void *kc, const void *vc, float *out, int32_t T,
                                int32_t H, int32_t Hkv, int32_t pos0, const int32_t *pos_dev) {
-    const int two = !ctx->portable && fa_smem_bytes<D>(2) <= ctx->smem_optin;
-    if (!two && fa_smem_bytes<D>(1) > ctx->smem_optin) {
+    const int two = !ctx->portable && fa_smem_bytes<D, I8>(2) <= ctx->smem_optin;
+    if (!two && fa_smem_bytes<D, I8>(1) > ctx->smem_optin) {
         snprintf(ctx->err, sizeof ctx->err,
                  "CUDA: flash attention at head dim %d needs %d bytes of shared memory per block; %s allows %d",
-                 D, fa_smem_bytes<D>(1), ctx->name, ctx->smem_optin);
+                 D, fa_smem_bytes<D, I8>(1), ctx->name, ctx->smem_optin);
         return STRATA_ERR_UNSUPPORTED;
     }
-    if (two) {
-        return ctx->sm80 ? fa_launch_as<D, 2, true>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev)
-                         : fa_launch_as<D, 2, false>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
+    if (!I8) return fa_launch_kv<D, false, 16>(ctx, two, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
+    /* int8 rows are kv_dim * 9 / 8 bytes: 16-byte copies where every row starts on 16 bytes */
+    const int64_t rb = (int64_t)Hkv * D * 9 / 8;
+    const int w16 = rb % 16 == 0 && ((uintptr_t)kc | (uintptr_t)vc) % 16 == 0;
+    if (((uintptr_t)kc | (uintptr_t)vc) % 4) {
+        snprintf(ctx->err, sizeof ctx->err, "CUDA: flash attention needs an int8 KV cache aligned to 4 bytes");
+        return STRATA_ERR_INVALID_ARGUMENT;
     }
-    return ctx->sm80 ? fa_launch_as<D, 1, true>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev)
-                     : fa_launch_as<D, 1, false>(ctx, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
+    return w16 ? fa_launch_kv<D, true, 16>(ctx, two, q, kc, vc, out, T, H, Hkv, pos0, pos_dev)
+               : fa_launch_kv<D, true, 4>(ctx, two, q, kc, vc, out, T, H, Hkv, pos0, pos_dev);
 }
 
 extern "C" strata_status cuda_flash_attention(cuda_ctx *ctx, int32_t kv_type, const float *q, const void *k_cache,
@@ -319,14 +417,21 @@ extern "C" strata_status cuda_flash_attention(cuda_ctx *ctx, int32_t kv_type, co
     if (T <= 0) return STRATA_OK;
     if (!cuda_flash_attention_supported(kv_type, H, Hkv, hd)) {
         snprintf(ctx->err, sizeof ctx->err,
-                 "CUDA: flash attention with %s KV, head dim %d, %d heads, %d kv heads is not supported (f16 KV, "
-                 "head dim 32, 64 or 128, heads a multiple of kv heads)",
-                 kv_type == STRATA_KV_F16 ? "f16" : "int8", hd, H, Hkv);
+                 "CUDA: flash attention with KV type %d, head dim %d, %d heads, %d kv heads is not supported "
+                 "(f16 or int8 KV, head dim 32, 64 or 128, heads a multiple of kv heads)",
+                 (int)kv_type, hd, H, Hkv);
         return STRATA_ERR_UNSUPPORTED;
     }
+    const bool i8 = kv_type == STRATA_KV_INT8;
     switch (hd) {
-    case 32: return fa_launch<32>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev);
-    case 64: return fa_launch<64>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev);
-    default: return fa_launch<128>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev);
+    case 32:
+        return i8 ? fa_launch<32, true>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev)
+                  : fa_launch<32, false>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev);
+    case 64:
+        return i8 ? fa_launch<64, true>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev)
+                  : fa_launch<64, false>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev);
+    default:
+        return i8 ? fa_launch<128, true>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev)
+                  : fa_launch<128, false>(ctx, q, k_cache, v_cache, out, T, H, Hkv, pos0, pos_dev);
     }
 }

@@ -150,13 +150,13 @@ struct cuda_state {
     int8_t flash;            /* prompt attention on the tensor cores: 0 not decided yet, 1 yes, 2 no */
     int32_t *bucket;         /* host scratch of wave_segments: [2 * (E + 1) + T * K] */
     int32_t bucket_cap;
-    /* the expert store (STRATA_CUDA_STORE): the mapped file page-locked for the device (reg_ptr), or every
+    /* the expert store (STRATA_CUDA_STORE): the mapped file page-locked for the device (reg_parts), or every
      * expert copied once into pinned host memory (store); a slot is then filled by DMAs with no host
      * copy. Neither: through the ring above. */
-    void *reg_ptr;
+    uint32_t reg_parts;      /* parts of the mapped file page-locked (every part of a split model), or 0 */
     uint8_t *store;          /* pinned: gate | up | down of each expert, layer after layer, or NULL */
-    int32_t store_shared;    /* store or reg_ptr is the first device's of a split (shared, not freed here) */
-    int32_t direct;          /* reg_ptr or store: a copy needs no work from the host */
+    int32_t store_shared;    /* store or reg_parts is the first device's of a split (shared, not freed here) */
+    int32_t direct;          /* reg_parts or store: a copy needs no work from the host */
     int32_t overlap;         /* copies on CUDA_STREAM_COPY, ordered by the events below (STRATA_CUDA_OVERLAP) */
     int32_t copies_pending;  /* copies were enqueued outside a wave (refill, swaps): the next forward waits */
     strata_status copy_status; /* the first failed copy of the cache's copy function (it returns bytes) */

@@ -24,8 +24,9 @@ static size_t wbytes(const wview *w) { return (size_t)w->rows * w->row_bytes; }
 static strata_status check_type(strata_engine *e, const wview *w, const char *name) {
     if (!cuda_type_supported(w->type))
         return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
-                       "--device cuda: tensor %s is %s, which the CUDA kernels do not run yet (they run F32, F16, "
-                       "BF16, Q8_0, Q4_0, Q4_K and Q6_K); use --device cpu for this file",
+                       "--device cuda: tensor %s is %s, which the CUDA kernels do not run (they run F32, F16, BF16, "
+                       "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ3_XXS, IQ3_S, "
+                       "IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M and MXFP4); use --device cpu for this file",
                        name, quant_type_name(w->type) ? quant_type_name(w->type) : "an unknown type");
     return STRATA_OK;
 }
@@ -195,7 +196,7 @@ strata_status gpu_expert_to(strata_engine *e, uint8_t *dst, int32_t l, int32_t e
     if (g->store) {
         /* pinned: one DMA at full PCIe speed, nothing for the host to copy and nothing to wait for */
         DEV(e, cuda_h2d(g->ctx, dst, g->store + g->store_off[l] + ex * n, (size_t)n, stream));
-    } else if (g->reg_ptr || !g->ring[0]) {
+    } else if (g->reg_parts || !g->ring[0]) {
         /* the mapping page-locked (or, without staging, pageable): three DMAs straight from the file */
         DEV(e, cuda_h2d(g->ctx, dst, src_g, (size_t)gb, stream));
         DEV(e, cuda_h2d(g->ctx, dst + gb, src_u, (size_t)ub, stream));
@@ -364,11 +365,11 @@ static void store_open(strata_engine *e) {
     cuda_state *g = e->md->gpu;
     const mem_device *md = e->md;
     const cuda_state *first = e->devs[0].gpu;
-    if (md != &e->devs[0] && (first->store || first->reg_ptr)) {
+    if (md != &e->devs[0] && (first->store || first->reg_parts)) {
         /* a later device of a split: the first device's store serves it too (pinned host memory and a
          * portable registration are visible to every device), so the host holds the experts once */
         g->store = first->store;
-        g->reg_ptr = first->reg_ptr;
+        g->reg_parts = first->reg_parts;
         g->direct = 1;
         g->store_shared = 1;
         trace_emit(&e->trace, "cuda: device %d uses device %d's expert store", md->index, e->devs[0].index);
@@ -376,7 +377,7 @@ static void store_open(strata_engine *e) {
     }
     const int64_t all = (int64_t)(md->layer_end - md->layer_begin) * e->hp.n_expert; /* the experts it serves */
     const int store = env_cuda_store();
-    const int64_t bytes = store == 1 ? (int64_t)e->file.size : g->store_off[e->hp.n_layer];
+    const int64_t bytes = store == 1 ? (int64_t)e->file.total_size : g->store_off[e->hp.n_layer];
     const double gib = (double)bytes / (1 << 30);
     char why[640];
     why[0] = 0;
@@ -390,14 +391,27 @@ static void store_open(strata_engine *e) {
                  (double)e->md->plan.host_avail_bytes / (1 << 30));
     } else if (store == 1) {
         const double t0 = engine_now_ms();
-        if (cuda_host_register(g->ctx, e->file.map, (size_t)e->file.size) == STRATA_OK) {
-            g->reg_ptr = e->file.map;
+        /* a split model is one mapping per part: each is registered */
+        uint32_t i = 0;
+        for (uint8_t *m; i < e->file.n_parts; i++) {
+            uint64_t n;
+            gguf_part_map(&e->file, i, &m, &n);
+            if (cuda_host_register(g->ctx, m, (size_t)n) != STRATA_OK) break;
+        }
+        if (i == e->file.n_parts) {
+            g->reg_parts = i;
             g->direct = 1;
-            trace_emit(&e->trace, "cuda: expert store: the mapped file (%.1f GiB) registered with the device in %.0f ms; "
-                       "experts are copied straight from it", gib, engine_now_ms() - t0);
+            trace_emit(&e->trace, "cuda: expert store: the mapped file (%.1f GiB, %u part%s) registered with the device "
+                       "in %.0f ms; experts are copied straight from it", gib, i, i == 1 ? "" : "s", engine_now_ms() - t0);
             return;
         }
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
+        while (i-- > 0) {
+            uint8_t *m;
+            uint64_t n;
+            gguf_part_map(&e->file, i, &m, &n);
+            cuda_host_unregister(g->ctx, m);
+        }
     } else {
         const double t0 = engine_now_ms();
         if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->store) == STRATA_OK) {
@@ -420,8 +434,37 @@ static void store_open(strata_engine *e) {
 
 /* ---- open / close ------------------------------------------------------------------------------ */
 
+/* The first block of the model's architecture (arch.h) that the CUDA forward does not compose yet, in
+ * words, or NULL when it runs them all. The CUDA kernels are qwen3moe's blocks: per-head q/k norms, NeoX
+ * RoPE over the whole head without scaling, softmax routing with renormalized top-k weights, no biases,
+ * no shared experts, no multipliers. A model needing more is refused at open, never run without it. */
+static const char *cuda_missing_block(const strata_engine *e) {
+    const hparams *hp = &e->hp;
+    if (hp->n_dense_lead > 0) return "dense leading layers";
+    if (hp->qk_norm != QK_NORM_HEAD)
+        return hp->qk_norm == QK_NORM_FULL ? "q/k norms over the whole projection" : "attention without q/k norms";
+    if (hp->ad->rope != ROPE_NEOX) return "RoPE with adjacent pairs (the llama layout)";
+    if (hp->n_rot != hp->head_dim) return "partial rotary embeddings";
+    if (hp->rope_scaling != ROPE_SCALING_NONE) return "rope scaling";
+    if (hp->gating != GATING_SOFTMAX || hp->expert_bias || !hp->norm_topk || hp->routed_scale != 1.0f)
+        return "routing other than softmax with renormalized top-k weights";
+    if (hp->n_ff_shexp > 0) return "shared experts";
+    if (hp->embd_scale != 1.0f || hp->residual_scale != 1.0f || hp->logit_scale != 1.0f ||
+        hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim))
+        return "granite's embedding, attention, residual and logit multipliers";
+    for (int32_t l = 0; l < hp->n_layer; l++)
+        if (e->w.layers[l].bq || e->w.layers[l].bk || e->w.layers[l].bv) return "attention biases";
+    return NULL;
+}
+
 /* Create the device context (e->md->gpu) and report the free device memory the plan may use. */
 static strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
+    const char *missing = cuda_missing_block(e);
+    if (missing)
+        return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
+                       "--device cuda: %s (%s) needs %s, which the CUDA backend does not run yet; use --device cpu "
+                       "for this file",
+                       e->hp.arch, e->hp.ad->family, missing);
     char err[512];
     cuda_state *g = calloc(1, sizeof *g);
     if (!g) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
@@ -651,8 +694,13 @@ static void cuda_forward_close(strata_engine *e) {
         cuda_event_free(g->ev_half[1]);
         for (int i = 0; i < SEQ_EVENTS; i++) cuda_event_free(g->seq_ev[i]);
         /* before the file is unmapped (engine_close closes the file after this) */
-        if (g->reg_ptr && !g->store_shared) cuda_host_unregister(g->ctx, g->reg_ptr);
-        g->reg_ptr = NULL;
+        for (uint32_t i = 0; i < g->reg_parts && !g->store_shared; i++) {
+            uint8_t *m;
+            uint64_t n;
+            gguf_part_map(&e->file, i, &m, &n);
+            cuda_host_unregister(g->ctx, m);
+        }
+        g->reg_parts = 0;
         if (!g->store_shared) cuda_host_free(g->ctx, g->store);
         g->store = NULL;
         cuda_ctx_destroy(g->ctx);

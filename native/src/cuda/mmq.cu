@@ -1,6 +1,7 @@
 /*
  * mmq.cu — prompt-chunk products of Q8_0 / Q4_0 / Q4_K / Q6_K weights on the tensor cores (integer MMA), grouped by
- * expert: the tokens routed to one expert share one read of its weights.
+ * expert: the tokens routed to one expert share one read of its weights. The other quantized types' kernels
+ * (mmq_types.cu) share the tiles, the order and this file's launcher.
  *
  * Legend: R rows of W, C cols (a multiple of 32), G = C / 32 blocks of 32 values per row,
  *         BM = 64 rows and BN = 64 tokens per thread block, KC = 8 blocks (256 values) per stage.
@@ -36,48 +37,13 @@
  */
 #include "arch.cuh"
 #include "common.cuh"
+#include "mmq_common.cuh"
 #include "../group_dequant.h"
-
-#define MQ_BM 64
-#define MQ_BN CUDA_MMQ_TOKENS
-#define MQ_KC 8                     /* blocks per stage */
-#define MQ_THREADS 128
-#define MQ_SB (MQ_KC * 32 + 16)     /* token tile row stride: 272 bytes = 68 words, so the 4-byte
-                                       fragment reads of a warp (8 tokens x 4 threads) hit 32 banks */
-
-static_assert(MQ_BN == 64, "the token loops below assume 64 tokens per tile");
 
 /* 4 bytes from a 2-byte aligned address (Q8_0/Q4_0 blocks are 34/18 bytes: quants are 2-aligned) */
 static __device__ __forceinline__ uint32_t ld_u32_a2(const uint8_t *p) {
     const uint16_t *h = (const uint16_t *)p;
     return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
-}
-
-/* The integer dots of one 16x8 tile as floats, exactly. The accumulator starts at the bit pattern of
- * 1.5 * 2^23 (whose float ulp is 1), so that the int32 result read as a float is 1.5 * 2^23 + dot for
- * |dot| < 2^22 (a block's dot is at most 32 * 128 * 127 in magnitude); subtracting 1.5 * 2^23 is then
- * exact and gives (float)dot: the same bits as a conversion, on the full-rate float pipe instead of
- * the quarter-rate conversion unit. */
-#define MQ_BIAS_BITS 0x4B400000
-#define MQ_BIAS 12582912.0f
-template <bool SM80>
-static __device__ __forceinline__ void mma_s8(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    int r[4];
-    cu_mma_s8<SM80>(r, a, b0, b1, MQ_BIAS_BITS);
-#pragma unroll
-    for (int i = 0; i < 4; i++) c[i] = __fsub_rn(__int_as_float(r[i]), MQ_BIAS);
-}
-
-/* Copy `bytes` of each of nrows rows (row r at src0 + src_off[r]) to dst rows of dst_stride, in units
- * of U (the caller checks that every address and length is a multiple of sizeof(U)). */
-template <typename U>
-static __device__ __forceinline__ void copy_rows(uint8_t *dst, int64_t dst_stride, const uint8_t *src0,
-                                                 const int64_t *src_off, int nrows, int bytes) {
-    const int per = bytes / (int)sizeof(U);
-    for (int i = threadIdx.x; i < nrows * per; i += MQ_THREADS) {
-        const int r = i / per, u = i - r * per;
-        *(U *)(dst + r * dst_stride + u * (int)sizeof(U)) = *(const U *)(src0 + src_off[r] + u * (int)sizeof(U));
-    }
 }
 
 /*
@@ -322,21 +288,28 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
     }
 }
 
+/* mmq_types.cu's kernels of a type; NULL for the types of this file and those without a tensor-core form */
+static const mmq_kernels *mmq_types_find(int32_t type) {
+    for (int i = 0; i < cuda_mmq_types_n; i++)
+        if (cuda_mmq_types[i].type == type) return &cuda_mmq_types[i];
+    return NULL;
+}
+
 static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, const void *const *w_ptrs, int64_t rows,
                                 int64_t cols, const void *xq, int64_t xs, const int32_t *pairs,
                                 const int32_t *seg_start, int32_t xdiv, float *y, int64_t ys, int64_t units, int32_t T,
                                 int32_t accumulate) {
     if (rows <= 0 || units <= 0) return STRATA_OK;
-    const int64_t blk = (type == STRATA_TYPE_Q4_K || type == STRATA_TYPE_Q6_K) ? 256 : 32;
-    if (!cuda_mmq_supported(type) || cols <= 0 || cols % blk || xs % 16 || ((uintptr_t)xq & 15)) {
+    if (!cuda_mmq_supported(type) || !gq_shape_ok(type, cols) || xs % 16 || ((uintptr_t)xq & 15)) {
         snprintf(ctx->err, sizeof ctx->err,
-                 "CUDA: the grouped product runs Q8_0, Q4_0 and Q4_K weights on 16-byte aligned activation rows "
-                 "of whole blocks (type %d, %lld cols, row stride %lld bytes)",
+                 "CUDA: the grouped product runs quantized weights on 16-byte aligned activation rows of whole "
+                 "blocks (type %d, %lld cols, row stride %lld bytes)",
                  type, (long long)cols, (long long)xs);
         return STRATA_ERR_INVALID_ARGUMENT;
     }
     const int64_t rb = gq_row_bytes(type, cols);
     cudaStream_t s = CU_COMPUTE(ctx);
+    const mmq_kernels *k = mmq_types_find(type);
     /* grid.y is limited to 65535: launch in slices of units */
     for (int64_t u0 = 0; u0 < units; u0 += 65535) {
         const int64_t nu = units - u0 < 65535 ? units - u0 : 65535;
@@ -356,8 +329,12 @@ static strata_status mmq_launch(cuda_ctx *ctx, int32_t type, const void *w, cons
             MQ_LAUNCH(STRATA_TYPE_Q4_0);
         else if (type == STRATA_TYPE_Q4_K)
             MQ_LAUNCH(STRATA_TYPE_Q4_K);
-        else
+        else if (type == STRATA_TYPE_Q6_K)
             MQ_LAUNCH(STRATA_TYPE_Q6_K);
+        else /* mmq_types.cu's (cuda_mmq_supported found it there) */
+            (ctx->sm80 ? k->sm80 : k->portable)<<<grid, MQ_THREADS, 0, s>>>(
+                (const uint8_t *)w, (const uint8_t *const *)w_ptrs, rb, rows, cols, (const uint8_t *)xq, xs, pairs,
+                seg_start, xdiv, y, ys, T, accumulate, u0);
 #undef MQ_LAUNCH
 #undef MQ_LAUNCH2
         CU_LAUNCHED(ctx, "grouped quantized product");
@@ -369,7 +346,7 @@ extern "C" {
 
 int32_t cuda_mmq_supported(int32_t type) {
     return type == STRATA_TYPE_Q8_0 || type == STRATA_TYPE_Q4_0 || type == STRATA_TYPE_Q4_K ||
-           type == STRATA_TYPE_Q6_K;
+           type == STRATA_TYPE_Q6_K || mmq_types_find(type) != NULL;
 }
 
 strata_status cuda_mmq(cuda_ctx *ctx, int32_t type, const void *w, int64_t rows, int64_t cols, const void *xq,

@@ -20,16 +20,16 @@
  * cuda_matvec_segments for the token's K pairs: segment t*K+k is expert ids[k] (weights from
  * table[ids[k]] = gate, up, down), token t into row t*K+k. */
 __global__ void __launch_bounds__(RT_WARPS * 32)
-k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *weights, const void *const *table,
-              const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
+    k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *weights, const void *const *table,
+                  const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * RT_WARPS + (threadIdx.x >> 5);
     if (t >= T) return;
     const float *lg = logits + (int64_t)t * E;
     int32_t *id = ids + (int64_t)t * K;
     float *wt = weights + (int64_t)t * K;
-    int pi = -1;         /* previous pick */
-    float pv = 0.0f;     /* its logit */
+    int pi = -1;     /* previous pick */
+    float pv = 0.0f; /* its logit */
     float mx = 0.0f, sum = 0.0f;
     for (int k = 0; k < K; k++) {
         int best = -1;
@@ -60,8 +60,8 @@ k_router_topk(const float *logits, int T, int E, int K, int32_t *ids, float *wei
 /* Latency-tuned k_router_topk (ctx->fast, E <= 32 * RT_MAXE, K <= 32): the same picks and the same
  * weight bits (cu_router_topk_warp, router_topk.cuh). */
 __global__ void __launch_bounds__(RT_WARPS * 32)
-k_router_topk_fast(const float *logits, int T, int E, int K, int32_t *ids, float *weights, const void *const *table,
-                   const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
+    k_router_topk_fast(const float *logits, int T, int E, int K, int32_t *ids, float *weights, const void *const *table,
+                       const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
     cu_pdl_trigger();
     cu_pdl_wait();
     const int lane = threadIdx.x & 31;
@@ -97,14 +97,15 @@ strata_status cuda_router_topk(cuda_ctx *ctx, const float *logits, int32_t T, in
     if (T <= 0) return STRATA_OK;
     if (K <= 0 || K > E) return STRATA_ERR_INVALID_ARGUMENT;
     if ((ctx->fast & CUDA_FAST_ROUTER) && E <= 32 * RT_MAXE && K <= 32) {
-        CU_TRY(ctx, cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits,
-                              (int)T, (int)E, (int)K, ids, weights, (const void *const *)NULL, (const void **)NULL, 0,
-                              (int32_t *)NULL, (int32_t *)NULL, (int64_t)0),
+        CU_TRY(ctx,
+               cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits, (int)T,
+                         (int)E, (int)K, ids, weights, (const void *const *)NULL, (const void **)NULL, 0,
+                         (int32_t *)NULL, (int32_t *)NULL, (int64_t)0),
                "launching router top-k");
         return STRATA_OK;
     }
     k_router_topk<<<cu_blocks(T, RT_WARPS), RT_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(logits, T, E, K, ids, weights, NULL,
-                                                                            NULL, 0, NULL, NULL, 0);
+                                                                                 NULL, 0, NULL, NULL, 0);
     CU_LAUNCHED(ctx, "router top-k");
     return STRATA_OK;
 }
@@ -115,14 +116,14 @@ strata_status cuda_router_topk_segments(cuda_ctx *ctx, const float *logits, int3
     if (T <= 0) return STRATA_OK;
     if (K <= 0 || K > E || (int64_t)T * K > seg_cap || (int64_t)T * K > seg_half) return STRATA_ERR_INVALID_ARGUMENT;
     if ((ctx->fast & CUDA_FAST_ROUTER) && E <= 32 * RT_MAXE && K <= 32) {
-        CU_TRY(ctx, cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits,
-                              (int)T, (int)E, (int)K, ids, weights, table, seg_w, (int)seg_cap, seg_tok, seg_out,
-                              seg_half),
+        CU_TRY(ctx,
+               cu_launch(ctx, k_router_topk_fast, dim3(cu_blocks(T, RT_WARPS)), dim3(RT_WARPS * 32), 0, logits, (int)T,
+                         (int)E, (int)K, ids, weights, table, seg_w, (int)seg_cap, seg_tok, seg_out, seg_half),
                "launching router top-k");
         return STRATA_OK;
     }
-    k_router_topk<<<cu_blocks(T, RT_WARPS), RT_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(logits, T, E, K, ids, weights, table,
-                                                                            seg_w, seg_cap, seg_tok, seg_out, seg_half);
+    k_router_topk<<<cu_blocks(T, RT_WARPS), RT_WARPS * 32, 0, CU_COMPUTE(ctx)>>>(
+        logits, T, E, K, ids, weights, table, seg_w, seg_cap, seg_tok, seg_out, seg_half);
     CU_LAUNCHED(ctx, "router top-k");
     return STRATA_OK;
 }

@@ -33,8 +33,7 @@ __global__ void k_rmsnorm(const float *x, const float *w, float *y, int D, float
 
 /* k_rmsnorm, and the normed row quantized for Q8_0/Q4_0 weights in the same pass (one launch instead
  * of two; the same bits as k_rmsnorm followed by k_quantize_q8). */
-__global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, uint8_t *q, int64_t q_stride, int D,
-                             float eps) {
+__global__ void k_rmsnorm_q8(const float *x, const float *w, float *y, uint8_t *q, int64_t q_stride, int D, float eps) {
     __shared__ float sh[NORM_THREADS];
     const float *xr = x + (int64_t)blockIdx.x * D;
     float *yr = y + (int64_t)blockIdx.x * D;
@@ -62,7 +61,7 @@ static_assert(NORM_THREADS == RMS_THREADS, "k_rmsnorm_fast runs the plain kernel
 
 template <bool Q8>
 __global__ void __launch_bounds__(NORM_THREADS)
-k_rmsnorm_fast(const float *x, const float *w, float *y, uint8_t *q, int64_t q_stride, int D, float eps) {
+    k_rmsnorm_fast(const float *x, const float *w, float *y, uint8_t *q, int64_t q_stride, int D, float eps) {
     __shared__ float sh[NORM_THREADS];
     cu_pdl_trigger();
     float wv[RMS_MAXV];
@@ -118,8 +117,8 @@ static __device__ __forceinline__ void head_norm_rope(float *x, const float *w, 
 }
 
 /* one block per (token, head) of q and k: blockIdx.y < H are q heads, the rest k heads; hd threads */
-__global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float *kn, int H, int Hkv, int hd,
-                               int pos0, float theta, float eps, const int32_t *pos_dev) {
+__global__ void k_qk_norm_rope(float *q, float *k, const float *qn, const float *kn, int H, int Hkv, int hd, int pos0,
+                               float theta, float eps, const int32_t *pos_dev) {
     if (pos_dev) pos0 = *pos_dev;
     __shared__ float sh[NORM_THREADS];
     __shared__ float v[512];
@@ -141,8 +140,8 @@ static __device__ __forceinline__ void kv_q8(float x, int8_t *q, float *scale) {
 }
 
 /* f16 cache: row p = kv_dim halves.  int8 cache: row p = kv_dim int8 then kv_dim/32 f32 scales. */
-__global__ void k_kv_store(int kv_type, const float *k, const float *v, uint8_t *kc, uint8_t *vc, int kv_dim,
-                           int pos0, const int32_t *pos_dev) {
+__global__ void k_kv_store(int kv_type, const float *k, const float *v, uint8_t *kc, uint8_t *vc, int kv_dim, int pos0,
+                           const int32_t *pos_dev) {
     if (pos_dev) pos0 = *pos_dev;
     const int t = blockIdx.x;
     const float *src = blockIdx.y == 0 ? k : v;
@@ -213,8 +212,9 @@ extern "C" {
 strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float *y, int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
     if ((ctx->fast & CUDA_FAST_NORM) && D <= RMS_THREADS * RMS_MAXV) {
-        CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<false>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)NULL,
-                              (int64_t)0, (int)D, eps),
+        CU_TRY(ctx,
+               cu_launch(ctx, k_rmsnorm_fast<false>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)NULL,
+                         (int64_t)0, (int)D, eps),
                "launching rmsnorm");
         return STRATA_OK;
     }
@@ -224,12 +224,13 @@ strata_status cuda_rmsnorm(cuda_ctx *ctx, const float *x, const float *w, float 
 }
 
 strata_status cuda_rmsnorm_q8(cuda_ctx *ctx, const float *x, const float *w, float *y, void *q, int64_t q_stride,
-                             int32_t T, int32_t D, float eps) {
+                              int32_t T, int32_t D, float eps) {
     if (T <= 0) return STRATA_OK;
     if (D % 32) return STRATA_ERR_INVALID_ARGUMENT;
     if ((ctx->fast & CUDA_FAST_NORM) && D <= RMS_THREADS * RMS_MAXV) {
-        CU_TRY(ctx, cu_launch(ctx, k_rmsnorm_fast<true>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)q,
-                              (int64_t)q_stride, (int)D, eps),
+        CU_TRY(ctx,
+               cu_launch(ctx, k_rmsnorm_fast<true>, dim3(T), dim3(NORM_THREADS), 0, x, w, y, (uint8_t *)q,
+                         (int64_t)q_stride, (int)D, eps),
                "launching rmsnorm and quantization");
         return STRATA_OK;
     }
@@ -253,8 +254,7 @@ strata_status cuda_qk_norm_rope(cuda_ctx *ctx, float *q, float *k, const float *
         return STRATA_ERR_UNSUPPORTED;
     }
     dim3 grid(T, H + Hkv);
-    k_qk_norm_rope<<<grid, threads, 0, CU_COMPUTE(ctx)>>>(q, k, q_norm, k_norm, H, Hkv, hd, pos0, theta, eps,
-                                                          pos_dev);
+    k_qk_norm_rope<<<grid, threads, 0, CU_COMPUTE(ctx)>>>(q, k, q_norm, k_norm, H, Hkv, hd, pos0, theta, eps, pos_dev);
     CU_LAUNCHED(ctx, "q/k norm and rope");
     return STRATA_OK;
 }
@@ -280,9 +280,10 @@ strata_status cuda_qk_norm_rope_store(cuda_ctx *ctx, float *q, float *k, const f
         snprintf(ctx->err, sizeof ctx->err, "CUDA: head dimension %d: no fused rope and cache store", hd);
         return STRATA_ERR_UNSUPPORTED;
     }
-    CU_TRY(ctx, cu_launch(ctx, k_qk_norm_rope_store, dim3(T, H + 2 * Hkv), dim3(hd), 0, q, k, v, q_norm, k_norm,
-                          (int)H, (int)Hkv, (int)hd, (int)pos0, theta, eps, pos_dev, (int)kv_type, (uint8_t *)k_cache,
-                          (uint8_t *)v_cache),
+    CU_TRY(ctx,
+           cu_launch(ctx, k_qk_norm_rope_store, dim3(T, H + 2 * Hkv), dim3(hd), 0, q, k, v, q_norm, k_norm, (int)H,
+                     (int)Hkv, (int)hd, (int)pos0, theta, eps, pos_dev, (int)kv_type, (uint8_t *)k_cache,
+                     (uint8_t *)v_cache),
            "launching q/k norm, rope and kv store");
     return STRATA_OK;
 }

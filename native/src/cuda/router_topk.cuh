@@ -33,14 +33,14 @@ __device__ __forceinline__ void cu_router_warp_best(int &best, float &bv) {
 /* Segment j = t * K + k of cuda_matvec_segments for pick k (expert id) of token t: its weights from
  * table[id] (gate, up, down), token t into row j. */
 __device__ __forceinline__ void cu_router_segment(const void *const *table, int id, int64_t j, int t,
-                                                  const void **seg_w, int seg_cap, int32_t *seg_tok,
-                                                  int32_t *seg_out, int64_t seg_half) {
+                                                  const void **seg_w, int seg_cap, int32_t *seg_tok, int32_t *seg_out,
+                                                  int64_t seg_half) {
     const void *const *p = table + (int64_t)id * 3;
     seg_w[j] = p[0];
     seg_w[seg_cap + j] = p[1];
     seg_w[2 * (int64_t)seg_cap + j] = p[2];
-    seg_tok[j] = t;              /* token row of xn */
-    seg_out[j] = (int32_t)j;     /* row t * K + k of g and u */
+    seg_tok[j] = t;                     /* token row of xn */
+    seg_out[j] = (int32_t)j;            /* row t * K + k of g and u */
     seg_tok[seg_half + j] = (int32_t)j; /* row of h */
     seg_out[seg_half + j] = (int32_t)j; /* row of ye */
 }
@@ -54,8 +54,7 @@ __device__ __forceinline__ void cu_router_segment(const void *const *table, int 
 template <bool L2>
 __device__ __forceinline__ void cu_router_topk_warp(const float *lg, int t, int E, int K, int lane, int32_t *ids,
                                                     float *weights, const void *const *table, const void **seg_w,
-                                                    int seg_cap, int32_t *seg_tok, int32_t *seg_out,
-                                                    int64_t seg_half) {
+                                                    int seg_cap, int32_t *seg_tok, int32_t *seg_out, int64_t seg_half) {
     float lv[RT_MAXE];
 #pragma unroll
     for (int j = 0; j < RT_MAXE; j++) {

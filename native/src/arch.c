@@ -1,0 +1,71 @@
+/*
+ * arch.c — the table of architectures (see arch.h). Adding a family is a row here, plus the blocks it
+ * needs in attention.c / moe.c when it needs one strata does not have.
+ *
+ * The rows' fixed choices are facts of each family's reference implementation and of llama.cpp's GGUF
+ * conversion: qwen2moe and olmoe keep Hugging Face's rotary layout (pairs i, i + n_rot/2); the llama
+ * family (mixtral) and granitemoe have their q and k rows permuted by the converter into adjacent pairs;
+ * qwen2moe and olmoe use the raw top-k softmax weights, mixtral and granitemoe renormalize them.
+ */
+#include "arch.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "model.h"
+
+static const arch_desc ARCHS[] = {
+    /* arch, family, qk_norm, rope, gating, norm_topk, shexp, multipliers, qk_norm_optional, ffn_norm, missing */
+    {"qwen3moe", "Qwen3-MoE", QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL},
+    {"qwen2moe", "Qwen2-MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_SIGMOID_GATE, 0, 0, NULL, NULL},
+    {"llama", "Mixtral", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL},
+    {"olmoe", "OLMoE", QK_NORM_FULL, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_NONE, 0, 0, NULL, NULL},
+    {"granitemoe", "Granite-MoE", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 1, 0, NULL, NULL},
+    /* sigmoid routing with the correction bias, partial rotary, dense leading layers, q/k/v biases,
+     * shared experts added as they are; per-head q/k norms in files that have them (use_qk_norm) */
+    {"glm4moe", "GLM-4.5 MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SIGMOID, 1, SHEXP_PLAIN, 0, 1, "post_attention_norm", NULL},
+    /* known families whose blocks are not all here yet: opening one says which block is missing */
+    {"deepseek2", "DeepSeek-V2/V3", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 0, SHEXP_PLAIN, 0, 0, NULL,
+     "multi-head latent attention (MLA) is not supported yet"},
+    {"gpt-oss", "gpt-oss", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL,
+     "attention sinks, sliding-window layers and the clamped SwiGLU are not supported yet"},
+    {"granitemoeshared", "Granite-MoE (shared)", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_PLAIN, 1, 0, NULL,
+     "granite's shared experts are not supported yet"},
+    {"qwen3next", "Qwen3-Next", QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_SIGMOID_GATE, 0, 0, NULL,
+     "the gated delta-net (linear attention) layers are not supported yet"},
+};
+
+const arch_desc *arch_find(const char *arch) {
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if (strcmp(ARCHS[i].arch, arch) == 0) return &ARCHS[i];
+    return NULL;
+}
+
+const char *arch_supported_list(void) {
+    return "qwen3moe, qwen2moe, llama with experts (Mixtral), olmoe, granitemoe, glm4moe";
+}
+
+void arch_describe(const hparams *hp, char *buf, size_t len) {
+    const arch_desc *a = hp->ad;
+    if (!a || !len) return;
+    const char *qk = hp->qk_norm == QK_NORM_HEAD   ? ", q/k norm per head"
+                     : hp->qk_norm == QK_NORM_FULL ? ", q/k norm over the projection"
+                                                  : "";
+    char rope[96];
+    int n = snprintf(rope, sizeof rope, "rope %s", a->rope == ROPE_NORM ? "norm" : "neox");
+    if (hp->n_rot != hp->head_dim && n > 0 && (size_t)n < sizeof rope)
+        n += snprintf(rope + n, sizeof rope - (size_t)n, " %d/%d dims", hp->n_rot, hp->head_dim);
+    if (hp->rope_scaling != ROPE_SCALING_NONE && n > 0 && (size_t)n < sizeof rope)
+        snprintf(rope + n, sizeof rope - (size_t)n, " %s x%g", hp->rope_scaling == ROPE_SCALING_YARN ? "yarn" : "linear",
+                 (double)hp->rope_factor);
+    const char *shexp = a->shexp == SHEXP_SIGMOID_GATE ? ", shared expert with sigmoid gate"
+                        : a->shexp == SHEXP_PLAIN      ? ", shared expert"
+                                                       : "";
+    char dense[48] = "";
+    if (hp->n_dense_lead > 0) snprintf(dense, sizeof dense, ", %d dense leading layer(s)", hp->n_dense_lead);
+    snprintf(buf, len, "%s: attention GQA %d/%d%s%s, %s%s; moe %s%s top-%d of %d%s%s%s%s", a->family, hp->n_head,
+             hp->n_head_kv, hp->attn_bias ? ", q/k/v biases" : "", qk, rope, a->multipliers ? ", granite multipliers" : "",
+             hp->gating == GATING_SIGMOID ? "sigmoid" : "softmax", hp->expert_bias ? " with expert bias" : "",
+             hp->n_expert_used, hp->n_expert, hp->norm_topk ? " normalized" : "", hp->routed_scale != 1.0f ? " scaled" : "",
+             shexp, dense);
+}

@@ -1,0 +1,425 @@
+"""Each MoE family strata runs, against Hugging Face transformers' own implementation of it.
+
+For every family a random tiny model is built in transformers (torch CPU), saved with
+``save_pretrained`` and converted to GGUF by llama.cpp's ``convert_hf_to_gguf.py`` (tests/_hf_convert.py
+fetches it from the llama-cpp-python source package). Neither the weights' layout nor the metadata is
+written by strata, so a misreading of the family (rotary layout, norms, routing, shared experts,
+multipliers) shows as a difference from transformers. The files are cached by their recipe.
+
+Per family and file type (f32, f16), over several prompts, the engine reads the prompt and decodes
+greedily; transformers computes the logits of the same tokens in float64, with its weights rounded as
+the file stores them (f16 files: every matrix but the routers, which the converter keeps in f32) and its
+cached keys and values rounded to float16 (the engine's KV cache format), so both sides compute with the
+same numbers. At every step max |engine - transformers| <= TOL * max |transformers|: the engine's f32
+arithmetic against float64 (about 1e-6 of max |logit| here) plus the cached values that round to the
+other float16 neighbour (tests/test_reference.py derives what one such flip costs: up to about 2e-4 of
+max |logit|; the bound allows two). The engine's greedy token equals transformers' argmax at every step,
+except where transformers' top two logits are closer than twice that bound (a near-tie), which the
+test counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+# the `reference` extra (make test installs it: pip install -e '.[reference]')
+import torch
+import transformers
+from _hf_convert import convert
+from _llama_vocab import VERSION
+
+import strata._engine as engine_mod
+from strata import EngineConfig
+from strata.model._cache import cache_dir, file_lock
+from strata.model._tokenizer import build_vocab
+
+TOL = 4e-4  # max |engine - transformers| <= TOL * max |transformers| (two float16 flips of the KV cache)
+DECODE_STEPS = 12
+PROMPT_LENGTHS = (1, 9, 40)
+SEED = 1234
+RECIPE = 1  # bump when the weights' recipe below changes: the cached files are keyed by it
+
+
+def _f16_kv_attention(module, query, key, value, attention_mask, **kwargs):  # type: ignore[no-untyped-def]
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import eager_attention_forward
+
+    def f16(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float16).to(query.dtype)
+
+    return eager_attention_forward(module, query, f16(key), f16(value), attention_mask, **kwargs)
+
+
+transformers.AttentionInterface.register("strata_f16_kv_families", _f16_kv_attention)
+transformers.masking_utils.AttentionMaskInterface.register(
+    "strata_f16_kv_families", transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["eager"]
+)
+
+COMMON: dict[str, Any] = dict(
+    vocab_size=1024,
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    rope_parameters={"rope_theta": 50_000.0, "rope_type": "default"},
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: str  # general.architecture of the converted file
+    config: str  # transformers config class
+    model: str  # transformers causal-LM class
+    options: dict[str, Any] = field(default_factory=dict)
+    # parameters the converter keeps in f32 in an f16 file (besides vectors): the routers and gates
+    f32_names: tuple[str, ...] = ("mlp.gate.weight",)
+
+
+FAMILIES = {
+    # shared expert with a sigmoid gate, q/k/v biases, raw (not renormalized) top-k weights
+    "qwen2moe": Family(
+        "qwen2moe",
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=3,
+        ),
+        ("mlp.gate.weight", "shared_expert_gate.weight"),
+    ),
+    # the llama architecture with experts: q and k rows permuted by the converter (adjacent rotary pairs)
+    "mixtral": Family(
+        "llama",
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    ),
+    # q and k norms over the whole projection, raw top-k weights
+    "olmoe": Family(
+        "olmoe",
+        "OlmoeConfig",
+        "OlmoeForCausalLM",
+        dict(intermediate_size=32, num_experts=8, num_experts_per_tok=3),
+    ),
+    # embedding, attention, residual and logit multipliers (none of them the neutral value)
+    "granitemoe": Family(
+        "granitemoe",
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            embedding_multiplier=3.0,
+            attention_multiplier=0.1,
+            residual_multiplier=0.5,
+            logits_scaling=2.5,
+        ),
+        ("router.layer.weight",),
+    ),
+    # sigmoid routing with the correction bias and routed scaling, a plain shared expert, a dense leading
+    # layer, partial rotary (half the head), q/k/v biases
+    "glm4moe": Family(
+        "glm4moe",
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            use_qk_norm=False,
+            attention_bias=True,
+            num_mtp_layers=0,
+            rope_parameters={"rope_theta": 50_000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
+        ),
+    ),
+    # and with its optional per-head q/k norms (use_qk_norm), no dense layer, two shared experts, raw weights
+    "glm4moe-qknorm": Family(
+        "glm4moe",
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLM",
+        dict(
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=2,
+            routed_scaling_factor=1.0,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=0,
+            norm_topk_prob=False,
+            use_qk_norm=True,
+            attention_bias=False,
+            num_mtp_layers=0,
+            rope_parameters={"rope_theta": 50_000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
+        ),
+    ),
+    # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
+    "qwen3moe-yarn": Family(
+        "qwen3moe",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=16,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+            rope_parameters={
+                "rope_theta": 50_000.0,
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            },
+        ),
+    ),
+    # and with linear scaling (positions divided by the factor)
+    "qwen3moe-linear": Family(
+        "qwen3moe",
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=16,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=3,
+            norm_topk_prob=True,
+            rope_parameters={"rope_theta": 50_000.0, "rope_type": "linear", "factor": 3.0},
+        ),
+    ),
+}
+
+
+def _config(fam: Family, attn: str = "eager") -> Any:
+    cls = getattr(transformers, fam.config)
+    return cls(**{**COMMON, **fam.options}, experts_implementation="eager", attn_implementation=attn)
+
+
+def _random_model(fam: Family) -> torch.nn.Module:
+    """The family's model with random weights in float32 (as the converter will read them)."""
+    model = getattr(transformers, fam.model)(_config(fam)).double().eval()
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name:
+                prm.copy_(torch.rand(prm.shape, generator=g, dtype=torch.float64) + 0.5)
+            elif "embed_tokens" in name:
+                prm.copy_(torch.randn(prm.shape, generator=g, dtype=torch.float64))
+            elif prm.ndim == 1:  # biases
+                prm.copy_(torch.randn(prm.shape, generator=g, dtype=torch.float64) * 0.3)
+            else:
+                prm.copy_(torch.randn(prm.shape, generator=g, dtype=torch.float64) / prm.shape[-1] ** 0.5)
+        for name, buf in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # the routing bias: a buffer, saved with the weights
+                buf.copy_(torch.randn(buf.shape, generator=g, dtype=torch.float64) * 0.1)
+    return model.float()
+
+
+def _save_tokenizer(folder: Path) -> None:
+    tok = build_vocab(COMMON["vocab_size"]).tokenizer
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.save_pretrained(folder)
+
+
+def _files(name: str) -> Path:
+    """The family's saved model (hf/) and its two conversions, made once per recipe and cached."""
+    fam = FAMILIES[name]
+    key = json.dumps([RECIPE, SEED, VERSION, transformers.__version__, COMMON, fam.options], sort_keys=True)
+    d = cache_dir(f"hf-families/{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+    done = d / "model-f16.gguf"
+    if done.is_file():
+        return d
+    with file_lock(d / ".lock"):
+        if not done.is_file():
+            _random_model(fam).save_pretrained(d / "hf")
+            _save_tokenizer(d / "hf")
+            part = d / ".model-f16.part.gguf"
+            convert(d / "hf", {"f32": d / "model-f32.gguf", "f16": part})
+            part.replace(done)
+    return d
+
+
+def _reference(fam: Family, folder: Path, f16_weights: bool) -> torch.nn.Module:
+    """transformers' model of the saved weights in float64, rounded as an f16 file stores them when asked."""
+    model = getattr(transformers, fam.model).from_pretrained(
+        folder / "hf", config=_config(fam, "strata_f16_kv_families"), dtype=torch.float32
+    )
+    model = model.double().eval()
+    if f16_weights:
+        with torch.no_grad():
+            for name, prm in model.named_parameters():
+                if prm.ndim >= 2 and not any(name.endswith(s) for s in fam.f32_names):
+                    prm.copy_(prm.to(torch.float16).double())
+    return model
+
+
+def _prompt(n: int, salt: int) -> list[int]:
+    text = "A harbour town, a lighthouse and a clock maker who explains pendulums to anyone. " * 8
+    ids = build_vocab(COMMON["vocab_size"]).tokenizer.encode(text).ids  # type: ignore[attr-defined]
+    return ids[salt : salt + n]
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    return request.param, _files(request.param)
+
+
+def test_converted_file_is_the_family(family: tuple[str, Path]) -> None:
+    """The converter wrote the architecture the family's row is keyed by (not a look-alike)."""
+    import gguf
+
+    name, d = family
+    r = gguf.GGUFReader(d / "model-f32.gguf")
+    arch = r.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == FAMILIES[name].arch
+
+
+@pytest.mark.parametrize("ftype", ["f32", "f16"])
+def test_engine_equals_transformers(family: tuple[str, Path], ftype: str) -> None:
+    name, d = family
+    fam = FAMILIES[name]
+    ref = _reference(fam, d, ftype == "f16")
+    worst, near_ties, steps = 0.0, 0, 0
+    with engine_mod.Engine(d / f"model-{ftype}.gguf") as eng:
+        for salt, n in enumerate(PROMPT_LENGTHS):
+            eng.kv_reset()
+            ids = _prompt(n, 3 * salt)
+            eng.prefill(ids)
+            seq = list(ids)
+            got = []
+            for _ in range(DECODE_STEPS):
+                lg = np.array(eng.logits(), dtype=np.float64)
+                got.append(lg)
+                nxt = int(np.argmax(lg))
+                eng.decode(nxt)
+                seq.append(nxt)
+            with torch.no_grad():
+                want = ref(torch.tensor([seq[:-1]])).logits[0].numpy()[len(ids) - 1 :]
+            for step, (g, w) in enumerate(zip(got, want, strict=True)):
+                scale = float(np.abs(w).max())
+                err = float(np.abs(g - w).max()) / scale
+                worst = max(worst, err)
+                steps += 1
+                assert err <= TOL, (
+                    f"{name} {ftype}, prompt of {n}, step {step}: max|engine - transformers| / max|ref| = "
+                    f"{err:.2e} > {TOL}"
+                )
+                top2 = np.sort(w)[-2:]
+                if int(np.argmax(g)) != int(np.argmax(w)):
+                    margin = float(top2[1] - top2[0]) / scale
+                    assert margin < 2 * TOL, (
+                        f"{name} {ftype}, prompt of {n}, step {step}: the engine picked {int(np.argmax(g))}, "
+                        f"transformers {int(np.argmax(w))} by a margin of {margin:.2e} of max|logit| (not a near-tie)"
+                    )
+                    near_ties += 1
+    print(f"{name} {ftype}: worst max|d|/max|ref| = {worst:.2e} over {steps} steps, {near_ties} near-ties")
+    assert near_ties <= 2, f"{name} {ftype}: {near_ties} near-tie divergences"
+
+
+@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe", "glm4moe"])
+def test_maker_writes_the_converters_layout(name: str) -> None:
+    """strata's maker (preset tiny-<family>) writes the tensors and the family's metadata keys that
+    llama.cpp's converter writes for the same family (so benchmarks on made files run real files' path)."""
+    import gguf
+
+    from strata.model import ensure_model
+
+    def layout(path: Path) -> tuple[str, set[str], set[str]]:
+        r = gguf.GGUFReader(path)
+        arch = str(r.fields["general.architecture"].contents())
+        names = {".".join(p for p in t.name.split(".") if not p.isdigit()) for t in r.tensors}
+        keys = {k for k in r.fields if k.startswith(arch + ".")}
+        return arch, names, keys
+
+    arch, conv_names, conv_keys = layout(_files(name) / "model-f32.gguf")
+    made_arch, made_names, made_keys = layout(ensure_model(f"tiny-{name}", "f32", 0))
+    assert made_arch == arch
+    assert made_names == conv_names, (
+        f"only converter: {conv_names - made_names}; only maker: {made_names - conv_names}"
+    )
+    # every key the converter wrote for the family is in the made file (the maker writes more: key_length...)
+    assert conv_keys - {f"{arch}.vocab_size", f"{arch}.rope.dimension_count"} <= made_keys, (
+        conv_keys - made_keys
+    )
+
+
+def test_expert_cache_and_chunks_change_nothing(family: tuple[str, Path]) -> None:
+    """Each family keeps the engine's determinism: 8 slots of the expert cache (so most experts are
+    misses, streamed through the prompt's ring or run from host memory) and prompts read in small chunks
+    give the same bits as every expert cached; dense leading layers hold no experts (residency -1)."""
+    name, d = family
+    path = d / "model-f32.gguf"
+    ids = _prompt(40, 0)
+    runs = []
+    for cfg in (
+        EngineConfig(threads=1),
+        EngineConfig(threads=2, expert_cache="8", prefill="8", lend_pct=0.75),
+    ):
+        with engine_mod.Engine(path, cfg) as eng:
+            eng.prefill(ids)
+            out = [eng.logits().copy()]
+            for _ in range(6):
+                eng.decode(int(np.argmax(out[-1])))
+                out.append(eng.logits().copy())
+            res = eng.residency()
+            n_dense = FAMILIES[name].options.get("first_k_dense_replace", 0)
+            assert (res[:n_dense] == -1).all() and (res[n_dense:] >= 0).sum() == min(
+                eng.plan.n_slots, res[n_dense:].size
+            )
+            runs.append(np.stack(out))
+    assert np.array_equal(runs[0], runs[1]), (
+        f"{name}: logits differ with a small expert cache and small chunks"
+    )
+
+
+def test_several_sequences_decode_as_each_alone(family: tuple[str, Path]) -> None:
+    """Each family's decode step of several sequences (--parallel) gives every row the bits of that
+    sequence decoded alone: its blocks (multipliers, biases, shared experts, dense layers) run per row."""
+    name, d = family
+    path = d / "model-f32.gguf"
+    prompts = [_prompt(n, salt) for salt, n in enumerate((1, 9, 40, 17))]
+    alone = []
+    with engine_mod.Engine(path, EngineConfig(threads=2)) as eng:
+        for p in prompts:
+            eng.kv_reset()
+            eng.prefill(p)
+            out = [eng.logits()]
+            for _ in range(5):
+                eng.decode(int(np.argmax(out[-1])))
+                out.append(eng.logits())
+            alone.append(np.stack(out))
+    with engine_mod.Engine(path, EngineConfig(threads=2, parallel=len(prompts))) as eng:
+        for q, p in enumerate(prompts):
+            eng.seq_prefill(q, p)
+        got = [[eng.seq_logits(q)] for q in range(len(prompts))]
+        for _ in range(5):
+            seqs = list(range(len(prompts)))
+            eng.decode_batch(seqs, [int(np.argmax(got[q][-1])) for q in seqs])
+            for q in seqs:
+                got[q].append(eng.seq_logits(q))
+    for q, (a, g) in enumerate(zip(alone, got, strict=True)):
+        assert np.array_equal(a, np.stack(g)), f"{name}: sequence {q} differs decoded beside others"
