@@ -27,6 +27,11 @@ A matrix is declared in TOML (or on the command line, which builds the same dict
     temperature = 0.8
     seed = 7
 
+A layer split is three knobs: ``split = "layer"``, ``gpus = "0,1"`` (or ``tensor_split = "0.6,0.4"``) and
+``vram_budgets = "12GiB,12GiB"`` (one budget per device). Their values are lists written as one string, so
+a comma there does not make a sweep: ``gpus = ["0", "0,1"]`` under ``[axes]`` is two cells (on the command
+line, ``--axis 'gpus=0;0,1'``). On a CUDA matrix a cell takes as many cards as its ``gpus`` names.
+
 Knobs are the engine's (``EngineConfig`` fields) or the request's (``temperature``, ``seed``,
 ``top_k``, ``top_p``, ``min_p``, ``max_tokens``). In TOML the string ``"default"`` stands for the
 engine's default (TOML has no null).
@@ -49,6 +54,7 @@ from strata._config import EngineConfig, parse_size
 
 __all__ = [
     "ENGINE_KNOBS",
+    "LIST_KNOBS",
     "REQUEST_KNOBS",
     "Cell",
     "Matrix",
@@ -72,6 +78,8 @@ REQUEST_KNOBS: dict[str, Any] = {
 }
 _SIZE_KNOBS = ("vram_budget", "host_ram_budget")
 _STR_KNOBS = ("expert_cache", "prefill")
+# knobs whose one value is a comma-separated list (one entry per device of a layer split)
+LIST_KNOBS = ("gpus", "tensor_split", "vram_budgets")
 _RANGE = re.compile(r"\s*(-?\d+)\s*\.\.\s*(-?\d+)\s*(?::\s*(\d+)\s*)?")
 # prompts are made this many tokens shorter than their chunk, so that a chunk rounded up to any
 # multiple of 64 lands on the target
@@ -93,6 +101,12 @@ def expand_values(knob: str, values: Any) -> list[Any]:
     """Expand a knob's declared values: a scalar, a list, ranges ``"A..B"`` / ``"A..B:S"``, comma lists."""
     if not isinstance(values, list):
         values = [values]
+    if knob in LIST_KNOBS:  # each value is a whole list: its commas separate devices, not values
+        out_l: list[Any] = []
+        for v in values:
+            if repr(v) not in {repr(x) for x in out_l}:
+                out_l.append(v.strip() if isinstance(v, str) else v)
+        return out_l
     out: list[Any] = []
     for v in values:
         if isinstance(v, str) and "," in v:
@@ -136,6 +150,13 @@ def _normalize(knob: str, value: Any) -> Any:
             raise MatrixError(f"{knob}: {e}") from None
     if knob in _STR_KNOBS and value is not None:
         return str(value)
+    if knob in ("gpus", "tensor_split") and value is not None:
+        return ",".join(str(x) for x in value) if isinstance(value, list) else str(value)
+    if knob == "vram_budgets" and value is not None:
+        try:
+            return [parse_size(b) for b in (value if isinstance(value, list) else str(value).split(","))]
+        except ValueError as e:
+            raise MatrixError(f"{knob}: {e}") from None
     if knob in ("threads", "vram_reserve_mib", "max_context", "lend_floor", "adapt_every", "adapt_swaps"):
         if value is not None:
             try:
@@ -289,7 +310,9 @@ class Matrix:
         for k in sorted(unknown):
             _check_knob(k, "top level")
             v = d.pop(k)
-            if isinstance(v, list) or (isinstance(v, str) and (".." in v or "," in v)):
+            if isinstance(v, list) or (
+                isinstance(v, str) and (".." in v or "," in v) and k not in LIST_KNOBS
+            ):
                 axes_in[k] = v
             else:
                 engine[k] = v
@@ -306,7 +329,7 @@ class Matrix:
             engine["max_tokens"] = d["max_tokens"]
         for k, v in engine.items():
             _check_knob(k, "[engine]")
-            if isinstance(v, list):
+            if isinstance(v, list) and k not in LIST_KNOBS:
                 raise MatrixError(f"[engine] {k} = {v!r}: a list belongs under [axes]")
             m.engine[k] = _normalize(k, v)
         for k, v in axes_in.items():
@@ -500,7 +523,8 @@ def load_matrix(spec: str | Path, overrides: Sequence[str] = (), axes: Sequence[
     for text in axes:
         k, v = _split_setting(text, "--axis")
         _check_knob(k, "--axis")
-        d.setdefault("axes", {})[k] = [x for x in v.split(",") if x.strip()]
+        sep = ";" if k in LIST_KNOBS else ","  # a list knob's value has commas of its own
+        d.setdefault("axes", {})[k] = [x for x in v.split(sep) if x.strip()]
         d.get("engine", {}).pop(k, None)
     return Matrix.from_dict(d, name=name)
 

@@ -36,7 +36,17 @@ from ._cell import model_path, run_cell, stop_all_servers
 from ._matrix import Cell, Matrix, MatrixError, parse_shard, shard_cells
 from ._verdict import judge
 
-__all__ = ["MergeResult", "RunDir", "RunOptions", "gpu_count", "merge_runs", "plan_jobs", "run_matrix"]
+__all__ = [
+    "MergeResult",
+    "RunDir",
+    "RunOptions",
+    "cards_needed",
+    "gpu_count",
+    "merge_runs",
+    "plan_jobs",
+    "run_matrix",
+    "run_pool",
+]
 
 
 class RunDir:
@@ -202,8 +212,17 @@ def _is_gpu_matrix(matrix: Matrix, cells: Sequence[Cell]) -> bool:
     return any(c.knob("device") in ("cuda", "auto") for c in cells) and gpu_count() > 0
 
 
+def cards_needed(cell: Cell) -> int:
+    """GPUs a cell takes while it runs: one, or for a layer split on CUDA the cards its ``gpus`` names,
+    numbered from 0 among the cards the cell is given (``0,1``: two; ``0,0``: two plans on one card)."""
+    if cell.knob("device") not in ("cuda", "auto") or cell.knob("split") != "layer":
+        return 1
+    return max(cell.config.split_devices()) + 1
+
+
 def plan_jobs(jobs: int, matrix: Matrix, cells: Sequence[Cell]) -> tuple[int, list[str]]:
-    """Cells at a time on this machine, within its cores (and GPUs on a CUDA matrix); notes on any cut."""
+    """Cells at a time on this machine, within its cores (and GPUs on a CUDA matrix); notes on any cut.
+    A CUDA cell that needs more cards than the machine has is an error before anything runs."""
     notes = []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     n = max(1, jobs)
@@ -212,10 +231,51 @@ def plan_jobs(jobs: int, matrix: Matrix, cells: Sequence[Cell]) -> tuple[int, li
         n = cores
     if _is_gpu_matrix(matrix, cells):
         g = gpu_count()
+        for c in cells:
+            if cards_needed(c) > g:
+                raise MatrixError(
+                    f"cell {c.label(matrix.swept_knobs())} splits its layers over {cards_needed(c)} cards "
+                    f"(gpus={c.knob('gpus')}) and this machine has {g}; run it on a machine with "
+                    f"{cards_needed(c)} GPUs, or leave the cell out"
+                )
         if n > g:
             notes.append(f"--jobs {n} cut to {g}: one cell per GPU")
             n = g
     return n, notes
+
+
+def run_pool(
+    cells: Sequence[Cell],
+    jobs: int,
+    cards: Sequence[int],
+    run_one: Callable[[Cell, list[int] | None], dict[str, Any]],
+    on_done: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run cells ``jobs`` at a time. With ``cards`` (a CUDA matrix: the machine's GPUs) every running cell
+    holds cards of its own: one, or ``cards_needed`` for a cell that splits its layers over several; the
+    first queued cell that fits the free cards starts next, so a two-card cell waiting for a pair does not
+    keep one-card cells from the cards that are free. ``run_one(cell, its cards or None)``."""
+    free = list(cards)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        running: dict[Future[dict[str, Any]], list[int] | None] = {}
+        queue = list(cells)
+        while queue or running:
+            while queue and len(running) < jobs:
+                if not cards:
+                    running[pool.submit(run_one, queue.pop(0), None)] = None
+                    continue
+                i = next((i for i, c in enumerate(queue) if cards_needed(c) <= len(free)), None)
+                if i is None:
+                    break  # the cells left wait for cards to come back
+                cell = queue.pop(i)
+                mine, free = free[: cards_needed(cell)], free[cards_needed(cell) :]
+                running[pool.submit(run_one, cell, mine)] = mine
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in done:
+                back = running.pop(fut)
+                if back is not None:
+                    free = sorted([*free, *back])
+                on_done(fut.result())
 
 
 @dataclass
@@ -309,8 +369,14 @@ def _ray_run(
             f"({ray.cluster_resources()}); start its nodes with GPUs, or run the cells with --set device=cpu"
         )
     gpu = wants_gpu and cluster_gpus > 0
-    remote = ray.remote(num_gpus=1 if gpu else 0, num_cpus=1, max_retries=0)(_ray_cell)
-    pending = [remote.remote(matrix.to_dict(), c.to_dict()) for c in cells]
+    # a cell that splits its layers over k cards asks Ray for k GPUs (Ray makes those visible to it)
+    remotes: dict[int, Any] = {}
+    pending = []
+    for c in cells:
+        k = cards_needed(c) if gpu else 0
+        if k not in remotes:
+            remotes[k] = ray.remote(num_gpus=k, num_cpus=1, max_retries=0)(_ray_cell)
+        pending.append(remotes[k].remote(matrix.to_dict(), c.to_dict()))
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
         for ref in done:
@@ -388,23 +454,11 @@ def run_matrix(
             _ray_run(matrix, todo, opts.ray, on_done)
         elif jobs == 1:
             for c in todo:
+                # one at a time: a split cell gets the first cards it names (CUDA_VISIBLE_DEVICES left to it)
                 on_done(_local_cell(matrix, c, None, opts.cell_env))
         else:
-            gpus = list(range(gpu_count())) if gpu else []
-            free = list(gpus)
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                running: dict[Future[dict[str, Any]], int | None] = {}
-                queue = list(todo)
-                while queue or running:
-                    while queue and len(running) < jobs:
-                        g = free.pop(0) if gpus else None
-                        running[pool.submit(_local_cell, matrix, queue.pop(0), g, opts.cell_env)] = g
-                    done, _ = wait(list(running), return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        g = running.pop(fut)
-                        if g is not None:
-                            free.append(g)
-                        on_done(fut.result())
+            cards = list(range(gpu_count())) if gpu else []
+            run_pool(todo, jobs, cards, lambda c, mine: _local_cell(matrix, c, mine, opts.cell_env), on_done)
     except BaseException:
         stop_all_servers()
         raise
@@ -420,10 +474,12 @@ def run_matrix(
     )
 
 
-def _local_cell(matrix: Matrix, cell: Cell, gpu: int | None, cell_env: dict[str, str]) -> dict[str, Any]:
+def _local_cell(
+    matrix: Matrix, cell: Cell, cards: list[int] | None, cell_env: dict[str, str]
+) -> dict[str, Any]:
     env = {**os.environ, **cell_env}
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if cards is not None:  # the cell's cards, which it numbers 0, 1, ... (its --gpus)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in cards)
     t = time.monotonic()
     rec = run_cell(matrix, cell, env=env)
     rec["backend"] = "local"

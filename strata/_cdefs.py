@@ -35,6 +35,8 @@ __all__ = [
     "PROGRESS_FN",
     "TOKEN_FN",
     "TRACE_FN",
+    "MAX_DEVICES",
+    "StrataDeviceInfo",
     "StrataGenerateParams",
     "StrataLayout",
     "StrataLoanPrediction",
@@ -47,7 +49,10 @@ __all__ = [
     "strata_cache_residency",
     "strata_chunk_layout",
     "strata_cpu_features",
+    "strata_device_count",
+    "strata_device_info_get",
     "strata_predict_loan",
+    "strata_predict_loan_device",
     "strata_cuda_attention",
     "strata_cuda_available",
     "strata_cuda_bench_matvec",
@@ -108,6 +113,10 @@ TOKEN_FN = CFUNCTYPE(c_int32, c_void_p, c_int32, POINTER(c_float), c_int32)
 # ---- structs ------------------------------------------------------------------------------------
 
 
+# STRATA_MAX_DEVICES: the most devices a layer split may use
+MAX_DEVICES = 8
+
+
 class StrataParams(Structure):
     _fields_ = [
         ("n_threads", c_int32),
@@ -133,6 +142,11 @@ class StrataParams(Structure):
         ("trace", TRACE_FN),
         ("trace_user", c_void_p),
         ("n_seq", c_int32),
+        ("split", c_int32),
+        ("n_devices", c_int32),
+        ("devices", c_int32 * MAX_DEVICES),
+        ("tensor_split", c_float * MAX_DEVICES),
+        ("vram_budgets", c_int64 * MAX_DEVICES),
     ]
 
 
@@ -213,6 +227,23 @@ class StrataLoanPrediction(Structure):
         ("loan_slots", c_int32),
         ("halvings", c_int32),
         ("verdict", c_int32),
+    ]
+
+
+class StrataDeviceInfo(Structure):
+    _fields_ = [
+        ("device", c_int32),
+        ("layer_begin", c_int32),
+        ("layer_end", c_int32),
+        ("plan", StrataPlan),
+        ("slots_lent_now", c_int32),
+        ("last_loan_slots", c_int32),
+        ("lookups", c_uint64),
+        ("hits", c_uint64),
+        ("misses", c_uint64),
+        ("swaps", c_uint64),
+        ("device_bytes", c_int64),
+        ("device_peak_bytes", c_int64),
     ]
 
 
@@ -387,6 +418,24 @@ def strata_chunk_layout(eng: int, n_tokens: int, out: Any) -> int: ...
 #                                              strata_loan_prediction *out);
 @c_function("strata_predict_loan", [_engine_p, c_int32, POINTER(StrataLoanPrediction)], c_int32)
 def strata_predict_loan(eng: int, n_tokens: int, out: Any) -> int: ...
+
+
+# STRATA_API int32_t strata_device_count(const strata_engine *eng);
+@c_function("strata_device_count", [_engine_p], c_int32)
+def strata_device_count(eng: int) -> int: ...
+
+
+# STRATA_API strata_status strata_device_info_get(const strata_engine *eng, int32_t i, strata_device_info *out);
+@c_function("strata_device_info_get", [_engine_p, c_int32, POINTER(StrataDeviceInfo)], c_int32)
+def strata_device_info_get(eng: int, i: int, out: Any) -> int: ...
+
+
+# STRATA_API strata_status strata_predict_loan_device(const strata_engine *eng, int32_t i, int32_t n_tokens,
+#                                                     strata_loan_prediction *out);
+@c_function(
+    "strata_predict_loan_device", [_engine_p, c_int32, c_int32, POINTER(StrataLoanPrediction)], c_int32
+)
+def strata_predict_loan_device(eng: int, i: int, n_tokens: int, out: Any) -> int: ...
 
 
 # STRATA_API strata_status strata_prefill(strata_engine *eng, const int32_t *tokens, int32_t n_tokens,

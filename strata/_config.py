@@ -13,9 +13,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ._enums import CachePolicy, Device, KvType, LendPolicy, MissPolicy, Simd, names
+from ._enums import CachePolicy, Device, KvType, LendPolicy, MissPolicy, Simd, Split, names
 
-__all__ = ["EngineConfig", "add_engine_args", "config_from_args", "generation_room", "parse_size"]
+__all__ = [
+    "MAX_DEVICES",
+    "EngineConfig",
+    "add_engine_args",
+    "config_from_args",
+    "generation_room",
+    "parse_budgets",
+    "parse_size",
+]
+
+MAX_DEVICES = 8  # STRATA_MAX_DEVICES: the most devices a layer split may use
 
 _UNITS = {
     "": 1,
@@ -52,6 +62,40 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def parse_budgets(text: str | int) -> int | list[int]:
+    """``--vram-budget``: one size (``12GiB``), or one per device of a layer split (``12GiB,12GiB``)."""
+    if isinstance(text, int):
+        return text
+    parts = str(text).split(",")
+    if len(parts) == 1:
+        return parse_size(parts[0])
+    return [parse_size(p) for p in parts]
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        out = [int(p) for p in str(text).split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--{flag}: {text!r} is not a comma-separated list of device numbers (e.g. 0,1)"
+        ) from None
+    if any(v < 0 for v in out):
+        raise ValueError(f"--{flag}: {text!r} names a negative device")
+    return out
+
+
+def _float_list(text: str, flag: str) -> list[float]:
+    try:
+        out = [float(p) for p in str(text).split(",")]
+    except ValueError:
+        raise ValueError(
+            f"--{flag}: {text!r} is not a comma-separated list of shares (e.g. 0.6,0.4)"
+        ) from None
+    if any(not v >= 0 for v in out) or sum(out) <= 0:
+        raise ValueError(f"--{flag}: {text!r}: the shares must be numbers >= 0, at least one of them above 0")
+    return out
+
+
 def _fmt_size(n: int) -> str:
     for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n % div == 0 and n >= div:
@@ -82,7 +126,25 @@ class EngineConfig:
     expert_profile: str | None = None  # --expert-profile FILE
     host_ram_budget: int | None = None  # --host-ram-budget SIZE
     simd: str = "auto"  # --simd auto|scalar|avx2|avx512
+    split: str = "none"  # --split none|layer: the layers cut over several devices
+    gpus: str | None = None  # --gpus 0,1: the device of each run of layers, in layer order
+    tensor_split: str | None = None  # --tensor-split 0.6,0.4: each device's share of the layers
+    vram_budgets: list[int] | None = None  # --vram-budget 12GiB,12GiB: one budget per device of the split
     parallel: int | None = None  # --parallel N sequences decoded together (each its own KV cache)
+
+    def split_devices(self) -> list[int]:
+        """The device of each run of layers: --gpus, else 0..n-1 for the devices the other split flags count."""
+        if self.gpus is not None:
+            return _int_list(self.gpus, "gpus")
+        n = 1
+        if self.tensor_split is not None:
+            n = len(_float_list(self.tensor_split, "tensor-split"))
+        elif self.vram_budgets:
+            n = len(self.vram_budgets)
+        return list(range(n))
+
+    def split_shares(self) -> list[float] | None:
+        return None if self.tensor_split is None else _float_list(self.tensor_split, "tensor-split")
 
     def validate(self) -> EngineConfig:
         """Raise ValueError naming the flag when a value is out of range."""
@@ -111,7 +173,38 @@ class EngineConfig:
             raise ValueError(f"--parallel: {self.parallel} is not a count of sequences from 1 to 64")
         if self.adapt_decay is not None and not 0 <= self.adapt_decay <= 1:
             raise ValueError(f"--adapt-decay: {self.adapt_decay} is not in [0, 1]")
+        self._validate_split()
         return self
+
+    def _validate_split(self) -> None:
+        if self.split not in names(Split):
+            raise ValueError(f"--split: {self.split!r} is not one of {', '.join(names(Split))}")
+        devices = self.split_devices()
+        shares = self.split_shares()
+        counts = {"--gpus": len(devices)} if self.gpus is not None else {}
+        if shares is not None:
+            counts["--tensor-split"] = len(shares)
+        if self.vram_budgets is not None:
+            if self.vram_budget is not None:
+                raise ValueError(
+                    "--vram-budget is given both as one size and as one per device; give it once"
+                )
+            if any(not isinstance(b, int) or b < 0 for b in self.vram_budgets):
+                raise ValueError(f"--vram-budget: {self.vram_budgets!r} is not a list of sizes")
+            counts["--vram-budget"] = len(self.vram_budgets)
+        if len(set(counts.values())) > 1:
+            said = ", ".join(f"{flag} {n}" for flag, n in counts.items())
+            raise ValueError(
+                f"the split's flags count different numbers of devices ({said}); give each device once"
+            )
+        n = len(devices)
+        if self.split == "none" and (n > 1 or shares is not None or self.vram_budgets is not None):
+            raise ValueError(
+                "--gpus, --tensor-split and a budget per device split the model's layers over several devices: "
+                "add --split layer"
+            )
+        if n > MAX_DEVICES:
+            raise ValueError(f"--split layer: {n} devices given; at most {MAX_DEVICES}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -124,7 +217,16 @@ class EngineConfig:
             raise ValueError(f"unknown engine settings: {', '.join(sorted(unknown))}")
         cfg = cls(**d)
         if isinstance(cfg.vram_budget, str):
-            cfg.vram_budget = parse_size(cfg.vram_budget)
+            budgets = parse_budgets(cfg.vram_budget)
+            cfg.vram_budget, cfg.vram_budgets = (
+                (None, budgets) if isinstance(budgets, list) else (budgets, None)
+            )
+        if cfg.vram_budgets is not None:
+            cfg.vram_budgets = [parse_size(b) for b in cfg.vram_budgets]
+        for name in ("gpus", "tensor_split"):
+            if getattr(cfg, name) is not None:
+                v = getattr(cfg, name)
+                setattr(cfg, name, ",".join(str(x) for x in v) if isinstance(v, list | tuple) else str(v))
         if isinstance(cfg.host_ram_budget, str):
             cfg.host_ram_budget = parse_size(cfg.host_ram_budget)
         cfg.expert_cache = str(cfg.expert_cache)
@@ -141,6 +243,9 @@ class EngineConfig:
                 continue
             if f.name in ("vram_budget", "host_ram_budget") and isinstance(v, int):
                 v = _fmt_size(v)
+            if f.name == "vram_budgets":  # one flag: --vram-budget A,B
+                out += ["--vram-budget", ",".join(_fmt_size(b) for b in v)]
+                continue
             out += [f"--{f.name.replace('_', '-')}", str(v)]
         return out
 
@@ -151,7 +256,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, help="CPU threads (default: all cores)")
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="backend (default: cpu)")
     g.add_argument(
-        "--vram-budget", type=parse_size, help="device memory to plan for, e.g. 12GiB (CPU: emulated)"
+        "--vram-budget",
+        type=parse_budgets,
+        help="device memory to plan for, e.g. 12GiB (CPU: emulated); with --split layer one per device: 12GiB,12GiB",
     )
     g.add_argument("--vram-reserve-mib", type=int, help="MiB of the budget left free")
     g.add_argument("--max-context", type=int, help="tokens of KV cache (default: min(train context, 4096))")
@@ -185,6 +292,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host-ram-budget", type=parse_size, help="host RAM the plan may pin or borrow")
     g.add_argument("--simd", default="auto", choices=names(Simd), help="CPU kernel level")
     g.add_argument(
+        "--split",
+        default="none",
+        choices=names(Split),
+        help="layer: cut the layers over several devices, each with its own plan, expert cache and loan",
+    )
+    g.add_argument(
+        "--gpus", help="with --split layer: the device of each run of layers, e.g. 0,1 (0,0: one card twice)"
+    )
+    g.add_argument(
+        "--tensor-split", help="with --split layer: each device's share of the layers, e.g. 0.6,0.4"
+    )
+    g.add_argument(
         "--parallel",
         type=int,
         help="sequences decoded together, each with its own KV cache of --max-context tokens (default 1)",
@@ -192,5 +311,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:
-    names = [f.name for f in dataclasses.fields(EngineConfig)]
-    return EngineConfig(**{n: getattr(ns, n) for n in names}).validate()
+    fields = [f.name for f in dataclasses.fields(EngineConfig) if f.name != "vram_budgets"]
+    values = {n: getattr(ns, n) for n in fields}
+    if isinstance(values["vram_budget"], list):  # --vram-budget A,B: one budget per device of the split
+        values["vram_budgets"] = values.pop("vram_budget")
+    return EngineConfig(**values).validate()

@@ -20,11 +20,12 @@ import numpy as np
 
 from . import _cdefs as C
 from ._config import EngineConfig, generation_room
-from ._enums import CachePolicy, Device, KvType, LendPolicy, MissPolicy, Simd, Status, choice
+from ._enums import CachePolicy, Device, KvType, LendPolicy, MissPolicy, Simd, Split, Status, choice
 from ._exceptions import InvalidArgumentError, ModelFileError, StrataError, error_for_status
 from ._model_path import model_path_problem
 
 __all__ = [
+    "DeviceInfo",
     "Engine",
     "GenerateResult",
     "Layout",
@@ -112,6 +113,25 @@ class Plan:
     n_threads: int
     simd: int
     n_seq: int
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device of the engine (strata_device_info): the layers it holds, its own plan, its cache's counters.
+    A layer split has one per device, in layer order; every other engine has one."""
+
+    device: int
+    layer_begin: int
+    layer_end: int
+    plan: Plan
+    slots_lent_now: int
+    last_loan_slots: int
+    lookups: int
+    hits: int
+    misses: int
+    swaps: int
+    device_bytes: int
+    device_peak_bytes: int
 
 
 @dataclass(frozen=True)
@@ -211,6 +231,7 @@ _ENUM_PARAMS: dict[str, tuple[str, type[IntEnum], str]] = {
     "miss": ("miss_policy", MissPolicy, "miss"),
     "cache_policy": ("cache_policy", CachePolicy, "cache-policy"),
     "simd": ("simd", Simd, "simd"),
+    "split": ("split", Split, "split"),
 }
 
 
@@ -232,6 +253,15 @@ def config_to_params(config: EngineConfig) -> C.StrataParams:
         p.prefill_chunk, p.prefill_max = int(cfg.prefill), 0
     if cfg.expert_profile is not None:
         p.expert_profile = fspath(cfg.expert_profile).encode()
+    if cfg.split != "none":  # gpus, tensor_split and the per-device budgets: one entry per device
+        devices = cfg.split_devices()
+        p.n_devices = len(devices)
+        for i, d in enumerate(devices):
+            p.devices[i] = d
+        for i, share in enumerate(cfg.split_shares() or []):
+            p.tensor_split[i] = share
+        for i, b in enumerate(cfg.vram_budgets or []):
+            p.vram_budgets[i] = b
     return p
 
 
@@ -329,6 +359,16 @@ class Engine:
         p = C.StrataPlan()
         self._check(C.strata_plan_get(self.handle, ctypes.byref(p)))
         return _struct_to_dataclass(Plan, p)
+
+    def devices(self) -> list[DeviceInfo]:
+        """Each device the layers run on, in layer order (one without a split), with its own plan."""
+        out = []
+        for i in range(C.strata_device_count(self.handle)):
+            d = C.StrataDeviceInfo()
+            self._check(C.strata_device_info_get(self.handle, i, ctypes.byref(d)))
+            fields = {f.name: getattr(d, f.name) for f in dataclasses.fields(DeviceInfo) if f.name != "plan"}
+            out.append(DeviceInfo(plan=_struct_to_dataclass(Plan, d.plan), **fields))
+        return out
 
     def layout(self, n_tokens: int) -> Layout:
         out = C.StrataLayout()

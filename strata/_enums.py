@@ -107,6 +107,13 @@ class Simd(IntEnum):
     AVX512 = 3
 
 
+class Split(IntEnum):
+    """strata_split_t (``--split``)."""
+
+    NONE = 0
+    LAYER = 1
+
+
 E = TypeVar("E", bound=IntEnum)
 
 

@@ -2,6 +2,10 @@
 
 The flags are exactly strata's (``strata._config.add_engine_args``); each one is made to accept a
 comma-separated list whose elements are parsed and checked the way the single flag would be.
+
+A layer split's lists of one value per device are written as llama-bench writes them, with ``/``:
+``--split layer --gpus 0/1 --vram-budget 12GiB/12GiB --tensor-split 0.6/0.4`` is one configuration, and
+``--gpus 0/1,0/0`` two (a comma still sweeps).
 """
 
 from __future__ import annotations
@@ -41,9 +45,17 @@ def _list_of(parse: Callable[[str], Any] | None, choices: Any, flag: str) -> Cal
     return convert
 
 
-def _size_or_auto(text: str) -> int | None:
-    """A size, or ``auto`` for the flag's default (no budget: all free device memory)."""
+def _size_or_auto(text: str) -> int | list[int] | None:
+    """A size, ``auto`` for the flag's default (no budget: all free device memory), or one size per device
+    of a layer split (``12GiB/12GiB``)."""
+    if "/" in text:
+        return [parse_size(t) for t in text.split("/")]
     return None if text.lower() in ("auto", "none") else parse_size(text)
+
+
+def _device_list(text: str) -> str:
+    """``0/1`` (one value per device) as the engine's ``0,1``."""
+    return ",".join(t.strip() for t in text.split("/"))
 
 
 def add_grid_engine_args(p: argparse.ArgumentParser) -> None:
@@ -59,6 +71,8 @@ def add_grid_engine_args(p: argparse.ArgumentParser) -> None:
             parse = action.type if callable(action.type) else None
             if action.dest in ("vram_budget", "host_ram_budget"):
                 parse = _size_or_auto
+            if action.dest in ("gpus", "tensor_split"):
+                parse = _device_list
             action.type = _list_of(parse, action.choices, flag)
             action.choices = None
             action.metavar = action.metavar or action.dest.upper()
@@ -86,6 +100,8 @@ def configs_from_grid(ns: argparse.Namespace) -> list[EngineConfig]:
     out = []
     for combo in itertools.product(*axes):
         cfg = EngineConfig(**dict(zip(ENGINE_FIELDS, combo, strict=False)))
+        if isinstance(cfg.vram_budget, list):  # 12GiB/12GiB: one budget per device of the split
+            cfg.vram_budget, cfg.vram_budgets = None, cfg.vram_budget
         cfg.expert_cache = str(cfg.expert_cache)
         cfg.prefill = str(cfg.prefill)
         out.append(cfg.validate())

@@ -31,6 +31,7 @@ from ._records import base_record, llama_test_name, summarize
 
 __all__ = [
     "LlamaBenchError",
+    "device_budget",
     "find_llama_bench",
     "fit_n_cpu_moe",
     "llama_bench_args",
@@ -59,6 +60,9 @@ _PEER_FIELDS = (
     "type_v",
     "n_gpu_layers",
     "n_cpu_moe",
+    "split_mode",
+    "tensor_split",
+    "devices",
     "flash_attn",
     "use_mmap",
     "load_mode",
@@ -155,6 +159,32 @@ def n_cpu_moe_for_budget(
     return len(weights["expert_bytes"]) if n is None else n
 
 
+def device_budget(cfg: EngineConfig) -> int | None:
+    """The device memory a configuration plans for: ``--vram-budget``, or a layer split's budgets together
+    (llama.cpp's ``--n-cpu-moe`` is chosen for its devices together)."""
+    return sum(cfg.vram_budgets) if cfg.vram_budgets else cfg.vram_budget
+
+
+def split_args(cfg: EngineConfig) -> list[str]:
+    """llama-bench's flags for strata's layer split: ``-sm layer`` over the same cards (``-dev CUDA0/CUDA1``)
+    with the same shares of the layers (``-ts``; strata's default is an even split, llama.cpp's one by free
+    memory, so the shares are always given). Nothing without a split. llama.cpp splits over distinct cards
+    only, so a split that names one card twice (two plans on one card) has no counterpart."""
+    if cfg.split != "layer":
+        return []
+    devices = cfg.split_devices()
+    if len(set(devices)) != len(devices):
+        raise ValueError(
+            f"--gpus {cfg.gpus}: llama.cpp's -sm layer splits over distinct cards only; compare a split over "
+            "distinct cards (e.g. --gpus 0/1), or leave out the llama.cpp target"
+        )
+    shares = cfg.split_shares() or [1.0] * len(devices)
+    args = ["-sm", "layer", "-ts", "/".join(f"{s:g}" for s in shares)]
+    if on_gpu(cfg.device):
+        args += ["-dev", "/".join(f"CUDA{d}" for d in devices)]
+    return args
+
+
 def peer_knobs(
     cfg: EngineConfig,
     n_cpu_moe: int | None = None,
@@ -172,11 +202,19 @@ def peer_knobs(
     ``llama_args`` the extra flags, when there are any.
     """
     k: dict[str, Any] = {"threads": _threads(cfg), "device": cfg.device, "kv": cfg.kv}
+    if cfg.split == "layer":  # the split it stands for, as the strata rows name it
+        k["split"] = "layer"
+        if cfg.gpus is not None:
+            k["gpus"] = cfg.gpus
+        if cfg.tensor_split is not None:
+            k["tensor_split"] = cfg.tensor_split
     if on_gpu(cfg.device):
         k["n_gpu_layers"] = 99
         k["n_cpu_moe"] = int(n_cpu_moe or 0)
         if paired:
             k["vram_budget"] = cfg.vram_budget
+            if cfg.vram_budgets:
+                k["vram_budgets"] = list(cfg.vram_budgets)
     k["n_ubatch"] = n_ubatch or LLAMA_DEFAULT_UBATCH
     k["n_batch"] = n_ubatch or 2048
     if extra:
@@ -223,6 +261,7 @@ def llama_bench_args(
         args += ["-ncmoe", str(n_cpu_moe), "-lm", "none"]
     if n_ubatch is not None:
         args += ["-ub", str(n_ubatch), "-b", str(n_ubatch)]
+    args += split_args(cfg)
     args += list(extra)
     if any(d > 0 for d in n_depth):
         args += ["-d", ",".join(map(str, n_depth))]

@@ -120,10 +120,12 @@ def peer_key(rec: dict[str, Any]) -> tuple[Any, ...] | None:
         k.get("device", "cpu"),
         k.get("kv", "f16"),
     )
+    # a layer split pairs with the same split (llama.cpp's -sm layer over the same cards and shares)
+    key += (k.get("split", "none"), k.get("gpus"), k.get("tensor_split"))
     if _gpu(rec):
         if rec.get("target") == "llama.cpp" and "vram_budget" not in k:
             return None
-        key += (k.get("vram_budget"),)
+        key += (k.get("vram_budget"), tuple(k.get("vram_budgets") or ()))
     return key
 
 
@@ -143,6 +145,9 @@ def _llama_flags(k: dict[str, Any]) -> str:
         parts.append(f"-ngl {k['n_gpu_layers']}")
         if k.get("n_cpu_moe"):
             parts.append(f"-ncmoe {k['n_cpu_moe']}")
+    if k.get("split") == "layer":
+        shares = str(k.get("tensor_split") or "").replace(",", "/")
+        parts.append("-sm layer" + (f" -ts {shares}" if shares else ""))
     ub, b = k.get("n_ubatch"), k.get("n_batch")
     if ub is not None and (ub, b) != (512, 2048):
         parts.append(f"-ub {ub}" + (f" -b {b}" if b is not None else ""))

@@ -399,7 +399,15 @@ def _peer_runs(
     """The llama-bench runs for a grid: one per distinct set of shared knobs; on the GPU, one per budget
     with the ``--n-cpu-moe`` that matches it (given, or estimated from the model). Each is followed by a
     run of the longer prompts at a large micro-batch (``--llama-ubatch``), with its own ``--n-cpu-moe``."""
-    from ._llamacpp import LLAMA_DEFAULT_UBATCH, fit_n_cpu_moe, n_cpu_moe_for_budget, on_gpu, peer_knobs
+    from ._llamacpp import (
+        LLAMA_DEFAULT_UBATCH,
+        device_budget,
+        fit_n_cpu_moe,
+        n_cpu_moe_for_budget,
+        on_gpu,
+        peer_knobs,
+        split_args,
+    )
 
     raw: list[str] | None = args.llama_n_cpu_moe
     extra_flags = shlex.split(args.llama_args)
@@ -408,10 +416,12 @@ def _peer_runs(
         raise ValueError(
             "--llama-n-cpu-moe: llama.cpp keeps experts on the host only in a GPU run; add --device cuda"
         )
+    for c in configs:
+        split_args(c)  # a split llama.cpp cannot run is an error before any work
     budgets: list[int | None] = []
     for c in gpu_cfgs:
-        if c.vram_budget not in budgets:
-            budgets.append(c.vram_budget)
+        if device_budget(c) not in budgets:
+            budgets.append(device_budget(c))
     chosen: dict[int | None, str] = {b: "auto" for b in budgets}
     extra: list[str] = []
     if raw is not None:
@@ -449,8 +459,8 @@ def _peer_runs(
     seen: list[Any] = []
     for i, cfg in enumerate(configs):
         gpu = on_gpu(cfg.device)
-        budget = cfg.vram_budget if gpu else None
-        spec = chosen[cfg.vram_budget] if gpu else "0"
+        budget = device_budget(cfg) if gpu else None
+        spec = chosen[device_budget(cfg)] if gpu else "0"
         ub0 = None if base_ub == LLAMA_DEFAULT_UBATCH else base_ub
         n0 = resolve(spec, budget, base_ub) if gpu else None
         if gpu and n0 is None:
@@ -479,7 +489,7 @@ def _peer_runs(
             if k not in seen:
                 seen.append(k)
                 runs.append(_PeerRun(cfg, k, i, cands, prompts_only=True))
-        if gpu and cfg.vram_budget is None:
+        if gpu and device_budget(cfg) is None:
             for v in extra:
                 k = peer_knobs(cfg, int(v), paired=False, n_ubatch=ub0, extra=extra_flags)
                 if k not in seen:

@@ -445,3 +445,53 @@ def test_each_micro_batch_gets_the_n_cpu_moe_that_fits_the_budget(fake_bin, tiny
     small = fit_n_cpu_moe(w, budget, ctx, 512)
     assert got == {("pp512", 512): small, ("pp2048", 512): small, ("tg8", 512): small, ("pp2048", 2048): 2}
     assert small is not None and small < 2
+
+
+def test_a_layer_split_runs_against_llama_cpp_split_mode_layer(fake_bin, tiny, tmp_path, capsys) -> None:
+    """strata's --split layer rows (here on the CPU backend's emulated budgets) against llama-bench -sm layer
+    with the same shares of the layers; the table pairs the rows of the same split. The two-card run itself
+    needs a machine with two GPUs."""
+    out = tmp_path / "r.jsonl"
+    rc = bench(
+        f"run --target strata --target llama.cpp --model {tiny} -p 32 -n 8 -r 5 --threads 1 "
+        f"--split layer --gpus 0/1,0/1/2/3 --output {out} --format md"
+    )
+    assert rc == 0
+    rows = _rows(out)
+    strata = [r for r in rows if r["target"] == "strata"]
+    llama = [r for r in rows if r["target"] == "llama.cpp"]
+    assert {r["knobs"]["gpus"] for r in strata} == {"0,1", "0,1,2,3"} and len(strata) == 4
+    assert all(r["status"] == "ok" and r["knobs"]["split"] == "layer" for r in strata)
+    for r in llama:
+        args = r["peer"]["args"]
+        n = len(r["knobs"]["gpus"].split(","))
+        assert args[args.index("-sm") + 1] == "layer" and r["peer"]["split_mode"] == "layer"
+        assert args[args.index("-ts") + 1] == "/".join(["1"] * n)  # strata's even split, said to llama.cpp
+        assert "-dev" not in args  # a CPU run names no card
+    assert sorted(r["knobs"]["gpus"] for r in llama) == ["0,1", "0,1", "0,1,2,3", "0,1,2,3"]
+    md = capsys.readouterr().out
+    assert "-sm layer" in md.split("**engine")[0]  # the speed table names the peer's split
+
+
+def test_a_gpu_split_names_its_cards_and_budgets(fake_bin, tiny, tmp_path) -> None:
+    out = tmp_path / "r.jsonl"
+    rc = bench(
+        f"run --device cuda --target llama.cpp --model {tiny} -p 32 -n 8 -r 5 --threads 1 --split layer "
+        f"--gpus 0/1 --tensor-split 0.6/0.4 --vram-budget 64MiB/32MiB --output {out}"
+    )
+    assert rc == 0
+    for r in _rows(out):
+        args = r["peer"]["args"]
+        assert args[args.index("-dev") + 1] == "CUDA0/CUDA1" and args[args.index("-ts") + 1] == "0.6/0.4"
+        assert r["knobs"]["vram_budgets"] == [64 << 20, 32 << 20] and r["knobs"]["tensor_split"] == "0.6,0.4"
+        assert r["peer"]["tensor_split"] == "0.60/0.40"
+
+
+def test_a_split_over_one_card_twice_has_no_llama_cpp_counterpart(fake_bin, tiny, tmp_path, capsys) -> None:
+    rc = bench(
+        f"run --device cuda --target llama.cpp --model {tiny} -p 32 -n 8 --split layer --gpus 0/0 "
+        f"--output {tmp_path / 'r.jsonl'}"
+    )
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert "distinct cards only" in err and "Traceback" not in err

@@ -25,6 +25,7 @@ MIRRORS: dict[str, tuple[type[IntEnum], str]] = {
     "strata_miss_policy": (_enums.MissPolicy, "STRATA_MISS_"),
     "strata_cache_policy": (_enums.CachePolicy, "STRATA_CACHE_"),
     "strata_simd": (_enums.Simd, "STRATA_SIMD_"),
+    "strata_split": (_enums.Split, "STRATA_SPLIT_"),
 }
 
 
@@ -85,7 +86,11 @@ def test_every_config_field_reaches_the_params() -> None:
     from strata._engine import _ENUM_PARAMS, _PLAIN_PARAMS
 
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    assert fields == {*_PLAIN_PARAMS, *_ENUM_PARAMS, "expert_cache", "prefill", "expert_profile"}
+    assert fields == {
+        *_PLAIN_PARAMS,
+        *_ENUM_PARAMS,
+        *("expert_cache", "prefill", "expert_profile", "gpus", "tensor_split", "vram_budgets"),
+    }
     set_all = EngineConfig(threads=3, vram_budget=1 << 30, max_context=99, lend_floor=5, lend_pct=0.25,
                            adapt_every=7, adapt_swaps=2, adapt_decay=0.5, host_ram_budget=1 << 31,
                            vram_reserve_mib=64, parallel=4)  # fmt: skip

@@ -217,3 +217,28 @@ def check_builtin_matrix_finds_the_band(tmp_path: Path, device: str) -> None:
 @pytest.mark.skipif(not _cuda(), reason="no CUDA device")
 def test_the_builtin_matrix_on_the_gpu_finds_and_pins_the_legacy_band(tmp_path: Path):
     check_builtin_matrix_finds_the_band(tmp_path, "cuda")
+
+
+@pytest.mark.skipif(not _cuda(), reason="no CUDA device")
+def test_cuda_split_cells_reply_as_the_one_device_reference(tmp_path: Path):
+    """A CUDA matrix whose cells split the layers: over two plans on one card (gpus 0,0: one card each
+    cell), and over two cards where the machine has them; every split cell replies as the one-device CUDA
+    reference does, bit for bit."""
+    gpus = ['"0,0"'] + (['"0,1"'] if gpu_count() >= 2 else [])
+    m = tmp_path / "split.toml"
+    m.write_text(
+        'model = "tiny"\nmax_tokens = 16\n'
+        '[engine]\ndevice = "cuda"\nmax_context = 512\nsplit = "layer"\n'
+        f'[axes]\ngpus = [{", ".join(gpus)}]\nexpert_cache = ["auto", "48"]\n'
+        "[prompts]\nchunks = [256, 512]\n"
+        '[reference]\nsplit = "none"\nexpert_cache = "auto"\n'
+    )
+    out = tmp_path / "out"
+    p = _cli("run", str(m), "--out", str(out), "--jobs", "2", "--no-progress")
+    assert p.returncode == 0, p.stdout + p.stderr
+    recs = RunDir(out).records()
+    ref = next(r for r in recs if r["cell"].get("reference"))
+    split = [r for r in recs if not r["cell"].get("reference")]
+    assert len(split) == 2 * len(gpus)
+    for rec in split:
+        assert judge(rec, ref, near_tie=0.0).labels == ["ok"], rec["cell"]

@@ -144,6 +144,14 @@ typedef enum strata_simd {
     STRATA_SIMD_AVX512 = 3,  /* AVX-512 F/BW/VL (+VNNI where present) */
 } strata_simd;
 
+typedef enum strata_split {
+    STRATA_SPLIT_NONE = 0,   /* one device holds every layer */
+    STRATA_SPLIT_LAYER = 1,  /* the layers are cut into n_devices runs of consecutive layers, one per device */
+} strata_split;
+
+/* Most devices a split may use. */
+#define STRATA_MAX_DEVICES 8
+
 /* ---- callbacks --------------------------------------------------------------------------------- */
 
 /* Trace sink: one line of text, no trailing newline. Default (fn == NULL): stderr when STRATA_TRACE=1. */
@@ -182,6 +190,15 @@ typedef struct strata_params {
     void *trace_user;          /* passed to trace */
     int32_t n_seq;             /* sequences, each with its own KV cache, decoded together by strata_decode_batch;
                                   0 = 1 (CPU backend only above 1) */
+    /* A layer split (--split layer): each device holds its layers' resident weights and KV cache, its own
+     * expert cache and its own loan, planned within its own budget; the activations cross to the next
+     * device once per forward pass; the host store of experts is shared. On the CPU backend the devices
+     * are emulated budgets of the one host, numbered 0..n_devices-1. */
+    int32_t split;             /* strata_split */
+    int32_t n_devices;         /* with split LAYER: devices the layers are cut over, 1..STRATA_MAX_DEVICES */
+    int32_t devices[STRATA_MAX_DEVICES]; /* device of each run of layers, in layer order (CUDA ordinals); may repeat */
+    float tensor_split[STRATA_MAX_DEVICES]; /* share of the layers of each device; all 0 = as even as possible */
+    int64_t vram_budgets[STRATA_MAX_DEVICES]; /* budget of each device; 0 = vram_budget's rule for that device */
 } strata_params;
 
 /* ---- descriptions returned by the engine ------------------------------------------------------- */
@@ -260,6 +277,23 @@ typedef struct strata_loan_prediction {
     int32_t verdict;      /* 0 served at its chunk, 1 served at a halved chunk, 2 lending fails (legacy) */
 } strata_loan_prediction;
 
+/* One device of an engine (a layer split has several; every engine has one): its layers, its plan and
+ * its cache's counters. */
+typedef struct strata_device_info {
+    int32_t device;            /* its index (a CUDA ordinal, or an emulated device on the CPU backend) */
+    int32_t layer_begin;       /* first layer it holds */
+    int32_t layer_end;         /* one past its last layer */
+    strata_plan plan;          /* its memory plan, made within its own budget */
+    int32_t slots_lent_now;    /* slots of its cache on loan at this moment */
+    int32_t last_loan_slots;   /* slots it lent for the last prompt */
+    uint64_t lookups;          /* expert lookups in its cache */
+    uint64_t hits;             /* lookups served from one of its slots */
+    uint64_t misses;           /* lookups not in its cache */
+    uint64_t swaps;            /* experts its decode policy brought in */
+    int64_t device_bytes;      /* memory it holds now (its part of strata_stats.device_bytes) */
+    int64_t device_peak_bytes; /* the most it has held since open */
+} strata_device_info;
+
 /* Counters since open or the last strata_stats_reset. */
 typedef struct strata_stats {
     uint64_t lookups;          /* expert lookups in the cache (decode and prefill) */
@@ -333,6 +367,8 @@ STRATA_API strata_status strata_model_describe(const char *path, char *buf, size
 /* The message of the last failed call on this engine ("" when none). Valid until the next call. */
 STRATA_API const char *strata_last_error(const strata_engine *eng);
 STRATA_API strata_status strata_model_info_get(const strata_engine *eng, strata_model_info *out);
+/* The plan; on a split engine the devices' plans together: their sizes and slots summed, the auto chunk the
+ * one all of them run (strata_device_info_get gives each device's own plan). */
 STRATA_API strata_status strata_plan_get(const strata_engine *eng, strata_plan *out);
 /* layout(T) for n_tokens, exactly as the scan, the loan and requests compute it. */
 STRATA_API strata_status strata_chunk_layout(const strata_engine *eng, int32_t n_tokens, strata_layout *out);
@@ -340,6 +376,15 @@ STRATA_API strata_status strata_chunk_layout(const strata_engine *eng, int32_t n
  * function decides both): the chunk it asks for, the chunk it runs at after any halving, the loan and
  * whether lending fails (legacy only). */
 STRATA_API strata_status strata_predict_loan(const strata_engine *eng, int32_t n_tokens, strata_loan_prediction *out);
+/* Devices the engine's layers are split over (1 without a split; 0 for NULL). */
+STRATA_API int32_t strata_device_count(const strata_engine *eng);
+/* Device i (0 <= i < strata_device_count) in layer order. INVALID_ARGUMENT for another i. */
+STRATA_API strata_status strata_device_info_get(const strata_engine *eng, int32_t i, strata_device_info *out);
+/* strata_predict_loan for device i alone: on a split engine every device runs the chunk that all of them can
+ * lend for (chunk_used is the same on each), each lends from its own cache; strata_predict_loan gives that
+ * common chunk, the devices' loans and needs summed, every halving and the worst verdict. */
+STRATA_API strata_status strata_predict_loan_device(const strata_engine *eng, int32_t i, int32_t n_tokens,
+                                                    strata_loan_prediction *out);
 
 /* Append n tokens to the context and compute the logits of the last one. CONTEXT when they do not
  * fit (nothing is appended), CANCELLED when progress returns nonzero (the context is rolled back),
@@ -393,7 +438,8 @@ STRATA_API int32_t strata_sampler_sample(strata_sampler *smp, const float *logit
 /* Counters; safe to call from another thread while the engine runs (values may be a moment old). */
 STRATA_API strata_status strata_stats_get(const strata_engine *eng, strata_stats *out);
 STRATA_API void strata_stats_reset(strata_engine *eng);
-/* Residency table: slot_of[layer * n_expert + expert] = slot or -1. cap = n_layer * n_expert. */
+/* Residency table: slot_of[layer * n_expert + expert] = slot or -1 (on a split: the slot in the cache of the
+ * device that holds the layer). cap = n_layer * n_expert. */
 STRATA_API strata_status strata_cache_residency(const strata_engine *eng, int32_t *slot_of, int32_t cap);
 /* Write the ranked (layer, expert) profile the cache learned, one "layer expert score" line each. */
 STRATA_API strata_status strata_profile_save(strata_engine *eng, const char *path);

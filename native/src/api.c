@@ -108,12 +108,42 @@ strata_status strata_plan_get(const strata_engine *e, strata_plan *out) {
 
 strata_status strata_chunk_layout(const strata_engine *e, int32_t n_tokens, strata_layout *out) {
     if (!e || !out) return STRATA_ERR_INVALID_ARGUMENT;
-    return plan_layout(&e->mp, n_tokens, out, (errbuf *)&e->err);
+    return plan_layout(&e->devs[0].mp, n_tokens, out, (errbuf *)&e->err); /* the same buffers on every device */
 }
 
 strata_status strata_predict_loan(const strata_engine *e, int32_t n_tokens, strata_loan_prediction *out) {
     if (!e || !out || n_tokens < 1) return STRATA_ERR_INVALID_ARGUMENT;
-    const strata_status s = mem_loan_rule(&e->mp, NULL, plan_request_chunk(&e->mp, n_tokens), out, (errbuf *)&e->err);
+    const strata_status s = mem_split_loan_rule(e, NULL, mem_request_chunk(e, n_tokens), out, NULL, (errbuf *)&e->err);
+    out->n_tokens = n_tokens;
+    return s;
+}
+
+int32_t strata_device_count(const strata_engine *e) { return e ? e->n_dev : 0; }
+
+strata_status strata_device_info_get(const strata_engine *e, int32_t i, strata_device_info *out) {
+    if (!e || !out || i < 0 || i >= e->n_dev) return STRATA_ERR_INVALID_ARGUMENT;
+    const mem_device *md = &e->devs[i];
+    memset(out, 0, sizeof *out);
+    out->device = md->index;
+    out->layer_begin = md->layer_begin;
+    out->layer_end = md->layer_end;
+    out->plan = md->plan;
+    out->slots_lent_now = cache_lent(&md->cache);
+    out->last_loan_slots = md->last_loan_slots;
+    out->lookups = md->cache.lookups;
+    out->hits = md->cache.hits;
+    out->misses = md->cache.misses;
+    out->swaps = md->cache.swaps;
+    mem_device_held(e, i, &out->device_bytes, &out->device_peak_bytes);
+    return STRATA_OK;
+}
+
+strata_status strata_predict_loan_device(const strata_engine *e, int32_t i, int32_t n_tokens,
+                                         strata_loan_prediction *out) {
+    if (!e || !out || n_tokens < 1 || i < 0 || i >= e->n_dev) return STRATA_ERR_INVALID_ARGUMENT;
+    strata_loan_prediction all, per[STRATA_MAX_DEVICES];
+    const strata_status s = mem_split_loan_rule(e, NULL, mem_request_chunk(e, n_tokens), &all, per, (errbuf *)&e->err);
+    *out = per[i];
     out->n_tokens = n_tokens;
     return s;
 }
@@ -256,17 +286,26 @@ strata_status strata_cache_residency(const strata_engine *e, int32_t *slot_of, i
     if (!e || !slot_of) return STRATA_ERR_INVALID_ARGUMENT;
     int64_t n = (int64_t)e->hp.n_layer * e->hp.n_expert;
     if (cap < n) return STRATA_ERR_INVALID_ARGUMENT;
-    /* the cache counts MoE layers only: dense leading layers have no experts to hold */
-    const int64_t skip = (int64_t)e->hp.n_dense_lead * e->hp.n_expert;
-    for (int64_t i = 0; i < n; i++) slot_of[i] = e->cache.slot_of && i >= skip ? e->cache.slot_of[i - skip] : -1;
+    /* each layer's slot in the cache of the device holding it (a split); the caches count MoE layers only:
+     * dense leading layers have no experts to hold */
+    for (int64_t i = 0; i < n; i++) slot_of[i] = -1;
+    for (int32_t d = 0; d < e->n_dev; d++) {
+        const expert_cache *c = &e->devs[d].cache;
+        if (!c->slot_of) continue;
+        const int64_t first = (int64_t)c->layer0 * e->hp.n_expert;
+        const int64_t k = (int64_t)c->n_layer * e->hp.n_expert;
+        for (int64_t i = 0; i < k; i++) slot_of[first + i] = c->slot_of[i];
+    }
     return STRATA_OK;
 }
 
 strata_status strata_profile_save(strata_engine *e, const char *path) {
     if (!e || !path) return STRATA_ERR_INVALID_ARGUMENT;
-    if (!e->cache.slot_of)
+    if (!e->devs[0].cache.slot_of)
         return err_set(&e->err, STRATA_ERR_STATE, "this engine has no expert cache (--expert-cache 0): no profile to save");
-    return cache_profile_save(&e->cache, path, &e->err);
+    const expert_cache *cs[STRATA_MAX_DEVICES];
+    for (int32_t d = 0; d < e->n_dev; d++) cs[d] = &e->devs[d].cache;
+    return cache_profile_save_all(cs, e->n_dev, path, &e->err);
 }
 
 /* ---- kernels ----------------------------------------------------------------------------------- */

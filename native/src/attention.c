@@ -109,9 +109,9 @@ static void att_item(void *ctx, int64_t item, int thread) {
     /* a decode step of several sequences: each row at its own position in its own cache */
     const kv_cache *kv = e->batch_seq ? &e->seqs[e->batch_seq[t]].kv : &e->kv;
     int32_t pos = e->batch_seq ? e->seqs[e->batch_seq[t]].n_past : j->pos0 + t;
-    const float *q = e->cb.q + (int64_t)t * H * hd + (int64_t)h * hd;
-    float *out = e->cb.att + (int64_t)t * H * hd + (int64_t)h * hd;
-    float *sc = e->cb.scores + (int64_t)thread * e->n_ctx; /* [pos + 1] */
+    const float *q = e->md->cb.q + (int64_t)t * H * hd + (int64_t)h * hd;
+    float *out = e->md->cb.att + (int64_t)t * H * hd + (int64_t)h * hd;
+    float *sc = e->md->cb.scores + (int64_t)thread * e->n_ctx; /* [pos + 1] */
     const float scale = hp->attn_scale;
     float mx = -INFINITY;
     for (int32_t p = 0; p <= pos; p++) {
@@ -197,7 +197,7 @@ static void tok_item(void *ctx, int64_t item, int thread) {
     strata_engine *e = j->e;
     const hparams *hp = &e->hp;
     const layer_weights *L = &e->w.layers[j->l];
-    chunk_buffers *cb = &e->cb;
+    chunk_buffers *cb = &e->md->cb;
     const int32_t D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
     const int64_t QD = (int64_t)H * hd, KD = (int64_t)HKV * hd;
     const int32_t t0 = (int32_t)item * TOK_BLOCK, t1 = t0 + TOK_BLOCK < j->T ? t0 + TOK_BLOCK : j->T, n = t1 - t0;
@@ -280,7 +280,7 @@ static void tok_run(strata_engine *e, int32_t l, int32_t T, int32_t pos0, int32_
 strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
     const hparams *hp = &e->hp;
     const layer_weights *L = &e->w.layers[l];
-    chunk_buffers *cb = &e->cb;
+    chunk_buffers *cb = &e->md->cb;
     const int32_t D = hp->n_embd, hd = hp->head_dim, H = hp->n_head, HKV = hp->n_head_kv;
     const int64_t QD = (int64_t)H * hd, KD = (int64_t)HKV * hd;
     STRATA_ASSERT(&e->err, T <= cb->cap && (e->batch_seq || pos0 + T <= e->n_ctx));

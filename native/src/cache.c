@@ -31,6 +31,9 @@ strata_status cache_init(expert_cache *c, uint8_t *slab, int32_t n_slots, int64_
     c->n_slots = n_slots;
     c->n_usable = n_slots;
     c->n_layer = n_layer;
+    c->layer0 = 0;
+    c->moe_first = 0;
+    c->n_layer_model = n_layer;
     c->n_expert = n_expert;
     c->slot_bytes = slot_bytes;
     c->slab = slab;
@@ -56,11 +59,17 @@ void cache_free(expert_cache *c) {
     memset(c, 0, sizeof *c);
 }
 
+void cache_set_layers(expert_cache *c, int32_t layer0, int32_t moe_first, int32_t n_layer_model) {
+    c->layer0 = layer0;
+    c->moe_first = moe_first;
+    c->n_layer_model = n_layer_model;
+}
+
 /* Put expert id into slot (which must be usable); whatever was there leaves the cache. */
 static void place(expert_cache *c, int32_t slot, int32_t id) {
     int32_t old = c->expert_in[slot];
     if (old >= 0) c->slot_of[old] = -1;
-    int64_t n = c->copy ? c->copy(c->copy_ctx, id / c->n_expert, id % c->n_expert, cache_slot_ptr(c, slot)) : 0;
+    int64_t n = c->copy ? c->copy(c->copy_ctx, c->layer0 + id / c->n_expert, id % c->n_expert, cache_slot_ptr(c, slot)) : 0;
     c->bytes_copied += (uint64_t)(n > 0 ? n : 0);
     c->expert_in[slot] = id;
     c->slot_of[id] = slot;
@@ -122,15 +131,15 @@ strata_status cache_profile_load(expert_cache *c, const char *path, errbuf *err)
                          "--expert-profile %s line %d: expected 'layer expert [score]', got '%.60s'", path, lineno, s);
             break;
         }
-        layer -= c->layer0; /* a model layer: the cache counts from the first with experts */
-        if (layer < 0 || layer >= c->n_layer || expert < 0 || expert >= c->n_expert) {
+        if (layer < c->moe_first || layer >= c->n_layer_model || expert < 0 || expert >= c->n_expert) {
             st = err_set(err, STRATA_ERR_FORMAT,
                          "--expert-profile %s line %d: layer %ld expert %ld is out of range (the model has %d layers "
                          "of %d experts from layer %d); was the profile saved for another model?",
-                         path, lineno, layer + c->layer0, expert, c->n_layer, c->n_expert, c->layer0);
+                         path, lineno, layer, expert, c->n_layer_model - c->moe_first, c->n_expert, c->moe_first);
             break;
         }
-        if (n < n_ids) ids[n++] = (int32_t)(layer * c->n_expert + expert);
+        if (layer < c->layer0 || layer >= c->layer0 + c->n_layer) continue; /* another device's layer */
+        if (n < n_ids) ids[n++] = (int32_t)((layer - c->layer0) * c->n_expert + expert);
     }
     if (st == STRATA_OK && ferror(f))
         st = err_set(err, STRATA_ERR_IO, "--expert-profile: error reading %s: %s", path, strerror(errno));
@@ -164,17 +173,26 @@ static int ranked_cmp(const void *a, const void *b) {
 }
 
 strata_status cache_profile_save(const expert_cache *c, const char *path, errbuf *err) {
-    int32_t n_ids = c->n_layer * c->n_expert;
-    ranked *r = malloc((size_t)n_ids * sizeof *r);
+    return cache_profile_save_all(&c, 1, path, err);
+}
+
+strata_status cache_profile_save_all(const expert_cache *const *cs, int32_t n_caches, const char *path, errbuf *err) {
+    int32_t n_ids = 0;
+    for (int32_t j = 0; j < n_caches; j++) n_ids += cs[j]->n_layer * cs[j]->n_expert;
+    ranked *r = malloc((size_t)(n_ids > 0 ? n_ids : 1) * sizeof *r);
     if (!r) return err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory saving the profile");
-    for (int32_t i = 0; i < n_ids; i++) {
-        r[i].id = i;
-        r[i].score = c->score[i];
-        int32_t s = c->slot_of[i];
-        if (s < 0 && c->displaced) /* on loan right now: still counts as resident */
-            for (int32_t j = 0; j < c->n_slots - c->n_usable; j++)
-                if (c->displaced[j] == i) s = c->n_usable + j;
-        r[i].resident = s >= 0;
+    int32_t n = 0;
+    for (int32_t j = 0; j < n_caches; j++) {
+        const expert_cache *c = cs[j];
+        for (int32_t i = 0; i < c->n_layer * c->n_expert; i++, n++) {
+            r[n].id = c->layer0 * c->n_expert + i; /* the model's numbering */
+            r[n].score = c->score[i];
+            int32_t s = c->slot_of[i];
+            if (s < 0 && c->displaced) /* on loan right now: still counts as resident */
+                for (int32_t k = 0; k < c->n_slots - c->n_usable; k++)
+                    if (c->displaced[k] == i) s = c->n_usable + k;
+            r[n].resident = s >= 0;
+        }
     }
     qsort(r, (size_t)n_ids, sizeof *r, ranked_cmp);
     FILE *f = fopen(path, "w");
@@ -182,10 +200,10 @@ strata_status cache_profile_save(const expert_cache *c, const char *path, errbuf
         free(r);
         return err_set(err, STRATA_ERR_IO, "cannot write the profile to %s: %s", path, strerror(errno));
     }
-    fprintf(f, "# strata expert profile: layer expert score, best first (%d layers x %d experts)\n", c->n_layer,
-            c->n_expert);
-    for (int32_t i = 0; i < n_ids; i++)
-        fprintf(f, "%d %d %.6g\n", c->layer0 + r[i].id / c->n_expert, r[i].id % c->n_expert, (double)r[i].score);
+    const int32_t E = cs[0]->n_expert;
+    fprintf(f, "# strata expert profile: layer expert score, best first (%d layers x %d experts)\n",
+            cs[0]->n_layer_model - cs[0]->moe_first, E);
+    for (int32_t i = 0; i < n_ids; i++) fprintf(f, "%d %d %.6g\n", r[i].id / E, r[i].id % E, (double)r[i].score);
     free(r);
     if (fclose(f) != 0) return err_set(err, STRATA_ERR_IO, "cannot write the profile to %s: %s", path, strerror(errno));
     return STRATA_OK;
@@ -228,7 +246,7 @@ int32_t cache_decode_lookup(expert_cache *c, int32_t layer, int32_t expert) {
 }
 
 int32_t cache_peek(const expert_cache *c, int32_t layer, int32_t expert) {
-    int32_t s = c->slot_of ? c->slot_of[layer * c->n_expert + expert] : -1;
+    int32_t s = c->slot_of ? c->slot_of[(layer - c->layer0) * c->n_expert + expert] : -1;
     return s >= 0 && s < c->n_usable ? s : -1;
 }
 
@@ -239,7 +257,7 @@ int32_t cache_resident(const expert_cache *c) {
 }
 
 int32_t cache_decode_lookup_as(expert_cache *c, int32_t layer, int32_t expert, int32_t miss) {
-    int32_t id = layer * c->n_expert + expert;
+    int32_t id = (layer - c->layer0) * c->n_expert + expert;
     c->lookups++;
     c->score[id] += 1.0f;
     int32_t s = c->slot_of[id];
@@ -266,7 +284,7 @@ int32_t cache_decode_lookup_as(expert_cache *c, int32_t layer, int32_t expert, i
 }
 
 int32_t cache_prefill_lookup(expert_cache *c, int32_t layer, int32_t expert) {
-    int32_t id = layer * c->n_expert + expert;
+    int32_t id = (layer - c->layer0) * c->n_expert + expert;
     c->lookups++;
     int32_t s = c->slot_of[id];
     if (s >= 0 && s < c->n_usable) {

@@ -6,6 +6,9 @@
  * the prompt path's ring and buffers. Lent slots are taken out of the residency table and put back,
  * expert for expert, by the refill.
  *
+ * Layers are the model's: every call takes a model layer in [layer0, layer0 + n_layer); an id is
+ * (layer - layer0) * E + expert. A device of a layer split has a cache of its own layers only.
+ *
  * Policies (decode only; the prompt path never changes what is cached):
  *   adaptive  every lookup adds 1 to the expert's routing count; every adapt_every tokens the counts
  *             are multiplied by adapt_decay and up to adapt_swaps experts whose count beats the
@@ -30,9 +33,11 @@ typedef int64_t (*cache_copy_fn)(void *ctx, int32_t layer, int32_t expert, uint8
 
 typedef struct expert_cache {
     int32_t n_slots;          /* slots in the slab */
-    int32_t n_layer;          /* layers with experts */
-    int32_t layer0;           /* the model layer of the cache's layer 0 (dense leading layers have no experts);
-                               * profiles name model layers */
+    int32_t n_layer;          /* layers it serves, all with experts: the model's [layer0, layer0 + n_layer) */
+    int32_t layer0;           /* the model layer of the cache's layer 0: the first with experts (dense leading
+                               * layers have none), or a later device's first layer on a layer split */
+    int32_t moe_first;        /* the model's first layer with experts (profiles name model layers) */
+    int32_t n_layer_model;    /* layers of the model */
     int32_t n_expert;         /* E */
     int64_t slot_bytes;
     uint8_t *slab;            /* [n_slots, slot_bytes], not owned (device arena) */
@@ -65,17 +70,22 @@ typedef struct cache_config {
 strata_status cache_init(expert_cache *c, uint8_t *slab, int32_t n_slots, int64_t slot_bytes, int32_t n_layer,
                          int32_t n_expert, const cache_config *cfg, cache_copy_fn copy, void *copy_ctx, errbuf *err);
 void cache_free(expert_cache *c);
+/* The cache serves the model's layers [layer0, layer0 + c->n_layer) of n_layer_model, whose layers with
+ * experts start at moe_first (cache_init: all, from 0). */
+void cache_set_layers(expert_cache *c, int32_t layer0, int32_t moe_first, int32_t n_layer_model);
 
 /* Fill empty slots, in order, with the ranked ids (layer * E + expert); ids already resident are
  * skipped. Returns the number of experts placed. */
 int32_t cache_fill_ranked(expert_cache *c, const int32_t *ids, int32_t n);
 /* Fill every empty slot with an even spread: rank r is layer r % n_layer, expert r / n_layer. */
 int32_t cache_fill_default(expert_cache *c);
-/* Read a profile ("layer expert score" per line, best first, '#' comments) and fill the cache with it.
- * IO when the file cannot be read, FORMAT with the line number when a line is malformed or out of range. */
+/* Read a profile ("layer expert score" per line, best first, '#' comments) and fill the cache with it
+ * (lines of layers another device serves are skipped). IO when the file cannot be read, FORMAT with the line number when a line is malformed or out of range. */
 strata_status cache_profile_load(expert_cache *c, const char *path, errbuf *err);
 /* Write every expert ranked by learned count (residents first on ties). */
 strata_status cache_profile_save(const expert_cache *c, const char *path, errbuf *err);
+/* The same over the caches of a split's n devices, one ranking of every expert of the model. */
+strata_status cache_profile_save_all(const expert_cache *const *cs, int32_t n, const char *path, errbuf *err);
 
 /* Start a layer step (unpins the previous step's slots). */
 void cache_step_begin(expert_cache *c);

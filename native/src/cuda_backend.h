@@ -36,6 +36,9 @@ enum { CUDA_STREAM_COMPUTE = 0, CUDA_STREAM_COPY = 1 };
 int32_t cuda_device_present(void);
 strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t err_len);
 void cuda_ctx_destroy(cuda_ctx *ctx);
+/* Make the context's device the current one of this thread (the calls below run on the current device: an
+ * engine whose layers are split over several cards switches between them). */
+strata_status cuda_ctx_use(cuda_ctx *ctx);
 const char *cuda_ctx_error(const cuda_ctx *ctx);
 /* Decode options of a context (a new one has fast = CUDA_FAST_ALL, pdl = 0): fast, a mask of the
  * CUDA_FAST_* below, picks latency-tuned kernels (the same bits as the plain ones); pdl launches the

@@ -16,6 +16,7 @@ strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t 
     return STRATA_ERR_DEVICE;
 }
 void cuda_ctx_destroy(cuda_ctx *ctx) { (void)ctx; }
+strata_status cuda_ctx_use(cuda_ctx *ctx) { (void)ctx; return STRATA_ERR_DEVICE; }
 void cuda_ctx_set_decode(cuda_ctx *ctx, int32_t fast, int32_t pdl) { (void)ctx; (void)fast; (void)pdl; }
 const char *cuda_ctx_error(const cuda_ctx *ctx) { (void)ctx; return NO_CUDA; }
 const char *cuda_ctx_device_name(const cuda_ctx *ctx) { (void)ctx; return ""; }

@@ -27,9 +27,7 @@ strata_status engine_decode(strata_engine *e, int32_t token) {
     if (s == STRATA_OK) {
         e->n_past++;
         e->stats.decode_tokens++;
-        const uint64_t swaps = e->cache.swaps;
-        cache_token_done(&e->cache);
-        if (e->cache.swaps != swaps) s = e->be->cache_changed(e); /* the adaptation's copies */
+        s = mem_token_done(e); /* the adaptation, and its copies */
     } else {
         e->has_logits = 0;
     }
@@ -105,9 +103,12 @@ strata_status engine_decode_batch(strata_engine *e, int32_t n, const int32_t *se
     }
     if (s == STRATA_OK) {
         e->stats.decode_tokens += (uint64_t)n;
-        const uint64_t swaps = e->cache.swaps;
-        for (int32_t i = 0; i < n; i++) cache_token_done(&e->cache);
-        if (e->cache.swaps != swaps) s = e->be->cache_changed(e); /* the adaptation's copies */
+        /* one device: mem_open refuses a layer split with several sequences */
+        expert_cache *c = &e->devs[0].cache;
+        e->md = &e->devs[0];
+        const uint64_t swaps = c->swaps;
+        for (int32_t i = 0; i < n; i++) cache_token_done(c);
+        if (c->swaps != swaps) s = e->be->cache_changed(e); /* the adaptation's copies */
     }
     engine_seq_load(e);
     e->stats.decode_ms += engine_now_ms() - t0;
@@ -141,11 +142,54 @@ strata_params strata_default_params(void) {
     p.simd = STRATA_SIMD_AUTO;
     p.trace = NULL;
     p.trace_user = NULL;
+    p.split = STRATA_SPLIT_NONE;
+    p.n_devices = 0;
     p.n_seq = 0;
     return p;
 }
 
 /* ---- open / close ------------------------------------------------------------------------------ */
+
+/* The split's parameters that do not depend on the model (the layer count is checked at open). */
+static strata_status check_split(const strata_params *p, errbuf *err) {
+    if (p->split != STRATA_SPLIT_NONE && p->split != STRATA_SPLIT_LAYER)
+        return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "split mode %d is not none or layer", p->split);
+    if (p->split == STRATA_SPLIT_NONE) {
+        if (p->n_devices > 1)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "%d devices are given but the layers are not split: add --split layer", p->n_devices);
+        for (int32_t d = 1; d < STRATA_MAX_DEVICES; d++)
+            if (p->vram_budgets[d] != 0)
+                return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                               "--vram-budget lists a budget for each of several devices: add --split layer");
+        return STRATA_OK;
+    }
+    if (p->n_devices < 1 || p->n_devices > STRATA_MAX_DEVICES)
+        return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--split layer needs 1 to %d devices, not %d",
+                       STRATA_MAX_DEVICES, p->n_devices);
+    for (int32_t d = 0; d < p->n_devices; d++) {
+        if (p->devices[d] < 0)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--gpus: device %d is negative", p->devices[d]);
+        /* the CPU backend's devices are emulated budgets, numbered 0..n_devices-1; a CUDA ordinal is checked
+         * against the cards present when the backend opens */
+        if (p->device == STRATA_DEVICE_CPU && p->devices[d] >= p->n_devices)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--gpus: device %d does not exist; on --device cpu the devices of a split are %d emulated "
+                           "budgets, numbered 0 to %d",
+                           p->devices[d], p->n_devices, p->n_devices - 1);
+        if (!(p->tensor_split[d] >= 0.0f) || p->tensor_split[d] > 1e6f)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "--tensor-split: the share of device %d is %g; shares are numbers >= 0", d,
+                           (double)p->tensor_split[d]);
+        if (p->vram_budgets[d] < 0)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "--vram-budget: the budget of device %d is negative", d);
+    }
+    for (int32_t d = p->n_devices; d < STRATA_MAX_DEVICES; d++)
+        if (p->tensor_split[d] != 0.0f || p->vram_budgets[d] != 0)
+            return err_set(err, STRATA_ERR_INVALID_ARGUMENT,
+                           "a share or budget is given for device %d, but the split has %d devices", d, p->n_devices);
+    return STRATA_OK;
+}
 
 static strata_status check_params(const strata_params *p, errbuf *err) {
     if (p->n_threads < 0 || p->n_threads > 1024)
@@ -161,6 +205,7 @@ static strata_status check_params(const strata_params *p, errbuf *err) {
     STRATA_TRY(mem_check_device(p, err));
     if (p->device != STRATA_DEVICE_CPU && p->device != STRATA_DEVICE_AUTO && p->device != STRATA_DEVICE_CUDA)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "device %d is not cpu, cuda or auto", p->device);
+    STRATA_TRY(check_split(p, err));
     if (p->kv_type != STRATA_KV_F16 && p->kv_type != STRATA_KV_INT8)
         return err_set(err, STRATA_ERR_INVALID_ARGUMENT, "KV type %d is not f16 or int8", p->kv_type);
     if (p->simd < STRATA_SIMD_AUTO || p->simd > STRATA_SIMD_AVX512)
@@ -180,6 +225,8 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     if (!e) return err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory opening the engine");
     e->params = p;
     e->be = &cpu_backend_ops; /* mem_open picks the device's */
+    e->n_dev = 1;             /* mem_open splits the layers when asked */
+    e->md = &e->devs[0];
     e->file.fd = -1;
     e->n_seq = p.n_seq > 0 ? p.n_seq : 1;
     trace_init(&e->trace, p.trace, p.trace_user);
@@ -226,7 +273,7 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     }
     for (int32_t q = 0; q < e->n_seq && s == STRATA_OK; q++) {
         e->seqs[q].logits = e->logits_all + (size_t)q * (size_t)e->hp.n_vocab;
-        if (!e->gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
+        if (!e->devs[0].gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
             s = kv_init(&e->seqs[q].kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
                         p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
     }

@@ -89,6 +89,31 @@ typedef struct seq_state {
     int32_t has_logits;
     float *logits;            /* [V] within the engine's logits_all */
 } seq_state;
+/* One device's part of the memory layer: the run of layers it holds, its plan (made by the one planner
+ * within its own budget), its budget's memory, its expert cache, the chunk buffers laid out in it and its
+ * loan. An engine has one; a layer split (--split layer) has one per device, in layer order, and the
+ * forward walks them: layers [layer_begin, layer_end) run on device d, and the residual stream crosses to
+ * device d + 1 once per pass. */
+typedef struct mem_device {
+    int32_t index;            /* the device (a CUDA ordinal; an emulated device on the CPU backend) */
+    int32_t layer_begin;      /* first layer it holds */
+    int32_t layer_end;        /* one past its last */
+    plan mp;                  /* its memory plan (plan.c) */
+    strata_plan plan;         /* its public part */
+    uint8_t *dev_mem;         /* CPU backend: the host block standing in for its memory [dev_len] */
+    size_t dev_len;
+    arena dev;                /* its budget over dev_mem */
+    arena scratch;            /* decode scratch inside dev: the layout of one token */
+    uint8_t *own_chunk;       /* --expert-cache 0: the prompt path's own buffers inside dev */
+    expert_cache cache;       /* slots inside dev, residency, counters of its layers' experts */
+    chunk_buffers cb;         /* the buffers of the chunk in progress on this device */
+    uint8_t *ring;            /* while a prompt is read: ring_slots staging slots inside its loan */
+    int32_t ring_slots;
+    int64_t ring_next;        /* next ring slot to fill (mod ring_slots) */
+    int32_t moe_batch;        /* experts fetched together by moe_block (ring depth while reading a prompt) */
+    int32_t last_loan_slots;  /* slots it lent for the last prompt */
+    struct cuda_state *gpu;   /* the CUDA backend's state of this device (cuda/host.h) on a GPU, else NULL */
+} mem_device;
 
 struct strata_engine {
     /* ---- 1. model description ---- */
@@ -100,26 +125,17 @@ struct strata_engine {
 
     /* ---- 3. plan: fixed at open ---- */
     strata_params params;
-    strata_plan plan;
+    strata_plan plan;         /* the devices' plans together (strata_plan_get); devs[0].plan without a split */
     const quant_traits *qt;   /* kernel table of the level in use */
     int32_t n_ctx;            /* KV positions */
     int32_t chunk;            /* prompt chunk in tokens */
-    plan mp;                  /* the memory plan (plan.c); plan above is its public part */
-    uint8_t *dev_mem;         /* CPU backend: the host block standing in for device memory [dev_len] */
-    size_t dev_len;
-    arena dev;                /* the device budget over dev_mem */
-    arena scratch;            /* decode scratch inside dev: the layout of one token */
-    uint8_t *own_chunk;       /* --expert-cache 0: the prompt path's own buffers inside dev */
-    expert_cache cache;       /* slots inside dev, residency, counters */
+    mem_device devs[STRATA_MAX_DEVICES]; /* the memory layer of each device, in layer order */
+    int32_t n_dev;            /* devices in use (1 without a split) */
+    mem_device *md;           /* the device the forward is on now (devs[0] outside a forward) */
 
     /* ---- 4. run state: owned ---- */
     pool *pool;
     kv_cache kv;
-    chunk_buffers cb;
-    uint8_t *ring;            /* while a prompt is read: ring_slots staging slots inside the loan */
-    int32_t ring_slots;
-    int64_t ring_next;        /* next ring slot to fill (mod ring_slots) */
-    int32_t moe_batch;        /* experts fetched together by moe_block (ring depth while reading a prompt) */
     float *logits;            /* [V] of the last processed token (of the current sequence) */
     int32_t has_logits;
     int32_t n_past;           /* tokens in the KV cache (of the current sequence) */
@@ -133,7 +149,6 @@ struct strata_engine {
 
     /* ---- the backend: memory, copies and kernels (cpu_backend_ops or cuda_backend_ops) ---- */
     const struct backend_ops *be;
-    struct cuda_state *gpu;   /* the CUDA backend's state (cuda/host.h) on a GPU, else NULL */
 
     /* ---- diagnostics ---- */
     errbuf err;
@@ -153,11 +168,13 @@ typedef enum moe_phase {
  * (device memory on CUDA): the code above only computes with it. */
 typedef struct backend_ops {
     const char *name;
+    /* 1: its forward walks the devices of a layer split (e->devs), the residual stream crossing between them */
+    int32_t layer_split;
     /* the backend's device can be used here (the CPU's always); else why not, in words */
     int32_t (*present)(void);
     void (*absent_why)(char *buf, size_t len);
-    /* before the plan: the device context, and the device memory the plan may use (*free_bytes; the CPU
-     * leaves it) */
+    /* before the plan of each device (e->md): its context, and the device memory its plan may use
+     * (*free_bytes; the CPU leaves it) */
     strata_status (*init)(strata_engine *e, int64_t *free_bytes, errbuf *err);
     /* bytes of the decode scratch (the plan's scratch): layout(1) and the decode step's tables */
     int64_t (*scratch_bytes)(const strata_engine *e);
@@ -257,5 +274,17 @@ strata_status mem_lend(strata_engine *e, int32_t *t);
 strata_status mem_loan_rule(const plan *p, const trace_sink *tr, int32_t t, strata_loan_prediction *o, errbuf *err);
 /* Give the loan back: the displaced experts are copied back, the buffers return to the decode scratch. */
 strata_status mem_give_back(strata_engine *e);
+/* The loan rule over every device of the engine for a request of chunk t: the chunk all of them run at
+ * (each device's rule applied until they agree), each device's answer in per[] (NULL: not wanted) and
+ * their total in *o. One device: mem_loan_rule. */
+strata_status mem_split_loan_rule(const strata_engine *e, const trace_sink *tr, int32_t t, strata_loan_prediction *o,
+                                  strata_loan_prediction *per, errbuf *err);
+/* The request chunk of a prompt of n tokens: the smallest of the devices' (plan_request_chunk). */
+int32_t mem_request_chunk(const strata_engine *e, int32_t n_tokens);
+/* Device memory device d holds now and at most since open. */
+void mem_device_held(const strata_engine *e, int32_t d, int64_t *now, int64_t *peak);
+/* A decode token is done on every device's cache (adaptation; a device whose cache swapped experts is told
+ * through the backend's cache_changed). */
+strata_status mem_token_done(strata_engine *e);
 
 #endif

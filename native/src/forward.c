@@ -97,7 +97,7 @@ static strata_status layout_into(strata_engine *e, chunk_buffers *cb, arena *a, 
     return STRATA_OK;
 }
 
-strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T) { return layout_into(e, &e->cb, a, T); }
+strata_status chunk_buffers_alloc(strata_engine *e, arena *a, int32_t T) { return layout_into(e, &e->md->cb, a, T); }
 
 int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
     /* the layout itself, run against a measuring arena into a scratch record: the live buffers are
@@ -110,11 +110,13 @@ int64_t chunk_buffers_bytes(const strata_engine *e, int32_t T) {
 }
 
 strata_status chunk_buffers_use_scratch(strata_engine *e) {
-    arena_reset(&e->scratch);
-    return chunk_buffers_alloc(e, &e->scratch, e->n_seq); /* a decode step of every sequence */
+    arena_reset(&e->md->scratch);
+    return chunk_buffers_alloc(e, &e->md->scratch, e->n_seq); /* a decode step of every sequence */
 }
 
-void chunk_buffers_free(strata_engine *e) { memset(&e->cb, 0, sizeof e->cb); }
+void chunk_buffers_free(strata_engine *e) {
+    for (int32_t d = 0; d < STRATA_MAX_DEVICES; d++) memset(&e->devs[d].cb, 0, sizeof e->devs[d].cb);
+}
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
@@ -126,7 +128,7 @@ strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T,
 static void embed_rows(strata_engine *e, const int32_t *tokens, int32_t T) {
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
-    chunk_buffers *cb = &e->cb;
+    chunk_buffers *cb = &e->md->cb;
     const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
     for (int32_t t = 0; t < T; t++)
         te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, cb->x + (int64_t)t * D, D);
@@ -139,7 +141,7 @@ static void embed_rows(strata_engine *e, const int32_t *tokens, int32_t T) {
 static void logits_rows(strata_engine *e, int32_t r0, int32_t n, float *y, const int32_t *y_idx) {
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd, V = hp->n_vocab;
-    chunk_buffers *cb = &e->cb;
+    chunk_buffers *cb = &e->md->cb;
     rmsnorm_rows(cb->xn, cb->x + (int64_t)r0 * D, e->w.output_norm, n, D, hp->rms_eps);
     mm_quantize(e->qt, e->w.output.type, cb->xn, D, n, D, cb->act, cb->act_stride);
     mm_seg so = {quant_lookup(e->qt, e->w.output.type), e->w.output, cb->act, cb->act_stride, NULL, n, y, V, y_idx};
@@ -151,26 +153,42 @@ static void logits_rows(strata_engine *e, int32_t r0, int32_t n, float *y, const
         }
 }
 
-/* The CPU backend's forward pass (attention.c, moe.c). */
-static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
-    const hparams *hp = &e->hp;
-    const moe_phase phase = prompt ? MOE_PHASE_PREFILL : MOE_PHASE_DECODE;
-    chunk_buffers *cb = &e->cb;
-    STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
-    STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
-
-    embed_rows(e, tokens, T);
-    for (int32_t l = 0; l < hp->n_layer; l++) {
-        strata_status s = attention_block(e, l, T, e->n_past);
-        if (s == STRATA_OK) s = moe_block(e, l, T, phase);
-        if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+/* The CPU backend's forward pass (attention.c, moe.c), device by device: layers [layer_begin, layer_end)
+ * of each device run in its chunk buffers (its loan, or its decode scratch), and the residual stream of
+ * the T tokens is copied into the next device's buffers at the split point, once per pass. One device: no
+ * crossing. */
+static strata_status cpu_layers(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase) {
+    const int32_t D = e->hp.n_embd;
+    for (int32_t d = 0; d < e->n_dev; d++) {
+        mem_device *prev = e->md;
+        e->md = &e->devs[d];
+        chunk_buffers *cb = &e->md->cb;
+        STRATA_ASSERT(&e->err, T <= cb->cap); /* laid out by the prefill's loan or the decode scratch */
+        if (d == 0) {
+            embed_rows(e, tokens, T);
+        } else {
+            memcpy(cb->x, prev->cb.x, (size_t)T * (size_t)D * sizeof(float)); /* the split point */
+        }
+        for (int32_t l = e->md->layer_begin; l < e->md->layer_end; l++) {
+            strata_status s = attention_block(e, l, T, e->n_past);
+            if (s == STRATA_OK) s = moe_block(e, l, T, phase);
+            if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+        }
     }
+    return STRATA_OK;
+}
 
-    if (want_logits) {
+static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
+    const moe_phase phase = prompt ? MOE_PHASE_PREFILL : MOE_PHASE_DECODE;
+    STRATA_ASSERT(&e->err, e->n_past + T <= e->n_ctx);
+    e->md = &e->devs[0];
+    strata_status s = cpu_layers(e, tokens, T, phase);
+    if (s == STRATA_OK && want_logits) { /* the head, on the last layer's device */
         logits_rows(e, T - 1, 1, e->logits, NULL);
         e->has_logits = 1;
     }
-    return STRATA_OK;
+    e->md = &e->devs[0];
+    return s;
 }
 
 /* One decode step of T sequences: token t at position seqs[batch_seq[t]].n_past of its own sequence. The
@@ -179,7 +197,9 @@ static strata_status cpu_forward(strata_engine *e, const int32_t *tokens, int32_
  * logits of every row are computed into its sequence's. */
 static strata_status cpu_forward_batch(strata_engine *e, const int32_t *tokens, int32_t T) {
     const hparams *hp = &e->hp;
-    STRATA_ASSERT(&e->err, e->batch_seq && T <= e->cb.cap);
+    STRATA_ASSERT(&e->err, e->n_dev == 1); /* mem_open refuses a layer split with several sequences */
+    e->md = &e->devs[0];
+    STRATA_ASSERT(&e->err, e->batch_seq && T <= e->md->cb.cap);
 
     embed_rows(e, tokens, T);
     for (int32_t l = 0; l < hp->n_layer; l++) {
@@ -210,29 +230,30 @@ static void cpu_fail_msg(strata_engine *e, const arena *a, int32_t T, char *buf,
 
 /* The emulated device budget: one block of host memory, handed out from the front in the plan's order. */
 static strata_status cpu_open(strata_engine *e, uint8_t **slab, errbuf *err) {
-    e->dev_len = (size_t)e->plan.budget_bytes;
-    void *m = mmap(NULL, e->dev_len ? e->dev_len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+    mem_device *md = e->md; /* the device being opened: one block for each */
+    md->dev_len = (size_t)md->plan.budget_bytes;
+    void *m = mmap(NULL, md->dev_len ? md->dev_len : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
     if (m == MAP_FAILED) {
-        e->dev_mem = NULL;
+        md->dev_mem = NULL;
         return err_set(err, STRATA_ERR_OUT_OF_MEMORY,
                        "cannot reserve %.1f MiB of host memory to stand in for the device budget; lower --vram-budget",
-                       (double)e->plan.budget_bytes / 1048576.0);
+                       (double)md->plan.budget_bytes / 1048576.0);
     }
-    e->dev_mem = m;
-    arena_init(&e->dev, e->dev_mem, (int64_t)e->dev_len);
-    const strata_plan *pp = &e->plan;
-    int ok = arena_alloc(&e->dev, pp->resident_bytes, "resident weights") != NULL;
-    ok = ok && arena_alloc(&e->dev, pp->kv_bytes, "KV cache") != NULL;
-    uint8_t *scr = arena_alloc(&e->dev, pp->scratch_bytes, "decode scratch");
-    ok = ok && scr && arena_alloc(&e->dev, pp->reserve_bytes, "reserve") != NULL;
-    if (ok && e->mp.no_cache) {
-        e->own_chunk = arena_alloc(&e->dev, e->mp.own_chunk_bytes, "prompt buffers");
-        ok = e->own_chunk != NULL;
+    md->dev_mem = m;
+    arena_init(&md->dev, md->dev_mem, (int64_t)md->dev_len);
+    const strata_plan *pp = &md->plan;
+    int ok = arena_alloc(&md->dev, pp->resident_bytes, "resident weights") != NULL;
+    ok = ok && arena_alloc(&md->dev, pp->kv_bytes, "KV cache") != NULL;
+    uint8_t *scr = arena_alloc(&md->dev, pp->scratch_bytes, "decode scratch");
+    ok = ok && scr && arena_alloc(&md->dev, pp->reserve_bytes, "reserve") != NULL;
+    if (ok && md->mp.no_cache) {
+        md->own_chunk = arena_alloc(&md->dev, md->mp.own_chunk_bytes, "prompt buffers");
+        ok = md->own_chunk != NULL;
     }
-    *slab = ok ? arena_alloc(&e->dev, (int64_t)pp->n_slots * pp->slot_bytes, "expert cache") : NULL;
+    *slab = ok ? arena_alloc(&md->dev, (int64_t)pp->n_slots * pp->slot_bytes, "expert cache") : NULL;
     STRATA_ASSERT(err, ok && *slab); /* the plan fitted all of these into the budget */
-    arena_init(&e->scratch, scr, pp->scratch_bytes);
+    arena_init(&md->scratch, scr, pp->scratch_bytes);
     return STRATA_OK;
 }
 
@@ -259,15 +280,17 @@ static strata_status cpu_ready(strata_engine *e, double t_fill, errbuf *err) {
 }
 
 /* the emulated budget is one block handed out from the front and never given back */
-static void cpu_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) { *now = *peak = e->dev.used; }
+static void cpu_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) { *now = *peak = e->md->dev.used; }
 
 static void cpu_close(strata_engine *e) {
-    if (e->dev_mem) munmap(e->dev_mem, e->dev_len ? e->dev_len : 1);
-    e->dev_mem = NULL;
+    mem_device *md = e->md; /* called once for each device */
+    if (md->dev_mem) munmap(md->dev_mem, md->dev_len ? md->dev_len : 1);
+    md->dev_mem = NULL;
 }
 
 const backend_ops cpu_backend_ops = {
     .name = "cpu",
+    .layer_split = 1,
     .present = cpu_present,
     .absent_why = cpu_absent_why,
     .init = cpu_init,

@@ -341,11 +341,14 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         return err_set(err, STRATA_ERR_FORMAT, "token_embd.weight has %lld rows", (long long)te->ne[1]);
     hp->n_vocab = (int32_t)te->ne[1];
     STRATA_TRY(bind_matrix(&b, "token_embd.weight", D, hp->n_vocab, 0, 0, &w->tok_embd));
+    w->embd_bytes = w->resident_bytes;
     STRATA_TRY(bind_norm(&b, "output_norm.weight", D, &w->output_norm));
     STRATA_TRY(bind_matrix(&b, "output.weight", D, hp->n_vocab, 0, 1, &w->output));
+    w->head_bytes = w->resident_bytes - w->embd_bytes;
     if (!w->output.data) {
         w->output = w->tok_embd;
         w->tied = 1;
+        w->head_bytes += w->embd_bytes; /* the head reads token_embd */
     }
     if (hp->bos_id >= hp->n_vocab) hp->bos_id = -1;
     if (hp->eos_id >= hp->n_vocab) hp->eos_id = -1;
@@ -354,6 +357,7 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
     if (!w->layers) return err_set(err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory binding the layers");
     for (int32_t l = 0; l < hp->n_layer; l++) {
         layer_weights *L = &w->layers[l];
+        const int64_t before = w->resident_bytes;
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", l), n)
         STRATA_TRY(bind_norm(&b, NAME("attn_norm"), D, &L->attn_norm));
@@ -393,6 +397,7 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
             STRATA_TRY(bind_matrix(&b, NAME("ffn_gate"), D, FD, 0, 0, &L->gate_dense));
             STRATA_TRY(bind_matrix(&b, NAME("ffn_up"), D, FD, 0, 0, &L->up_dense));
             STRATA_TRY(bind_matrix(&b, NAME("ffn_down"), FD, D, 0, 0, &L->down_dense));
+            L->resident_bytes = w->resident_bytes - before;
             continue;
         }
         STRATA_TRY(bind_matrix(&b, NAME("ffn_gate_inp"), D, E, 0, 0, &L->router));
@@ -409,6 +414,7 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
             STRATA_TRY(refuse_tensor(&b, NAME("ffn_gate_shexp"), "shared experts"));
         }
 #undef NAME
+        L->resident_bytes = w->resident_bytes - before;
         if (L->gate_exps.type != L->up_exps.type)
             return err_set(err, STRATA_ERR_UNSUPPORTED,
                            "layer %d: ffn_gate_exps is %s but ffn_up_exps is %s; strata needs them of one type", l,

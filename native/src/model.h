@@ -99,6 +99,7 @@ typedef struct layer_weights {
     wview gate_dense;         /* [Fd, D] */
     wview up_dense;           /* [Fd, D] */
     wview down_dense;         /* [D, Fd] */
+    int64_t resident_bytes;   /* bytes of the layer's tensors that are not routed experts */
 } layer_weights;
 
 typedef struct model_weights {
@@ -110,6 +111,8 @@ typedef struct model_weights {
     int64_t n_params;
     int64_t resident_bytes;   /* every tensor that is not a routed expert */
     int64_t expert_bytes;     /* largest gate + up + down of one expert */
+    int64_t embd_bytes;       /* token_embd (held by the device of the first layer in a split) */
+    int64_t head_bytes;       /* output_norm and the output head (token_embd when tied): the last layer's device */
 } model_weights;
 
 /* Read hyperparameters, then bind and check every tensor. UNSUPPORTED for another architecture or a

@@ -49,11 +49,11 @@ static void slot_view(const expert_view *host, const uint8_t *slot, expert_view 
     out->down.data = slot + gb + ub;
 }
 
-/* layer is the expert cache's: MoE layers counted from the first after the dense leading ones. */
+/* layer is the model's (a layer with experts: not a dense leading one). */
 int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst) {
     const strata_engine *e = ctx;
     expert_view h;
-    host_view(e, layer + e->hp.n_dense_lead, expert, &h);
+    host_view(e, layer, expert, &h);
     size_t gb = (size_t)h.gate.rows * h.gate.row_bytes, ub = (size_t)h.up.rows * h.up.row_bytes;
     size_t db = (size_t)h.down.rows * h.down.row_bytes;
     memcpy(dst, h.gate.data, gb);
@@ -70,22 +70,22 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
     STRATA_ASSERT(&e->err, layer >= 0 && layer < e->hp.n_layer && expert >= 0 && expert < e->hp.n_expert);
     STRATA_ASSERT(&e->err, layer >= e->hp.n_dense_lead);
     host_view(e, layer, expert, out);
-    expert_cache *c = &e->cache;
+    expert_cache *c = &e->md->cache;
     if (c->n_slots == 0) return STRATA_OK; /* no expert cache: host memory */
-    const int32_t cl = layer - e->hp.n_dense_lead; /* the cache counts MoE layers only */
+    /* the cache takes model layers; it holds the layers with experts only */
     if (phase == MOE_PHASE_DECODE) {
-        int32_t s = cache_decode_lookup(c, cl, expert);
+        int32_t s = cache_decode_lookup(c, layer, expert);
         if (s >= 0) slot_view(out, cache_slot_ptr(c, s), out);
         return STRATA_OK;
     }
-    int32_t s = cache_prefill_lookup(c, cl, expert);
+    int32_t s = cache_prefill_lookup(c, layer, expert);
     if (s >= 0) {
         slot_view(out, cache_slot_ptr(c, s), out);
         return STRATA_OK;
     }
-    STRATA_ASSERT(&e->err, e->ring && e->ring_slots > 0);
-    uint8_t *dst = e->ring + (size_t)(e->ring_next++ % e->ring_slots) * (size_t)c->slot_bytes;
-    int64_t n = moe_expert_copy(e, cl, expert, dst);
+    STRATA_ASSERT(&e->err, e->md->ring && e->md->ring_slots > 0);
+    uint8_t *dst = e->md->ring + (size_t)(e->md->ring_next++ % e->md->ring_slots) * (size_t)c->slot_bytes;
+    int64_t n = moe_expert_copy(e, layer, expert, dst);
     e->stats.bytes_streamed += (uint64_t)n;
     slot_view(out, dst, out);
     return STRATA_OK;
@@ -154,7 +154,7 @@ static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 static void dense_swiglu(strata_engine *e, const wview *wg, const wview *wu, const wview *wd, const float *sgate,
                          int32_t T) {
     const hparams *hp = &e->hp;
-    chunk_buffers *cb = &e->cb;
+    chunk_buffers *cb = &e->md->cb;
     const int32_t D = hp->n_embd, FS = (int32_t)wg->rows;
     const quant_traits *qg = quant_lookup(e->qt, wg->type), *qu = quant_lookup(e->qt, wu->type);
     const quant_traits *qd = quant_lookup(e->qt, wd->type);
@@ -195,7 +195,7 @@ static void shared_expert(strata_engine *e, const layer_weights *L, int32_t T) {
 strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase) {
     const hparams *hp = &e->hp;
     const layer_weights *L = &e->w.layers[l];
-    chunk_buffers *cb = &e->cb;
+    chunk_buffers *cb = &e->md->cb;
     const int32_t D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used, F = hp->n_ff_exp;
     STRATA_ASSERT(&e->err, T <= cb->cap);
 
@@ -246,11 +246,11 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
     mm_quantize(e->qt, L->gate_exps.type, cb->xn, D, T, D, cb->act, cb->act_stride);
     const quant_traits *qg = quant_lookup(e->qt, L->gate_exps.type);
     const quant_traits *qd = quant_lookup(e->qt, L->down_exps.type);
-    const int32_t batch = phase == MOE_PHASE_PREFILL && e->moe_batch > 0 ? e->moe_batch : E;
+    const int32_t batch = phase == MOE_PHASE_PREFILL && e->md->moe_batch > 0 ? e->md->moe_batch : E;
     mm_seg *segs = cb->segs;          /* [2 * batch] */
     expert_view *views = cb->views;   /* [batch] */
     for (int32_t x0 = 0; x0 < E;) {
-        cache_step_begin(&e->cache); /* the slots of this batch are pinned until the next one */
+        cache_step_begin(&e->md->cache); /* the slots of this batch are pinned until the next one */
         int32_t ns = 0, a = 0, x = x0;
         for (; x < E && a < batch; x++) {
             int32_t off = cb->grp_off[x], n = cb->grp_off[x + 1] - off;

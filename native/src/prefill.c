@@ -22,7 +22,7 @@ strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n,
                        e->n_past, n, e->n_ctx);
     const int32_t start = e->n_past;
     double t0 = engine_now_ms();
-    int32_t t = plan_request_chunk(&e->mp, n);
+    int32_t t = mem_request_chunk(e, n); /* the devices' smallest */
     strata_status s = mem_lend(e, &t);
     if (s != STRATA_OK) {
         mem_give_back(e);

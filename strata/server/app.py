@@ -136,6 +136,10 @@ class _Api:
                     ],
                 },
                 "plan": plan,
+                # each device of a layer split: its layers and its own plan (the counters are as at open)
+                "devices": [
+                    {k: d.get(k) for k in ("device", "layer_begin", "layer_end", "plan")} for d in sup.devices
+                ],
                 "stats": stats,
                 "info": sup.info,
                 "config": sup.config.to_dict(),

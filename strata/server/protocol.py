@@ -10,7 +10,8 @@ Commands (server -> worker), field ``op``:
     cancel     {"op": "cancel"}: stop the running generate after at most one more token
     shutdown   {"op": "shutdown"}: close the engine and exit
 Events (worker -> server), field ``ev``:
-    ready         {"pid", "info", "plan", "stats"}     the engine is open
+    ready         {"pid", "info", "plan", "devices", "stats"}   the engine is open (devices: each device's
+                                                        layers, plan and counters; one without a split)
     start_failed  {"error", "status", "message"}        the engine did not open (the worker then exits)
     heartbeat     {}                                    the worker is alive (every ``--heartbeat`` seconds)
     progress      {"done", "total", "stats"}            prompt progress

@@ -163,6 +163,7 @@ class Supervisor:
         self.public_error: str | None = None  # for clients: the engine's words, no path, no log
         self.info: dict[str, Any] | None = None
         self.plan: dict[str, Any] | None = None
+        self.devices: list[dict[str, Any]] = []  # each device's layers and plan (ready), in layer order
         self.stats: dict[str, Any] | None = None
         self.restarts = 0
         self.last_exit_code: int | None = None
@@ -298,6 +299,7 @@ class Supervisor:
                 print(f"engine: {self.start_error}", file=sys.stderr, flush=True)
             raise
         self.info, self.plan, self.stats = msg.get("info"), msg.get("plan"), msg.get("stats")
+        self.devices = msg.get("devices") or []
         self.state = "idle" if not self._running else self.state
         if beat > 0:
             w.watchdog = asyncio.create_task(self._watch(w, beat), name="strata-worker-watchdog")

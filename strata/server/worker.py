@@ -420,6 +420,7 @@ def serve(
             "pid": os.getpid(),
             "info": _asdict(eng.info),
             "plan": _asdict(eng.plan),
+            "devices": [_asdict(d) for d in eng.devices()],
             "stats": _asdict(eng.stats()),
         }
     )

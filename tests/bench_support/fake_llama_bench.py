@@ -1,6 +1,6 @@
 """A stand-in for llama.cpp's ``llama-bench`` that prints rows in its real ``-o jsonl`` format.
 
-It takes the flags strata-bench passes (-m -p -n -d -r -t -ngl -ncmoe -lm -b -ub -o -ctk -ctv), runs the tests in
+It takes the flags strata-bench passes (-m -p -n -d -r -t -ngl -ncmoe -lm -b -ub -o -ctk -ctv -sm -ts -dev), runs the tests in
 llama-bench's order (for each depth, prompt tests then generation tests) and prints one JSON
 object per test with llama-bench's field names. The speeds are made up but deterministic: they
 depend only on the test, so a test can check that each row is the right row. Environment:
@@ -53,6 +53,9 @@ def main() -> int:
     p.add_argument("-ctk", "--cache-type-k", default="f16")
     p.add_argument("-ctv", "--cache-type-v", default="f16")
     p.add_argument("-o", "--output", default="md")
+    p.add_argument("-sm", "--split-mode", default="layer", choices=["none", "layer", "row"])
+    p.add_argument("-ts", "--tensor-split", default="0")
+    p.add_argument("-dev", "--device", default="auto")
     a = p.parse_args()
     if a.output != "jsonl":
         print(f"fake llama-bench only speaks jsonl, not {a.output}", file=sys.stderr)
@@ -109,11 +112,12 @@ def main() -> int:
             "type_v": a.cache_type_v,
             "n_gpu_layers": a.n_gpu_layers[0],
             "n_cpu_moe": a.n_cpu_moe[0],
-            "split_mode": "layer",
+            "split_mode": a.split_mode,
             "main_gpu": 0,
             "no_kv_offload": False,
             "flash_attn": False,
-            "tensor_split": "0.00",
+            "tensor_split": "/".join(f"{float(x):.2f}" for x in a.tensor_split.split("/")),
+            "devices": a.device,
             "load_mode": a.load_mode,
             "embeddings": False,
             "n_prompt": n_prompt,

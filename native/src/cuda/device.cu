@@ -125,6 +125,13 @@ strata_status cuda_ctx_create(int32_t device, cuda_ctx **out, char *err, size_t 
     return STRATA_OK;
 }
 
+strata_status cuda_ctx_use(cuda_ctx *ctx) {
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == ctx->device) return STRATA_OK;
+    CU_TRY(ctx, cudaSetDevice(ctx->device), "making device %d the current one", ctx->device);
+    return STRATA_OK;
+}
+
 void cuda_ctx_destroy(cuda_ctx *ctx) {
     if (!ctx) return;
     cudaSetDevice(ctx->device);

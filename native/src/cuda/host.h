@@ -155,6 +155,7 @@ struct cuda_state {
      * copy. Neither: through the ring above. */
     uint32_t reg_parts;      /* parts of the mapped file page-locked (every part of a split model), or 0 */
     uint8_t *store;          /* pinned: gate | up | down of each expert, layer after layer, or NULL */
+    int32_t store_shared;    /* store or reg_parts is the first device's of a split (shared, not freed here) */
     int32_t direct;          /* reg_parts or store: a copy needs no work from the host */
     int32_t overlap;         /* copies on CUDA_STREAM_COPY, ordered by the events below (STRATA_CUDA_OVERLAP) */
     int32_t copies_pending;  /* copies were enqueued outside a wave (refill, swaps): the next forward waits */
@@ -173,9 +174,21 @@ struct cuda_state {
 
 static inline strata_status dev_fail(strata_engine *e, strata_status s) {
     if (s == STRATA_OK) return s;
-    return err_set(&e->err, s, "%s", cuda_ctx_error(e->gpu->ctx));
+    return err_set(&e->err, s, "%s", cuda_ctx_error(e->md->gpu->ctx));
 }
 #define DEV(e, call) STRATA_TRY(dev_fail((e), (call)))
+
+/* The device of the state in use (e->md) is the current one. A layer split's devices may be different
+ * cards, and the CUDA calls run on the current device: every entry into the backend for a device of a
+ * split makes its card current first (one device: nothing to do). */
+static inline strata_status gpu_use(strata_engine *e) {
+    if (e->n_dev == 1) return STRATA_OK;
+    return dev_fail(e, cuda_ctx_use(e->md->gpu->ctx));
+}
+
+/* The device in use holds the last layers (and so the output head): the only one of an engine without a
+ * split. */
+static inline int gpu_holds_head(const strata_engine *e) { return e->md == &e->devs[e->n_dev - 1]; }
 
 
 /* Bytes of one expert of layer l (gate + up + down). */

@@ -17,7 +17,7 @@
 /* A decode step (not a prompt chunk, whatever its size): the decode shortcuts below (fused norm and
  * quantization, q/k/v quantized once, device routing, the graph) apply only here, so that prompt
  * chunks keep one code path whatever their T (the tensor-core products of use_mmq). */
-static int decoding(const strata_engine *e) { return !e->gpu->prompt; }
+static int decoding(const strata_engine *e) { return !e->md->gpu->prompt; }
 
 /* Decode, one token: y (+)= W x with the one-token kernel (x in W's activation type already). */
 static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const void *x,
@@ -25,7 +25,7 @@ static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int6
     const void *const w3[3] = {w, NULL, NULL};
     const int64_t r3[3] = {rows, 0, 0};
     float *const y3[3] = {y, NULL, NULL};
-    DEV(e, cuda_matvec3(e->gpu->ctx, type, w3, r3, cols, x, y3, acc));
+    DEV(e, cuda_matvec3(e->md->gpu->ctx, type, w3, r3, cols, x, y3, acc));
     return STRATA_OK;
 }
 
@@ -33,7 +33,7 @@ static strata_status matvec1(strata_engine *e, int32_t type, const void *w, int6
  * its T (1 included), so that a token gets the same arithmetic in whichever chunk it is read; decode
  * keeps the matrix-vector kernel. STRATA_CUDA_MMQ=0 turns it off (trace.c). */
 static int use_mmq(strata_engine *e, int32_t type) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     if (!g->mmq) g->mmq = trace_env_cuda_mmq() ? 1 : 2;
     return g->mmq == 1 && g->prompt && cuda_mmq_supported(type);
 }
@@ -47,7 +47,7 @@ static int layer_mmq(strata_engine *e, int32_t l) {
 /* y (+)= W x for T rows of x (f32, stride xs floats), quantizing x first when W's type wants it. */
 static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64_t rows, int64_t cols, const float *x,
                             int64_t xs, float *y, int64_t ys, int32_t T, int32_t acc) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     if (g->fused && T == 1 && decoding(e)) {
         const void *xin = x;
         if (cuda_act_type(type) != STRATA_TYPE_F32) {
@@ -72,7 +72,7 @@ static strata_status matvec(strata_engine *e, int32_t type, const void *w, int64
  * the norm writes the quantized rows in the same launch (the same bits as the two launches). */
 static strata_status norm_matvec(strata_engine *e, const float *x, const float *nw, int32_t type, const void *w,
                                  int64_t rows, float *y, int32_t T) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const int32_t D = e->hp.n_embd;
     g->xn_q8 = 0;
     if (g->fused && (g->fuse2 & FUSE_ROUTER) && decoding(e) && T == 1 && type == STRATA_TYPE_F32 && D % 32 == 0 &&
@@ -97,7 +97,7 @@ static strata_status norm_matvec(strata_engine *e, const float *x, const float *
  * With the second round of fusions: RoPE and the store in one launch, and attention writing att's
  * 8-bit row for Wo (the same bits as the separate launches). */
 static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t pos0) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
@@ -130,14 +130,14 @@ static strata_status attention_decode_tail(strata_engine *e, int32_t l, int32_t 
  * chunk, 1-token chunks included, for the caches and head dims it covers; decode keeps cuda_attention.
  * STRATA_CUDA_FLASH=0 turns it off (trace.c). */
 static int use_flash(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     if (!g->flash) g->flash = trace_env_cuda_flash() ? 1 : 2;
     return g->flash == 1 && !decoding(e) &&
            cuda_flash_attention_supported(g->kv_type, e->hp.n_head, e->hp.n_head_kv, e->hp.head_dim);
 }
 
 static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
@@ -185,7 +185,7 @@ static strata_status attention(strata_engine *e, int32_t l, int32_t T, int32_t p
 
 /* The three expert products over prepared segments (device tables seg_w[3][n], seg_tok/seg_out). */
 static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg, int32_t seg_tokens, int32_t T) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const int64_t D = hp->n_embd, F = hp->n_ff_exp, K = hp->n_expert_used;
@@ -239,7 +239,7 @@ static strata_status expert_products(strata_engine *e, int32_t l, int32_t n_seg,
  * expert_products + cuda_moe_combine (cuda_backend.h). xn (and act, its 8-bit rows for the router's
  * type) hold the normed token. */
 static strata_status decode_experts(strata_engine *e, int32_t l) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const int64_t D = hp->n_embd, F = hp->n_ff_exp;
@@ -278,7 +278,7 @@ static strata_status decode_experts(strata_engine *e, int32_t l) {
 void gpu_host_experts(strata_engine *e, const layer_weights *W, const int32_t *ex, int32_t n, const float *x,
                          float *const *out, float *scratch) {
     const int64_t D = e->hp.n_embd, F = e->hp.n_ff_exp;
-    const int32_t simd = e->plan.simd; /* the level resolved once, at open */
+    const int32_t simd = e->md->plan.simd; /* the level resolved once, at open */
     const void *gw[CUDA_MIRROR_MAX_EXPERTS], *uw[CUDA_MIRROR_MAX_EXPERTS], *dw[CUDA_MIRROR_MAX_EXPERTS];
     for (int32_t i0 = 0; i0 < n; i0 += CUDA_MIRROR_MAX_EXPERTS) {
         const int32_t m = n - i0 < CUDA_MIRROR_MAX_EXPERTS ? n - i0 : CUDA_MIRROR_MAX_EXPERTS;
@@ -304,7 +304,7 @@ void gpu_host_expert(strata_engine *e, const layer_weights *W, int32_t ex, const
 enum { EXP_IDLE = 0, EXP_PENDING = 1, EXP_WAVE = 2, EXP_HOST = 3, EXP_COPIED = 4 };
 static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, uint8_t *state,
                                    int32_t SEG, int32_t *n_out) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const int32_t E = e->hp.n_expert, K = e->hp.n_expert_used, TK = T * K;
     const void **sw = (const void **)(sel + TK);
     int32_t *stok = (int32_t *)(sw + 3 * g->seg_cap);
@@ -393,7 +393,7 @@ static strata_status wave_segments(strata_engine *e, int32_t l, const int32_t *s
  * event of this wave's copies (when it copied any), and with an event that says when the tables have left
  * the staging (ev_tables). */
 static strata_status run_wave(strata_engine *e, int32_t l, const int32_t *sel, int32_t T, int32_t SEG, int32_t copied) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     int32_t n_seg = 0;
     STRATA_TRY(wave_segments(e, l, sel, T, g->exp_state, SEG, &n_seg));
     DEV(e, cuda_event_record(g->ctx, g->ev_tables, CUDA_STREAM_COMPUTE));
@@ -429,7 +429,7 @@ static int32_t host_share(const cuda_state *g, int32_t n_miss) {
  * (threads and code warm), then timed runs of experts of the middle layer, whose weights the CPU caches
  * no longer hold, as a missed expert's are not. It uses host_tmp before the step downloads into it. */
 static void host_rate(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const int64_t D = e->hp.n_embd;
     const int32_t K = e->hp.n_expert_used, E = e->hp.n_expert;
     float *x = g->host_tmp, *out = x + D, *scratch = out + (int64_t)K * D;
@@ -460,8 +460,8 @@ static void host_rate(strata_engine *e) {
  * it into, or on the host. A pair's result does not depend on the wave it ran in, so neither does the
  * reply. */
 static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
-    cuda_state *g = e->gpu;
-    expert_cache *c = &e->cache;
+    cuda_state *g = e->md->gpu;
+    expert_cache *c = &e->md->cache;
     const hparams *hp = &e->hp;
     const layer_weights *W = &e->w.layers[l];
     const dev_layer *dl = &g->layers[l];
@@ -528,15 +528,15 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
          * one half's products run, the other half is copied (each half waits for the products that last
          * read it) */
         if (n_hit > 0) STRATA_TRY(run_wave(e, l, sel, T, SEG, 0));
-        STRATA_ASSERT(&e->err, n_miss == 0 || (e->ring && e->ring_slots > 0));
-        const int32_t halves = e->ring_slots >= 2 ? 2 : 1, per = e->ring_slots / halves;
+        STRATA_ASSERT(&e->err, n_miss == 0 || (e->md->ring && e->md->ring_slots > 0));
+        const int32_t halves = e->md->ring_slots >= 2 ? 2 : 1, per = e->md->ring_slots / halves;
         for (int32_t ex = 0; ex < E && n_miss > 0;) {
             const int32_t hf = (int32_t)(g->ring_wave++ % halves);
             if (g->overlap) DEV(e, cuda_stream_wait(g->ctx, g->ev_half[hf], CUDA_STREAM_COPY));
             int32_t copied = 0;
             for (; ex < E && copied < per; ex++) {
                 if (state[ex] != EXP_PENDING) continue;
-                uint8_t *dst = e->ring + ((int64_t)hf * per + copied) * c->slot_bytes;
+                uint8_t *dst = e->md->ring + ((int64_t)hf * per + copied) * c->slot_bytes;
                 STRATA_TRY(gpu_expert_to(e, dst, l, ex, cs));
                 e->stats.bytes_streamed += (uint64_t)expert_bytes(g, l);
                 g->addr[ex] = dst;
@@ -626,23 +626,24 @@ static strata_status moe(strata_engine *e, int32_t l, int32_t T) {
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
-/* Enqueue one forward of T tokens whose embeddings are in the staging (and, while a graph is
- * captured, the position after them): the upload, every layer, and the logits' download when asked.
+/* Enqueue one forward of T tokens whose embeddings (a later device of a split: the residual stream) are in
+ * the staging (and, while a graph is captured, the position after them): the upload, the device's layers
+ * (every layer without a split), and on the device of the last layers the logits' download when asked.
  * Nothing here waits for the device when every expert is resident and T == 1. */
 static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, int want_logits) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const hparams *hp = &e->hp;
     const int32_t D = hp->n_embd;
     const float *xe = (const float *)g->stage;
     /* the host writes the staging again only after a sync (a layer's routing, or the end of this call) */
     DEV(e, cuda_h2d(g->ctx, g->x, xe, (size_t)T * D * 4, CUDA_STREAM_COMPUTE));
     if (g->pos_arg) DEV(e, cuda_h2d(g->ctx, g->pos_dev, xe + (int64_t)T * D, sizeof(int32_t), CUDA_STREAM_COMPUTE));
-    for (int32_t l = 0; l < hp->n_layer; l++) {
+    for (int32_t l = e->md->layer_begin; l < e->md->layer_end; l++) {
         strata_status s = attention(e, l, T, pos0);
         if (s == STRATA_OK) s = moe(e, l, T);
         if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
     }
-    if (want_logits) {
+    if (want_logits && gpu_holds_head(e)) {
         float *xl = g->x + (int64_t)(T - 1) * D;
         STRATA_TRY(norm_matvec(e, xl, g->output_norm, e->w.output.type, g->output, hp->n_vocab, g->logits_dev, 1));
         DEV(e, cuda_d2h(g->ctx, g->host_logits, g->logits_dev, (size_t)hp->n_vocab * 4, CUDA_STREAM_COMPUTE));
@@ -658,8 +659,8 @@ static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, 
  * engine's. A miss was read from the store (--miss read); an admission's copy runs on the copy stream
  * under the next steps, and the table names its slot once it has landed. */
 static strata_status count_device_step(strata_engine *e) {
-    cuda_state *g = e->gpu;
-    expert_cache *c = &e->cache;
+    cuda_state *g = e->md->gpu;
+    expert_cache *c = &e->md->cache;
     const int32_t K = e->hp.n_expert_used;
     const uint64_t swaps = c->swaps;
     for (int32_t l = 0; l < e->hp.n_layer; l++) {
@@ -673,7 +674,7 @@ static strata_status count_device_step(strata_engine *e) {
 /* Capture the decode step (T = 1, every expert resident, logits wanted) as a graph. The capture runs
  * nothing. On failure the step runs without a graph from then on, and the trace says why. */
 static void graph_capture(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     g->pos_arg = g->pos_dev;
     strata_status s = cuda_capture_begin(g->ctx);
     if (s != STRATA_OK) {
@@ -706,8 +707,58 @@ static void graph_capture(strata_engine *e) {
     }
 }
 
+/* A layer split's forward: device by device, each its own layers in its own buffers, the residual stream of
+ * the T tokens carried to the next device through the host staging (down from one card, up to the next)
+ * once per pass; the logits on the device of the last layers. Decode routes each step on the host (no
+ * device routing, no captured graph), so every device's cache counts its lookups as one device's would. */
+static strata_status split_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
+    const hparams *hp = &e->hp;
+    const int32_t D = hp->n_embd, pos0 = e->n_past;
+    for (int32_t d = 0; d < e->n_dev; d++) {
+        mem_device *prev = e->md;
+        e->md = &e->devs[d];
+        cuda_state *g = e->md->gpu;
+        STRATA_TRY(gpu_use(e));
+        g->prompt = prompt;
+        cuda_ctx_set_decode(g->ctx, g->fast, g->pdl && !prompt);
+        STRATA_ASSERT(&e->err, T <= g->cap); /* laid out by the device's loan or its decode scratch */
+        DEV(e, cuda_sync(g->ctx)); /* the staging may still be read by the copies of an earlier call */
+        STRATA_TRY(gpu_order_copies(e));
+        float *xe = (float *)g->stage;
+        if (d == 0) {
+            const quant_traits *te = quant_lookup(e->qt, e->w.tok_embd.type);
+            for (int32_t t = 0; t < T; t++)
+                te->dequant(e->w.tok_embd.data + (size_t)tokens[t] * e->w.tok_embd.row_bytes, xe + (int64_t)t * D, D);
+        } else { /* the split point: the previous device's residual stream, through the host */
+            cuda_state *pg = prev->gpu;
+            e->md = prev;
+            STRATA_TRY(gpu_use(e));
+            DEV(e, cuda_d2h(pg->ctx, pg->stage, pg->x, (size_t)T * D * 4, CUDA_STREAM_COMPUTE));
+            DEV(e, cuda_stream_sync(pg->ctx, CUDA_STREAM_COMPUTE));
+            e->md = &e->devs[d];
+            STRATA_TRY(gpu_use(e));
+            memcpy(xe, pg->stage, (size_t)T * D * 4);
+        }
+        STRATA_TRY(enqueue_forward(e, T, pos0, want_logits));
+    }
+    cuda_state *g = e->md->gpu; /* the device of the last layers */
+    if (want_logits) {
+        DEV(e, cuda_sync(g->ctx));
+        memcpy(e->logits, g->host_logits, (size_t)hp->n_vocab * 4);
+        e->has_logits = 1;
+    } else {
+        DEV(e, cuda_stream_sync(g->ctx, CUDA_STREAM_COMPUTE));
+    }
+    return STRATA_OK;
+}
+
 strata_status gpu_forward(strata_engine *e, const int32_t *tokens, int32_t T, int prompt, int want_logits) {
-    cuda_state *g = e->gpu;
+    if (e->n_dev > 1) {
+        const strata_status s = split_forward(e, tokens, T, prompt, want_logits);
+        e->md = &e->devs[0];
+        return s;
+    }
+    cuda_state *g = e->md->gpu;
     const int32_t pos0 = e->n_past;
     g->prompt = prompt;
     /* programmatic dependent launch only in decode (the prompt's kernels do not wait for it) */

@@ -13,7 +13,7 @@
 #include "trace.h"
 
 static strata_status upload(strata_engine *e, void **dst, const void *src, size_t bytes, const char *what) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     DEV(e, cuda_alloc(g->ctx, bytes, dst, what));
     DEV(e, cuda_h2d(g->ctx, *dst, src, bytes, CUDA_STREAM_COMPUTE));
     return STRATA_OK;
@@ -86,7 +86,7 @@ static strata_status layout_into(const strata_engine *e, cuda_state *b, arena *a
 }
 
 static int64_t cuda_layout_bytes(const strata_engine *e, int32_t T) {
-    cuda_state tmp = *e->gpu; /* the live buffers are untouched: layout(T) may be asked at any time */
+    cuda_state tmp = *e->md->gpu; /* the live buffers are untouched: layout(T) may be asked at any time */
     arena a;
     arena_init_measure(&a);
     return layout_into(e, &tmp, &a, T) == STRATA_OK ? a.used : -1;
@@ -104,7 +104,7 @@ static int64_t cuda_host_bytes(const strata_engine *e, int32_t T) { return stage
 
 /* The pinned staging for chunks of up to T tokens (grown, never shrunk: it is host RAM the plan counted). */
 static strata_status stage_reserve(strata_engine *e, int32_t T) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const size_t need = (size_t)stage_bytes_of(e, T);
     if (need <= g->stage_bytes) return STRATA_OK;
     DEV(e, cuda_sync(g->ctx)); /* the old staging may still be read by a copy */
@@ -121,12 +121,14 @@ static strata_status stage_reserve(strata_engine *e, int32_t T) {
 }
 
 static strata_status cuda_layout(strata_engine *e, arena *a, int32_t T) {
-    STRATA_TRY(layout_into(e, e->gpu, a, T));
+    STRATA_TRY(gpu_use(e));
+    STRATA_TRY(layout_into(e, e->md->gpu, a, T));
     return stage_reserve(e, T);
 }
 
 static strata_status cuda_use_scratch(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
+    STRATA_TRY(gpu_use(e));
     arena a;
     arena_init(&a, g->scratch, g->scratch_len);
     return layout_into(e, g, &a, 1); /* the same addresses every time: the captured graph holds them */
@@ -154,7 +156,7 @@ static int64_t cuda_forward_scratch_bytes(const strata_engine *e) {
  * allocator reports and the card's total, what the loan's buffers took, and the failing buffer. */
 static void cuda_fail_msg(strata_engine *e, const arena *a, int32_t T, char *buf, size_t len) {
     int64_t free_b = 0, total_b = 0;
-    if (cuda_mem_info(e->gpu->ctx, &free_b, &total_b) != STRATA_OK) {
+    if (gpu_use(e) != STRATA_OK || cuda_mem_info(e->md->gpu->ctx, &free_b, &total_b) != STRATA_OK) {
         arena_chunk_fail_msg(a, T, buf, len);
         return;
     }
@@ -185,7 +187,7 @@ static void stage_piece(void *ctx, int64_t item, int thread) {
 /* Copy expert (l, ex) — gate, up and down back to back — into device memory at dst (a slot or a ring
  * slot) on `stream`, from the store. */
 strata_status gpu_expert_to(strata_engine *e, uint8_t *dst, int32_t l, int32_t ex, int32_t stream) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const layer_weights *L = &e->w.layers[l];
     const int64_t gb = g->xbytes[3 * l], ub = g->xbytes[3 * l + 1], db = g->xbytes[3 * l + 2], n = gb + ub + db;
     const uint8_t *src_g = L->gate_exps.data + ex * gb;
@@ -221,8 +223,9 @@ strata_status gpu_expert_to(strata_engine *e, uint8_t *dst, int32_t l, int32_t e
  * of the cache operation. */
 static int64_t cuda_copy_expert(void *ctx, int32_t l, int32_t ex, uint8_t *dst) {
     strata_engine *e = ctx;
-    cuda_state *g = e->gpu;
-    const strata_status s = gpu_expert_to(e, dst, l, ex, copy_stream(g));
+    cuda_state *g = e->md->gpu; /* the cache that copies is the device's in use (memory.c points e->md at it) */
+    strata_status s = gpu_use(e);
+    if (s == STRATA_OK) s = gpu_expert_to(e, dst, l, ex, copy_stream(g));
     if (s != STRATA_OK) {
         if (g->copy_status == STRATA_OK) g->copy_status = s;
         return 0;
@@ -237,7 +240,7 @@ static int64_t cuda_copy_expert(void *ctx, int32_t l, int32_t ex, uint8_t *dst) 
 
 /* The cache operation that just ran copied with no failure (else its message). */
 strata_status gpu_copies_ok(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const strata_status s = g->copy_status;
     g->copy_status = STRATA_OK;
     if (s != STRATA_OK) return err_prefix(&e->err, "copying an expert into the device cache: ");
@@ -246,7 +249,7 @@ strata_status gpu_copies_ok(strata_engine *e) {
 
 /* Work enqueued on the compute stream from now on comes after every copy enqueued so far. */
 strata_status gpu_order_copies(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     if (!g->copies_pending) return STRATA_OK;
     g->copies_pending = 0;
     DEV(e, cuda_stream_order(g->ctx, CUDA_STREAM_COPY, CUDA_STREAM_COMPUTE));
@@ -256,7 +259,7 @@ strata_status gpu_order_copies(strata_engine *e) {
 /* Close the batch of copies into slots made since the last call (an event after them on the copy
  * stream), then move seq_done past every batch that has landed; wait_all: wait for all of them. */
 static strata_status copies_landed(strata_engine *e, int wait_all) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     if (g->seq_dirty) {
         while (g->seq_open - g->seq_done > SEQ_EVENTS) { /* the oldest batch's event is needed again */
             DEV(e, cuda_event_wait(g->ctx, g->seq_ev[(g->seq_done + 1) % SEQ_EVENTS]));
@@ -284,8 +287,8 @@ static strata_status copies_landed(strata_engine *e, int wait_all) {
  * copies are waited for. The table goes up on the compute stream, before the next step's work; from
  * pageable memory, so the call returns once ptr_host has been read and the host may change it again. */
 strata_status gpu_routing_refresh(strata_engine *e) {
-    cuda_state *g = e->gpu;
-    const expert_cache *c = &e->cache;
+    cuda_state *g = e->md->gpu;
+    const expert_cache *c = &e->md->cache;
     const int32_t E = e->hp.n_expert, LE = e->hp.n_layer * E;
     g->routing = 0;
     g->ptr_stale = 0;
@@ -312,7 +315,7 @@ strata_status gpu_routing_refresh(strata_engine *e) {
  * telling the backend still gets a table that names no slot being written), and the slots whose copies
  * have landed since are named instead of the store. */
 strata_status gpu_routing_settle(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     if (g->seq_dirty) return gpu_routing_refresh(e);
     if (!g->ptr_stale) return STRATA_OK;
     const int64_t before = g->seq_done;
@@ -322,7 +325,8 @@ strata_status gpu_routing_settle(strata_engine *e) {
 
 /* The prompt is done with its loan: the refill's copies (copy stream) come after the prompt's work. */
 static strata_status cuda_loan_end(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
+    STRATA_TRY(gpu_use(e));
     if (g->overlap) DEV(e, cuda_stream_order(g->ctx, CUDA_STREAM_COMPUTE, CUDA_STREAM_COPY));
     return STRATA_OK;
 }
@@ -330,6 +334,7 @@ static strata_status cuda_loan_end(strata_engine *e) {
 /* The cache changed between forwards (refill, swaps): the next forward's work waits for the copies
  * (order_copies), and decode's routing follows the residency. */
 static strata_status cuda_cache_changed(strata_engine *e) {
+    STRATA_TRY(gpu_use(e));
     STRATA_TRY(gpu_copies_ok(e));
     return gpu_routing_refresh(e);
 }
@@ -339,7 +344,7 @@ static strata_status cuda_cache_changed(strata_engine *e) {
 static void store_piece(void *ctx, int64_t item, int thread) {
     (void)thread;
     strata_engine *e = ctx;
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const int64_t E = e->hp.n_expert;
     const int32_t l = (int32_t)(item / E);
     const layer_weights *L = &e->w.layers[l];
@@ -357,8 +362,20 @@ static void store_piece(void *ctx, int64_t item, int thread) {
  * when pinning fails, the copies go through the ring of pinned staging buffers and the plan says
  * "mapped". Not at all when every expert is resident (nothing is copied after the fill). */
 static void store_open(strata_engine *e) {
-    cuda_state *g = e->gpu;
-    const int64_t all = (int64_t)e->hp.n_layer * e->hp.n_expert;
+    cuda_state *g = e->md->gpu;
+    const mem_device *md = e->md;
+    const cuda_state *first = e->devs[0].gpu;
+    if (md != &e->devs[0] && (first->store || first->reg_parts)) {
+        /* a later device of a split: the first device's store serves it too (pinned host memory and a
+         * portable registration are visible to every device), so the host holds the experts once */
+        g->store = first->store;
+        g->reg_parts = first->reg_parts;
+        g->direct = 1;
+        g->store_shared = 1;
+        trace_emit(&e->trace, "cuda: device %d uses device %d's expert store", md->index, e->devs[0].index);
+        return;
+    }
+    const int64_t all = (int64_t)(md->layer_end - md->layer_begin) * e->hp.n_expert; /* the experts it serves */
     const int store = env_cuda_store();
     const int64_t bytes = store == 1 ? (int64_t)e->file.total_size : g->store_off[e->hp.n_layer];
     const double gib = (double)bytes / (1 << 30);
@@ -366,12 +383,12 @@ static void store_open(strata_engine *e) {
     why[0] = 0;
     if (store == 0) {
         snprintf(why, sizeof why, "STRATA_CUDA_STORE=ring");
-    } else if (e->plan.n_slots >= all + e->plan.max_lend_slots) {
+    } else if (e->md->plan.n_slots >= all + e->md->plan.max_lend_slots) {
         snprintf(g->store_why, sizeof g->store_why, "every expert is resident, with the loan");
         return; /* nothing is copied after the fill: nothing to say */
-    } else if (!e->mp.experts_pinned || (e->plan.host_avail_bytes > 0 && bytes > e->plan.host_avail_bytes)) {
+    } else if (!e->md->mp.experts_pinned || (e->md->plan.host_avail_bytes > 0 && bytes > e->md->plan.host_avail_bytes)) {
         snprintf(why, sizeof why, "%.1f GiB is more than the host RAM the plan may use (%.1f GiB)", gib,
-                 (double)e->plan.host_avail_bytes / (1 << 30));
+                 (double)e->md->plan.host_avail_bytes / (1 << 30));
     } else if (store == 1) {
         const double t0 = engine_now_ms();
         /* a split model is one mapping per part: each is registered */
@@ -399,7 +416,7 @@ static void store_open(strata_engine *e) {
         const double t0 = engine_now_ms();
         if (cuda_host_alloc(g->ctx, (size_t)bytes, (void **)&g->store) == STRATA_OK) {
             const double t1 = engine_now_ms();
-            pool_run(e->pool, all, store_piece, e);
+            pool_run(e->pool, (int64_t)e->hp.n_layer * e->hp.n_expert, store_piece, e); /* every expert: shared */
             g->direct = 1;
             trace_emit(&e->trace, "cuda: expert store: %.1f GiB of pinned host memory in %.0f ms, experts copied into it in "
                        "%.0f ms", gib, t1 - t0, engine_now_ms() - t1);
@@ -408,7 +425,7 @@ static void store_open(strata_engine *e) {
         g->store = NULL;
         snprintf(why, sizeof why, "%s", cuda_ctx_error(g->ctx));
     }
-    e->mp.experts_pinned = 0; /* the plan line says what was done */
+    e->md->mp.experts_pinned = 0; /* the plan line says what was done */
     snprintf(g->store_why, sizeof g->store_why, "%s", why);
     trace_emit(&e->trace, "cuda: expert store: %s; experts are copied %s", why,
                env_cuda_staging() ? "through a ring of pinned staging buffers" : "straight from pageable memory");
@@ -440,7 +457,7 @@ static const char *cuda_missing_block(const strata_engine *e) {
     return NULL;
 }
 
-/* Create the device context (e->gpu) and report the free device memory the plan may use. */
+/* Create the device context (e->md->gpu) and report the free device memory the plan may use. */
 static strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     const char *missing = cuda_missing_block(e);
     if (missing)
@@ -451,8 +468,8 @@ static strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
     char err[512];
     cuda_state *g = calloc(1, sizeof *g);
     if (!g) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
-    e->gpu = g;
-    strata_status s = cuda_ctx_create(0, &g->ctx, err, sizeof err);
+    e->md->gpu = g; /* one for each device of a split, on its card (--gpus 0,0: two on one card) */
+    strata_status s = cuda_ctx_create(e->md->index, &g->ctx, err, sizeof err);
     if (s != STRATA_OK) return err_set(&e->err, s, "--device cuda: %s", err);
     trace_emit(&e->trace, "cuda: %s", cuda_ctx_code_path(g->ctx));
     int64_t total = 0;
@@ -480,13 +497,18 @@ static strata_status cuda_forward_init(strata_engine *e, int64_t *free_bytes) {
  * plan's slots (*slab_out, for the expert cache), and the expert store in host memory. */
 static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     const hparams *hp = &e->hp;
-    cuda_state *g = e->gpu;
-    const strata_plan *pp = &e->plan;
+    cuda_state *g = e->md->gpu;
+    const strata_plan *pp = &e->md->plan;
     const int64_t D = hp->n_embd, F = hp->n_ff_exp, E = hp->n_expert, L = hp->n_layer, hd = hp->head_dim;
     const int64_t KD = (int64_t)hp->n_head_kv * hd;
+    /* the device's layers (all of them without a split) and the experts of those */
+    const int32_t lb = e->md->layer_begin, le = e->md->layer_end;
+    const int64_t LE = (int64_t)(le - lb) * E;
+    const int head = gpu_holds_head(e), split = e->n_dev > 1;
+    STRATA_TRY(gpu_use(e));
     /* every tensor must be one the kernels run */
-    STRATA_TRY(check_type(e, &e->w.output, "output.weight"));
-    for (int32_t l = 0; l < L; l++) {
+    if (head) STRATA_TRY(check_type(e, &e->w.output, "output.weight"));
+    for (int32_t l = lb; l < le; l++) {
         const layer_weights *W = &e->w.layers[l];
         const wview *ws[] = {&W->wq, &W->wk, &W->wv, &W->wo, &W->router, &W->gate_exps, &W->up_exps, &W->down_exps};
         static const char *names[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps",
@@ -507,7 +529,7 @@ static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     g->kv_row = g->kv_type == STRATA_KV_F16 ? KD * 2 : KD + KD / 8;
     g->layers = calloc((size_t)L, sizeof *g->layers);
     if (!g->layers) return err_set(&e->err, STRATA_ERR_OUT_OF_MEMORY, "out of host memory for the CUDA state");
-    for (int32_t l = 0; l < L; l++) {
+    for (int32_t l = lb; l < le; l++) {
         const layer_weights *W = &e->w.layers[l];
         dev_layer *dl = &g->layers[l];
         STRATA_TRY(upload(e, (void **)&dl->attn_norm, W->attn_norm, (size_t)D * 4, "attention norms"));
@@ -520,9 +542,11 @@ static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
         STRATA_TRY(upload(e, &dl->wo, W->wo.data, wbytes(&W->wo), "attention weights"));
         STRATA_TRY(upload(e, &dl->router, W->router.data, wbytes(&W->router), "router weights"));
     }
-    STRATA_TRY(upload(e, (void **)&g->output_norm, e->w.output_norm, (size_t)D * 4, "the output norm"));
-    STRATA_TRY(upload(e, &g->output, e->w.output.data, wbytes(&e->w.output), "the output head"));
-    for (int32_t l = 0; l < L; l++) {
+    if (head) {
+        STRATA_TRY(upload(e, (void **)&g->output_norm, e->w.output_norm, (size_t)D * 4, "the output norm"));
+        STRATA_TRY(upload(e, &g->output, e->w.output.data, wbytes(&e->w.output), "the output head"));
+    }
+    for (int32_t l = lb; l < le; l++) {
         dev_layer *dl = &g->layers[l];
         DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->k_cache, "the KV cache"));
         DEV(e, cuda_alloc(g->ctx, (size_t)(g->kv_row * e->n_ctx), &dl->v_cache, "the KV cache"));
@@ -571,8 +595,8 @@ static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
     DEV(e, cuda_event_create(g->ctx, &g->ev_half[1]));
     store_open(e);
     /* decode may route on the device: every expert can be resident, or the device can read misses from
-     * the pinned store */
-    if (pp->n_slots >= L * E || (g->store && env_cuda_device_routing())) {
+     * the pinned store (one device: a split's decode step routes each device's layers on the host) */
+    if (!split && (pp->n_slots >= LE || (g->store && env_cuda_device_routing()))) {
         DEV(e, cuda_alloc(g->ctx, (size_t)(L * E) * sizeof(exp_ptrs), (void **)&g->ptr_dev, "the expert address table"));
         DEV(e, cuda_alloc(g->ctx, sizeof(int32_t), (void **)&g->pos_dev, "the decode position"));
     }
@@ -586,14 +610,18 @@ static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
      * adaptive policy brings experts in every adapt_every tokens) and the hit rate fell from 0.87 to 0.63 */
     const int can_read = g->ptr_dev && g->store && env_cuda_device_routing();
     if (e->params.miss_policy == STRATA_MISS_READ) {
-        if (!can_read && pp->n_slots < L * E)
+        if (split)
+            return err_set(&e->err, STRATA_ERR_UNSUPPORTED,
+                           "--miss read: a split's decode step routes on the host, and the device reads a miss only "
+                           "when it routes; use --miss auto, host or copy with --split layer");
+        if (!can_read && pp->n_slots < LE)
             return err_set(&e->err, STRATA_ERR_INVALID_ARGUMENT,
                            "--miss read: the device reads a decode miss from the experts' copy in pinned host memory, "
                            "and there is none (%s); use --miss auto, host or copy",
                            !env_cuda_device_routing() ? "STRATA_CUDA_DEVICE_ROUTING=0" : g->store_why);
         g->miss_policy = STRATA_MISS_READ;
     }
-    e->plan.miss_policy = g->miss_policy; /* what the plan line and strata_plan report */
+    e->md->plan.miss_policy = g->miss_policy; /* what the plan line and strata_plan report */
     if (!g->direct && env_cuda_staging())
         for (int i = 0; i < STAGE_RING; i++) {
             DEV(e, cuda_host_alloc(g->ctx, (size_t)g->slot_bytes, (void **)&g->ring[i]));
@@ -606,27 +634,28 @@ static strata_status cuda_forward_open(strata_engine *e, uint8_t **slab_out) {
 /* After the expert cache was filled (its copies enqueued since t_fill): wait for them, time them, and
  * route decode on the device where it can. */
 static strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     const hparams *hp = &e->hp;
-    const int64_t L = hp->n_layer, E = hp->n_expert;
+    const int64_t L = e->md->layer_end - e->md->layer_begin, E = hp->n_expert; /* the device's layers */
+    STRATA_TRY(gpu_use(e));
     STRATA_TRY(gpu_copies_ok(e));
     DEV(e, cuda_sync(g->ctx));
     g->copies_pending = 0;
-    memset(g->slot_seq, 0, (size_t)e->cache.n_slots * sizeof *g->slot_seq); /* the fill has landed */
+    memset(g->slot_seq, 0, (size_t)e->md->cache.n_slots * sizeof *g->slot_seq); /* the fill has landed */
     g->seq_dirty = 0;
     const double fill_ms = engine_now_ms() - t_fill;
-    const int32_t filled = cache_resident(&e->cache);
+    const int32_t filled = cache_resident(&e->md->cache);
     /* the rate of an expert copy that --miss auto weighs against the host */
     g->copy_ms = filled > 0 ? fill_ms / filled : 0.0;
     trace_emit(&e->trace, "cuda: expert cache filled: %d experts (%.1f MiB) in %.0f ms, %.1f GB/s", filled,
-               (double)e->cache.bytes_copied / 1048576.0, fill_ms,
-               fill_ms > 0 ? (double)e->cache.bytes_copied / fill_ms / 1e6 : 0.0);
+               (double)e->md->cache.bytes_copied / 1048576.0, fill_ms,
+               fill_ms > 0 ? (double)e->md->cache.bytes_copied / fill_ms / 1e6 : 0.0);
     /* --miss auto times the host at its first decode step that routes on the host (host_forward.c) */
     STRATA_TRY(gpu_routing_refresh(e));
     g->graph_state = g->ptr_dev && env_cuda_graph() ? 0 : -1;
     DEV(e, cuda_sync(g->ctx));
     trace_emit(&e->trace, "cuda: %s, %d of %lld experts in %d slots of %.2f MiB, KV %.1f MiB%s", cuda_ctx_device_name(g->ctx),
-               filled, (long long)(L * E), e->cache.n_slots, g->slot_bytes / 1048576.0,
+               filled, (long long)(L * E), e->md->cache.n_slots, g->slot_bytes / 1048576.0,
                2.0 * (double)g->kv_row * e->n_ctx * L / 1048576.0,
                !g->routing                         ? ""
                : g->miss_policy == STRATA_MISS_READ && filled < L * E ? "; decode routes on the device and reads misses from the pinned store"
@@ -635,9 +664,10 @@ static strata_status cuda_forward_ready(strata_engine *e, double t_fill) {
 }
 
 static void cuda_forward_close(strata_engine *e) {
-    cuda_state *g = e->gpu;
+    cuda_state *g = e->md->gpu;
     if (!g) return;
     if (g->ctx) {
+        if (e->n_dev > 1) cuda_ctx_use(g->ctx);
         cuda_sync(g->ctx);
         cuda_graph_free(g->graph);
         if (g->layers)
@@ -664,14 +694,14 @@ static void cuda_forward_close(strata_engine *e) {
         cuda_event_free(g->ev_half[1]);
         for (int i = 0; i < SEQ_EVENTS; i++) cuda_event_free(g->seq_ev[i]);
         /* before the file is unmapped (engine_close closes the file after this) */
-        for (uint32_t i = 0; i < g->reg_parts; i++) {
+        for (uint32_t i = 0; i < g->reg_parts && !g->store_shared; i++) {
             uint8_t *m;
             uint64_t n;
             gguf_part_map(&e->file, i, &m, &n);
             cuda_host_unregister(g->ctx, m);
         }
         g->reg_parts = 0;
-        cuda_host_free(g->ctx, g->store);
+        if (!g->store_shared) cuda_host_free(g->ctx, g->store);
         g->store = NULL;
         cuda_ctx_destroy(g->ctx);
     }
@@ -684,12 +714,12 @@ static void cuda_forward_close(strata_engine *e) {
     free(g->exp_state);
     free(g->bucket);
     free(g);
-    e->gpu = NULL;
+    e->md->gpu = NULL;
 }
 
 /* Device memory the backend holds now and at most since open (0, 0 without a device). */
 static void cuda_forward_mem_held(const strata_engine *e, int64_t *now, int64_t *peak) {
-    cuda_mem_held(e->gpu ? e->gpu->ctx : NULL, now, peak);
+    cuda_mem_held(e->md->gpu ? e->md->gpu->ctx : NULL, now, peak);
 }
 
 /* ---- the backend --------------------------------------------------------------------------------- */
@@ -720,6 +750,7 @@ static void cuda_absent_why(char *buf, size_t len) {
 }
 
 const backend_ops cuda_backend_ops = {
+    .layer_split = 1,
     .present = cuda_device_present,
     .absent_why = cuda_absent_why,
     .init = cuda_init,
