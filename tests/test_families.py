@@ -32,6 +32,7 @@ import pytest
 # the `reference` extra (make test installs it: pip install -e '.[reference]')
 import torch
 import transformers
+from _hf_attention import F16_KV
 from _hf_convert import convert
 from _llama_vocab import VERSION
 
@@ -46,20 +47,6 @@ PROMPT_LENGTHS = (1, 9, 40)
 SEED = 1234
 RECIPE = 1  # bump when the weights' recipe below changes: the cached files are keyed by it
 
-
-def _f16_kv_attention(module, query, key, value, attention_mask, **kwargs):  # type: ignore[no-untyped-def]
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import eager_attention_forward
-
-    def f16(t: torch.Tensor) -> torch.Tensor:
-        return t.to(torch.float16).to(query.dtype)
-
-    return eager_attention_forward(module, query, f16(key), f16(value), attention_mask, **kwargs)
-
-
-transformers.AttentionInterface.register("strata_f16_kv_families", _f16_kv_attention)
-transformers.masking_utils.AttentionMaskInterface.register(
-    "strata_f16_kv_families", transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["eager"]
-)
 
 COMMON: dict[str, Any] = dict(
     vocab_size=1024,
@@ -266,7 +253,7 @@ def _files(name: str) -> Path:
 def _reference(fam: Family, folder: Path, f16_weights: bool) -> torch.nn.Module:
     """transformers' model of the saved weights in float64, rounded as an f16 file stores them when asked."""
     model = getattr(transformers, fam.model).from_pretrained(
-        folder / "hf", config=_config(fam, "strata_f16_kv_families"), dtype=torch.float32
+        folder / "hf", config=_config(fam, F16_KV), dtype=torch.float32
     )
     model = model.double().eval()
     if f16_weights:

@@ -21,6 +21,7 @@ import pytest
 # the `reference` extra (make test installs it: pip install -e '.[reference]')
 import torch
 import transformers
+from _hf_attention import F16_KV
 from reference import Reference
 
 from strata.model import PRESETS, write_weights
@@ -28,21 +29,6 @@ from strata.model._tokenizer import build_vocab
 
 TOL_F32 = 1e-4  # max |engine - ref| <= TOL_F32 * max |ref|
 
-
-def _f16_kv_attention(module, query, key, value, attention_mask, **kwargs):  # type: ignore[no-untyped-def]
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import eager_attention_forward
-
-    def f16(t: torch.Tensor) -> torch.Tensor:
-        return t.to(torch.float16).to(query.dtype)
-
-    return eager_attention_forward(module, query, f16(key), f16(value), attention_mask, **kwargs)
-
-
-transformers.AttentionInterface.register("strata_f16_kv", _f16_kv_attention)
-# the same causal mask as eager attention
-transformers.masking_utils.AttentionMaskInterface.register(
-    "strata_f16_kv", transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["eager"]
-)
 
 CFG = dict(
     vocab_size=1024,
@@ -151,7 +137,7 @@ def hf_case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     tied = request.param
     model = _hf_model(tied)
     path = _to_gguf(model, tmp_path_factory.mktemp("hf") / f"hf-{'tied' if tied else 'head'}.gguf", tied)
-    return model, path, _hf_model(tied, "strata_f16_kv")
+    return model, path, _hf_model(tied, F16_KV)
 
 
 def test_reference_equals_transformers(hf_case) -> None:  # type: ignore[no-untyped-def]
