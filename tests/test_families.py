@@ -71,6 +71,34 @@ class Family:
     f32_names: tuple[str, ...] = ("mlp.gate.weight",)
 
 
+# glm4moe: sigmoid routing with the correction bias, routed scale, a shared expert, a dense leading
+# layer, partial rotary (half the head), q/k/v biases; the variant below changes what it names
+_GLM4MOE: dict[str, Any] = dict(
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    use_qk_norm=False,
+    attention_bias=True,
+    num_mtp_layers=0,
+    rope_parameters={"rope_theta": 50_000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
+)
+# qwen3moe's blocks, for the rope-scaling cases
+_QWEN3MOE: dict[str, Any] = dict(
+    head_dim=16,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=3,
+    norm_topk_prob=True,
+)
+
 FAMILIES = {
     # shared expert with a sigmoid gate, q/k/v biases, raw (not renormalized) top-k weights
     "qwen2moe": Family(
@@ -116,85 +144,45 @@ FAMILIES = {
         ),
         ("router.layer.weight",),
     ),
-    # sigmoid routing with the correction bias and routed scaling, a plain shared expert, a dense leading
-    # layer, partial rotary (half the head), q/k/v biases
-    "glm4moe": Family(
-        "glm4moe",
-        "Glm4MoeConfig",
-        "Glm4MoeForCausalLM",
-        dict(
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            n_routed_experts=8,
-            num_experts_per_tok=3,
-            n_shared_experts=1,
-            routed_scaling_factor=2.5,
-            n_group=1,
-            topk_group=1,
-            first_k_dense_replace=1,
-            norm_topk_prob=True,
-            use_qk_norm=False,
-            attention_bias=True,
-            num_mtp_layers=0,
-            rope_parameters={"rope_theta": 50_000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
-        ),
-    ),
+    # _GLM4MOE's blocks
+    "glm4moe": Family("glm4moe", "Glm4MoeConfig", "Glm4MoeForCausalLM", _GLM4MOE),
     # and with its optional per-head q/k norms (use_qk_norm), no dense layer, two shared experts, raw weights
     "glm4moe-qknorm": Family(
         "glm4moe",
         "Glm4MoeConfig",
         "Glm4MoeForCausalLM",
-        dict(
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            n_shared_experts=2,
-            routed_scaling_factor=1.0,
-            n_group=1,
-            topk_group=1,
-            first_k_dense_replace=0,
-            norm_topk_prob=False,
-            use_qk_norm=True,
-            attention_bias=False,
-            num_mtp_layers=0,
-            rope_parameters={"rope_theta": 50_000.0, "rope_type": "default", "partial_rotary_factor": 0.5},
-        ),
+        {
+            **_GLM4MOE,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 2,
+            "routed_scaling_factor": 1.0,
+            "first_k_dense_replace": 0,
+            "norm_topk_prob": False,
+            "use_qk_norm": True,
+            "attention_bias": False,
+        },
     ),
     # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
     "qwen3moe-yarn": Family(
         "qwen3moe",
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
-        dict(
-            head_dim=16,
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            num_experts=8,
-            num_experts_per_tok=3,
-            norm_topk_prob=True,
-            rope_parameters={
+        {
+            **_QWEN3MOE,
+            "rope_parameters": {
                 "rope_theta": 50_000.0,
                 "rope_type": "yarn",
                 "factor": 4.0,
                 "original_max_position_embeddings": 1024,
             },
-        ),
+        },
     ),
     # and with linear scaling (positions divided by the factor)
     "qwen3moe-linear": Family(
         "qwen3moe",
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
-        dict(
-            head_dim=16,
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            num_experts=8,
-            num_experts_per_tok=3,
-            norm_topk_prob=True,
-            rope_parameters={"rope_theta": 50_000.0, "rope_type": "linear", "factor": 3.0},
-        ),
+        {**_QWEN3MOE, "rope_parameters": {"rope_theta": 50_000.0, "rope_type": "linear", "factor": 3.0}},
     ),
 }
 
