@@ -163,13 +163,23 @@ class Batch:
             n = len(r.prompt)
             piece = r.prompt[r.done : r.done + self.chunk] if generating else r.prompt[r.done :]
             t0 = time.perf_counter()
+            # a cancel is also seen inside the piece, between its chunks and layers (the engine asks)
+            asked: list[bool] = []
+
+            def inside(d: int, _total: int, r: _Run = r, n: int = n, asked: list[bool] = asked) -> bool:
+                if r.req.on_prompt is None or r.done + d >= n:
+                    return False
+                stop = bool(r.req.on_prompt(r.done + d, n))
+                asked.append(stop)
+                return stop
+
             try:
                 if piece:
-                    eng.seq_prefill(r.seq, piece)
+                    eng.seq_prefill(r.seq, piece, inside if r.req.on_prompt is not None else None)
             except BaseException as e:
                 r.prompt_ms += (time.perf_counter() - t0) * 1000.0
                 eng.seq_kv_truncate(r.seq, len(self.held[r.seq]))
-                ended.append(self._end(r, None, e))
+                ended.append(self._end(r, "cancelled") if asked and asked[-1] else self._end(r, None, e))
                 continue
             r.prompt_ms += (time.perf_counter() - t0) * 1000.0
             r.done += len(piece)

@@ -501,7 +501,9 @@ class Engine:
 
         ``on_token(token_id, logits_view)`` sees each token with a view of the logits it was sampled
         from (valid only during the call); a truthy return stops. ``on_prompt(n_done, n_total)``
-        reports prompt progress; a truthy return cancels (finish_reason "cancelled").
+        reports prompt progress after each chunk, and is asked again between the layers of a chunk (n_done
+        unchanged) so that a cancel takes effect within a layer; a truthy return cancels (finish_reason
+        "cancelled").
 
         ``logits_processor(logits)``, when given, is called before each token is sampled with a writable
         copy of the step's logits and may change it in place (constrained decoding sets forbidden tokens

@@ -175,3 +175,27 @@ def test_batch_generations_equal_generate_alone(tiny: Path, n_seq: int) -> None:
         g = got[i]
         assert (g.tokens, g.finish_reason, g.prompt_tokens) == (r.tokens, r.finish_reason, r.prompt_tokens), i
         assert g.top == r.top, i
+
+
+def test_a_cancel_inside_a_prompt_ends_only_that_generation(tiny: Path) -> None:
+    """A newcomer whose on_prompt says stop while its prompt is read (inside the piece, between layers) ends
+    "cancelled" with nothing generated; the sequence beside it gets the reply it gets alone."""
+    from strata import Batch, BatchRequest
+
+    cfg = EngineConfig(threads=2, prefill="64", max_context=96)
+    with Engine(tiny, cfg) as one:
+        keep, stop = _prompts(one.info.n_vocab, 2)
+        ref = one.generate(keep, max_tokens=10, stop_at_eos=False)
+    with Engine(tiny, EngineConfig(**{**cfg.to_dict(), "parallel": 2})) as eng:
+        b = Batch(eng, chunk=64)
+        asked: list[tuple[int, int]] = []
+        b.start(BatchRequest("keep", keep, max_tokens=10, stop_at_eos=False), 0)
+        b.start(BatchRequest("stop", stop, on_prompt=lambda d, t: asked.append((d, t)) or True), 1)
+        got: dict[str, Any] = {}
+        while b.active:
+            for key, res, err in b.step():
+                assert err is None, err
+                got[key] = res
+    assert asked[0] == (0, len(stop))  # asked before any of its tokens were done: inside the piece
+    assert (got["stop"].finish_reason, got["stop"].tokens) == ("cancelled", [])
+    assert (got["keep"].tokens, got["keep"].finish_reason) == (ref.tokens, ref.finish_reason)

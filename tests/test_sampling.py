@@ -173,8 +173,20 @@ def test_prompt_cancel_rolls_back(model: Path) -> None:
         calls: list[tuple[int, int]] = []
         res = eng.generate(PROMPT, max_tokens=5, on_prompt=lambda d, t: calls.append((d, t)) or d >= 4)
         assert res.finish_reason == "cancelled" and res.tokens == []
-        assert calls == [(2, 7), (4, 7)]
+        # after each chunk of 2, and between the layers of a chunk with the tokens done so far
+        assert list(dict.fromkeys(calls)) == [(0, 7), (2, 7), (4, 7)] and calls[-1] == (4, 7)
         assert eng.n_past == 0
+
+
+def test_a_cancel_is_seen_inside_a_chunk(model: Path) -> None:
+    # the whole prompt in one chunk: the first question comes after its first layer, and a yes stops it there
+    with Engine(model, EngineConfig(threads=1, prefill="8")) as eng:
+        calls: list[tuple[int, int]] = []
+        res = eng.generate(PROMPT, max_tokens=5, on_prompt=lambda d, t: calls.append((d, t)) or True)
+        assert res.finish_reason == "cancelled" and res.tokens == []
+        assert calls == [(0, 7)]
+        assert eng.n_past == 0
+        assert eng.generate(PROMPT, max_tokens=2).finish_reason in ("stop", "length")  # and it still works
 
 
 def test_sampled_generate_is_reproducible(model: Path) -> None:

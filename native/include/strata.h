@@ -157,7 +157,9 @@ typedef enum strata_split {
 /* Trace sink: one line of text, no trailing newline. Default (fn == NULL): stderr when STRATA_TRACE=1. */
 typedef void (*strata_trace_fn)(void *user, const char *line);
 
-/* Prompt progress: n_done of n_total prompt tokens processed. Return nonzero to cancel. */
+/* Prompt progress: n_done of n_total prompt tokens processed. Return nonzero to cancel. Called after each
+ * chunk and also between the layers of a chunk with n_done unchanged, so that a cancel is seen within a
+ * layer's time even where a chunk takes seconds. */
 typedef int32_t (*strata_progress_fn)(void *user, int32_t n_done, int32_t n_total);
 
 /* Called after each generated token with the logits it was sampled from. Return nonzero to stop. */

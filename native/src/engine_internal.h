@@ -146,6 +146,11 @@ struct strata_engine {
     const int32_t *batch_seq; /* during strata_decode_batch: token t belongs to sequence batch_seq[t], at
                                  position seqs[batch_seq[t]].n_past; NULL otherwise */
     strata_stats stats;
+    /* during engine_prefill: its progress callback and where the prompt stands, so that a cancel is
+     * also seen between the layers of a chunk (a chunk on slow kernels takes seconds); NULL otherwise */
+    strata_progress_fn prompt_progress;
+    void *prompt_user;
+    int32_t prompt_done, prompt_total;
 
     /* ---- the backend: memory, copies and kernels (cpu_backend_ops or cuda_backend_ops) ---- */
     const struct backend_ops *be;
@@ -237,6 +242,9 @@ int64_t moe_expert_copy(void *ctx, int32_t layer, int32_t expert, uint8_t *dst);
 /* forward.c: embed T tokens, run every layer, compute the logits of the last token when want_logits
  * (through the backend). */
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits);
+/* Between two layers of a prompt chunk: STRATA_ERR_CANCELLED when the prompt's progress callback asks to
+ * stop (it is called again with the tokens done so far), STRATA_OK otherwise or outside a prefill. */
+strata_status engine_prompt_cancelled(strata_engine *e, int32_t layer);
 
 /* engine.c: open, close, one decode step */
 strata_status engine_open(const char *path, const strata_params *p, strata_engine **out, errbuf *err);

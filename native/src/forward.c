@@ -173,6 +173,8 @@ static strata_status cpu_layers(strata_engine *e, const int32_t *tokens, int32_t
             strata_status s = attention_block(e, l, T, e->n_past);
             if (s == STRATA_OK) s = moe_block(e, l, T, phase);
             if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+            /* a prompt chunk: prompt_progress is set only in a prefill */
+            if (l + 1 < e->hp.n_layer && (s = engine_prompt_cancelled(e, l + 1)) != STRATA_OK) return s;
         }
     }
     return STRATA_OK;

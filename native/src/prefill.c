@@ -6,6 +6,13 @@
 
 /* ---- prefill ------------------------------------------------------------------------------------ */
 
+strata_status engine_prompt_cancelled(strata_engine *e, int32_t layer) {
+    if (!e->prompt_progress || e->prompt_progress(e->prompt_user, e->prompt_done, e->prompt_total) == 0)
+        return STRATA_OK;
+    return err_set(&e->err, STRATA_ERR_CANCELLED, "prefill cancelled after %d of %d prompt tokens (at layer %d of a chunk)",
+                   e->prompt_done, e->prompt_total, layer);
+}
+
 strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
                              void *user) {
     if (n < 0 || (n > 0 && !tokens))
@@ -33,8 +40,12 @@ strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n,
     e->stats.prompt_done = 0;
     e->stats.prompt_total = n;
     e->stats.last_chunk = t;
+    e->prompt_progress = progress;
+    e->prompt_user = user;
+    e->prompt_total = n;
     for (int32_t done = 0; done < n;) {
         int32_t T = n - done < t ? n - done : t;
+        e->prompt_done = done;
         s = engine_forward(e, tokens + done, T, MOE_PHASE_PREFILL, done + T == n);
         if (s != STRATA_OK) break;
         e->n_past += T;
@@ -45,6 +56,8 @@ strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n,
             break;
         }
     }
+    e->prompt_progress = NULL;
+    e->prompt_user = NULL;
     const strata_status sg = mem_give_back(e);
     if (s == STRATA_OK) s = sg;
     if (s != STRATA_OK) {

@@ -183,7 +183,9 @@ def _cmd_make(args: argparse.Namespace) -> int:
 
     # the file is written under a temporary .part name and removed on any error or interrupt: a
     # SIGTERM or SIGHUP (whose default ends the process on the spot, leaving up to 16 GB behind) is
-    # turned into an exit that unwinds through that cleanup
+    # turned into an exit that unwinds through that cleanup; SIGINT too, so that a stop that lands
+    # where Python swallows the exception (a callback, a finalizer) is remembered and raised again at
+    # the next progress step instead of letting the writer run to the end
     stopped: list[int] = []
 
     def _stop(signum: int, _frame: object) -> None:
@@ -197,7 +199,7 @@ def _cmd_make(args: argparse.Namespace) -> int:
 
     show = _Progress(say)
 
-    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
     try:
         path = make_model(args.preset, quant, args.seed, out, say=say, progress=_progress, **shape)
     except (ValueError, NotImplementedError, RoutingCollapsedError) as e:

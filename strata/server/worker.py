@@ -150,6 +150,7 @@ class _Job:
         self.eng, self.ch, self.cmd, self.job = eng, ch, cmd, job
         self.n_generated = 0
         self.cancel_seen_at: int | None = None
+        self.prompt_done = -1  # the last prompt progress sent
         self.last_stats = time.monotonic()
         self.constraint: Any = None
         self.before: dict[str, Any] = {}
@@ -203,9 +204,12 @@ class _Job:
         return self.cancelled()
 
     def on_prompt(self, done: int, total: int) -> bool:
-        self.send(
-            {"ev": "progress", "done": int(done), "total": int(total), "stats": _asdict(self.eng.stats())}
-        )
+        # the engine also asks between the layers of a chunk (done unchanged): only news is sent
+        if done != self.prompt_done:
+            self.prompt_done = done
+            self.send(
+                {"ev": "progress", "done": int(done), "total": int(total), "stats": _asdict(self.eng.stats())}
+            )
         return self.cancelled()
 
     def reuse_of(self, held: list[int], scope: str) -> int:

@@ -642,6 +642,8 @@ static strata_status enqueue_forward(strata_engine *e, int32_t T, int32_t pos0, 
         strata_status s = attention(e, l, T, pos0);
         if (s == STRATA_OK) s = moe(e, l, T);
         if (s != STRATA_OK) return err_prefix(&e->err, "layer %d: ", l);
+        /* a prompt chunk (never a captured step: prompt_progress is set only in a prefill) */
+        if (l + 1 < hp->n_layer && (s = engine_prompt_cancelled(e, l + 1)) != STRATA_OK) return s;
     }
     if (want_logits && gpu_holds_head(e)) {
         float *xl = g->x + (int64_t)(T - 1) * D;
