@@ -120,6 +120,13 @@ void chunk_buffers_free(strata_engine *e) {
 
 /* ---- forward ----------------------------------------------------------------------------------- */
 
+strata_status engine_prompt_cancelled(strata_engine *e, int32_t layer) {
+    if (!e->prompt_progress || e->prompt_progress(e->prompt_user, e->prompt_done, e->prompt_total) == 0)
+        return STRATA_OK;
+    return err_set(&e->err, STRATA_ERR_CANCELLED, "prefill cancelled after %d of %d prompt tokens (at layer %d of a chunk)",
+                   e->prompt_done, e->prompt_total, layer);
+}
+
 strata_status engine_forward(strata_engine *e, const int32_t *tokens, int32_t T, moe_phase phase, int want_logits) {
     return e->be->forward(e, tokens, T, phase == MOE_PHASE_PREFILL, want_logits);
 }

@@ -6,13 +6,6 @@
 
 /* ---- prefill ------------------------------------------------------------------------------------ */
 
-strata_status engine_prompt_cancelled(strata_engine *e, int32_t layer) {
-    if (!e->prompt_progress || e->prompt_progress(e->prompt_user, e->prompt_done, e->prompt_total) == 0)
-        return STRATA_OK;
-    return err_set(&e->err, STRATA_ERR_CANCELLED, "prefill cancelled after %d of %d prompt tokens (at layer %d of a chunk)",
-                   e->prompt_done, e->prompt_total, layer);
-}
-
 strata_status engine_prefill(strata_engine *e, const int32_t *tokens, int32_t n, strata_progress_fn progress,
                              void *user) {
     if (n < 0 || (n > 0 && !tokens))
