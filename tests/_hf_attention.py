@@ -14,7 +14,10 @@ F16_KV = "strata_f16_kv"
 
 
 def _f16_kv_attention(module, query, key, value, attention_mask, **kwargs):  # type: ignore[no-untyped-def]
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import eager_attention_forward
+    if hasattr(module, "sinks"):  # gpt-oss: its eager attention adds the sinks to the softmax
+        from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+    else:
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import eager_attention_forward
 
     def f16(t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.float16).to(query.dtype)

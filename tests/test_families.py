@@ -99,6 +99,27 @@ _QWEN3MOE: dict[str, Any] = dict(
     norm_topk_prob=True,
 )
 
+# gpt-oss: attention sinks, sliding-window layers (even ones) with a window shorter than the longest prompt,
+# biases on q/k/v/o, the router and the experts, YaRN without truncation of the ramp, the clamped SwiGLU
+_GPT_OSS: dict[str, Any] = dict(
+    num_hidden_layers=4,
+    head_dim=16,
+    intermediate_size=32,
+    num_local_experts=8,
+    num_experts_per_tok=3,
+    sliding_window=7,
+    rms_norm_eps=1e-5,
+    rope_parameters={
+        "rope_theta": 50_000.0,
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 512,
+    },
+)
+
 FAMILIES = {
     # shared expert with a sigmoid gate, q/k/v biases, raw (not renormalized) top-k weights
     "qwen2moe": Family(
@@ -184,6 +205,13 @@ FAMILIES = {
         "Qwen3MoeForCausalLM",
         {**_QWEN3MOE, "rope_parameters": {"rope_theta": 50_000.0, "rope_type": "linear", "factor": 3.0}},
     ),
+    "gpt-oss": Family(
+        "gpt-oss",
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        _GPT_OSS,
+        ("mlp.router.weight", "experts.gate_up_proj_bias", "experts.down_proj_bias"),
+    ),
 }
 
 
@@ -206,6 +234,8 @@ def _random_model(fam: Family) -> torch.nn.Module:
                 prm.copy_(torch.randn(prm.shape, generator=g, dtype=torch.float64) * 0.3)
             else:
                 prm.copy_(torch.randn(prm.shape, generator=g, dtype=torch.float64) / prm.shape[-1] ** 0.5)
+            if name.endswith("experts.gate_up_proj"):  # gpt-oss: gate and up large enough that the clamps bite
+                prm.mul_(4.0)
         for name, buf in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # the routing bias: a buffer, saved with the weights
                 buf.copy_(torch.randn(buf.shape, generator=g, dtype=torch.float64) * 0.1)

@@ -7,9 +7,11 @@
  *   q/k norm: per head (q = rmsnorm(q_h) * q_norm, QK_NORM_HEAD), over the whole projection (QK_NORM_FULL)
  *   or none; then RoPE on the first n_rot dims of each head (NeoX: pairs (i, i + n_rot/2); NORM: (2i, 2i+1))
  *   K, V appended to the cache at positions pos0 .. pos0 + T - 1
- *   per (token, head): softmax(q . K[0..pos] * attn_scale) . V[0..pos]   (causal; GQA: head h reads KV
- *   head h / (n_head / n_head_kv); attn_scale is 1 / sqrt(hd) unless the file says)
- *   x += (att Wo^T) * residual_scale  (granite; 1 elsewhere)
+ *   per (token, head): softmax(q . K[p0..pos] * attn_scale) . V[p0..pos]   (causal; GQA: head h reads KV
+ *   head h / (n_head / n_head_kv); attn_scale is 1 / sqrt(hd) unless the file says; p0 = 0, or
+ *   pos - n_swa + 1 on a sliding-window layer; with attn_sinks the head's sink logit joins the softmax's
+ *   denominator and weighs no value)
+ *   x += (att Wo^T (+ bo)) * residual_scale  (granite; 1 elsewhere)
  *
  * Every query row reads its keys back from the cache, so a token sees the same (f16-rounded) keys
  * whether it was part of a chunk or decoded alone: this is what keeps logits identical across chunkings.
@@ -39,6 +41,12 @@ static float rope_freqs(double *f, const hparams *hp) {
     double hi = ceil((double)nr * log(ctx / ((double)hp->yarn_beta_slow * two_pi)) / (2.0 * log(base)));
     if (lo < 0) lo = 0;
     if (hi > nr - 1) hi = nr - 1;
+    if (!hp->yarn_truncate) { /* the exact correction dims (gpt-oss), still clamped to the head */
+        lo = (double)nr * log(ctx / ((double)hp->yarn_beta_fast * two_pi)) / (2.0 * log(base));
+        hi = (double)nr * log(ctx / ((double)hp->yarn_beta_slow * two_pi)) / (2.0 * log(base));
+        if (lo < 0) lo = 0;
+        if (hi > nr - 1) hi = nr - 1;
+    }
     if (lo == hi) hi += 0.001;
     for (int32_t i = 0; i < half; i++) {
         double ramp = ((double)i - lo) / (hi - lo);
@@ -113,19 +121,23 @@ static void att_item(void *ctx, int64_t item, int thread) {
     float *out = e->md->cb.att + (int64_t)t * H * hd + (int64_t)h * hd;
     float *sc = e->md->cb.scores + (int64_t)thread * e->n_ctx; /* [pos + 1] */
     const float scale = hp->attn_scale;
-    float mx = -INFINITY;
-    for (int32_t p = 0; p <= pos; p++) {
+    const layer_weights *L = &e->w.layers[j->layer];
+    /* a sliding-window layer sees its last n_swa positions, itself included */
+    const int32_t p0 = L->swa && pos >= hp->n_swa ? pos - hp->n_swa + 1 : 0;
+    const float sink = L->sinks ? L->sinks[h] : -INFINITY; /* a logit in the denominator, with no value */
+    float mx = sink;
+    for (int32_t p = p0; p <= pos; p++) {
         sc[p] = kv_dot_k(kv, j->layer, p, kvh, q) * scale;
         if (sc[p] > mx) mx = sc[p];
     }
-    float sum = 0.0f;
-    for (int32_t p = 0; p <= pos; p++) {
+    float sum = L->sinks ? expf(sink - mx) : 0.0f;
+    for (int32_t p = p0; p <= pos; p++) {
         sc[p] = expf(sc[p] - mx);
         sum += sc[p];
     }
     memset(out, 0, sizeof(float) * (size_t)hd);
     float inv = 1.0f / sum;
-    for (int32_t p = 0; p <= pos; p++) kv_acc_v(kv, j->layer, p, kvh, sc[p] * inv, out);
+    for (int32_t p = p0; p <= pos; p++) kv_acc_v(kv, j->layer, p, kvh, sc[p] * inv, out);
 }
 
 /* Which tiled kernel an engine runs (att_use_tiled; 0: none, the per-query path above). */
@@ -171,6 +183,8 @@ static void att_tiled_item(void *ctx, int64_t item, int thread) {
  * cache, a head dim it handles. The choice depends on the engine's configuration alone, so decode and
  * prefill always agree. */
 static int att_use_tiled(const strata_engine *e) {
+    /* the tiled kernels attend to every position and know no sinks: such models take the per-query path */
+    if (e->hp.n_swa > 0 || e->hp.attn_sinks) return 0;
     if (e->kv.type != STRATA_KV_F16 || !attn_f16_tiled_supported(e->hp.head_dim)) return 0;
     if (quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512)) return ATT_TILED_AVX512;
     if (quant_simd_supported(STRATA_SIMD_AVX2) && e->qt == quant_table(STRATA_SIMD_AVX2)) return ATT_TILED_AVX2;
@@ -261,6 +275,9 @@ static void tok_item(void *ctx, int64_t item, int thread) {
                     cb->act_stride);
         break;
     case TOK_RESIDUAL:
+        if (L->bo)
+            for (int32_t t = t0; t < t1; t++)
+                for (int32_t i = 0; i < D; i++) cb->o[(int64_t)t * D + i] += L->bo[i];
         if (hp->residual_scale != 1.0f)
             for (int64_t i = (int64_t)t0 * D; i < (int64_t)t1 * D; i++) cb->x[i] += cb->o[i] * hp->residual_scale;
         else

@@ -91,6 +91,7 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
         float af = 0.0f;
         STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_attn_factor"), &af, err));
         if (af > 0.0f) hp->yarn_attn_factor = af;
+        hp->yarn_truncate = !a->yarn_untruncated;
     } else {
         return err_set(err, STRATA_ERR_UNSUPPORTED,
                        "%s: rope scaling '%s' is not supported yet (strata reads linear and yarn)", hp->arch, st);
@@ -128,6 +129,13 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
     int32_t nextn = 0; /* multi-token prediction layers at the end: not part of the forward */
     STRATA_TRY(get_i32(f, KEY("nextn_predict_layers"), &nextn, 0, 0, 64, err));
     hp->n_nextn = nextn;
+
+    hp->ffn_act = a->ffn_act;
+    if (hp->ffn_act == FFN_ACT_SWIGLU_OAI) { /* fixed by the family: its files carry no key for them */
+        hp->swiglu_alpha = 1.702f;
+        hp->swiglu_limit = 7.0f;
+    }
+    if (a->swa_period > 0) STRATA_TRY(get_i32(f, KEY("attention.sliding_window"), &hp->n_swa, 0, 0, 1 << 30, err));
 
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
     hp->attn_scale = 0.0f; /* 1 / sqrt(head_dim), once head_dim is known */
@@ -276,6 +284,22 @@ static strata_status bind_opt_vec(binder *b, const char *name, int64_t n, const 
     return bind_norm(b, name, n, out);
 }
 
+/* A 2-D F32 tensor [ne1 rows of ne0] that a family may or may not have (the experts' biases). */
+static strata_status bind_opt_rows(binder *b, const char *name, int64_t ne0, int64_t ne1, const float **out) {
+    *out = NULL;
+    const gguf_tensor *t = gguf_find_tensor(b->f, name);
+    if (!t) return STRATA_OK;
+    STRATA_TRY(find(b, name, ne0, ne1, 0, 0, &t));
+    if (t->type != STRATA_TYPE_F32)
+        return err_set(b->err, STRATA_ERR_UNSUPPORTED, "bias '%s' is %s; strata reads biases as F32", name,
+                       quant_type_name((int32_t)t->type));
+    if (((uintptr_t)t->data & 3) != 0)
+        return err_set(b->err, STRATA_ERR_FORMAT, "tensor '%s' is not 4-byte aligned in the file", name);
+    *out = (const float *)t->data;
+    b->w->resident_bytes += (int64_t)t->bytes;
+    return STRATA_OK;
+}
+
 /* A tensor of a block this family's row does not compose: running without it would be wrong. */
 static strata_status refuse_tensor(binder *b, const char *name, const char *block) {
     if (!gguf_find_tensor(b->f, name)) return STRATA_OK;
@@ -376,8 +400,14 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         STRATA_TRY(bind_opt_vec(&b, NAME("attn_k"), KD, &L->bk));
         STRATA_TRY(bind_opt_vec(&b, NAME("attn_v"), KD, &L->bv));
         if (L->bq || L->bk || L->bv) hp->attn_bias = 1;
-        STRATA_TRY(refuse_tensor(&b, NAME("attn_output"), "a bias on the attention output"));
-        STRATA_TRY(refuse_tensor(&b, NAME("ffn_gate_inp"), "a bias on the router"));
+        STRATA_TRY(bind_opt_vec(&b, NAME("attn_output"), D, &L->bo));
+        if (L->bo) hp->out_bias = 1;
+        STRATA_TRY(bind_opt_vec(&b, NAME("ffn_gate_inp"), E, &L->router_b));
+        if (L->router_b) hp->router_bias = 1;
+        STRATA_TRY(bind_opt_rows(&b, NAME("ffn_gate_exps"), F, E, &L->gate_exps_b));
+        STRATA_TRY(bind_opt_rows(&b, NAME("ffn_up_exps"), F, E, &L->up_exps_b));
+        STRATA_TRY(bind_opt_rows(&b, NAME("ffn_down_exps"), D, E, &L->down_exps_b));
+        if (L->gate_exps_b || L->up_exps_b || L->down_exps_b) hp->exp_ffn_bias = 1;
         if (hp->gating == GATING_SIGMOID && l >= hp->n_dense_lead) {
             STRATA_TRY(bind_opt_vec(&b, NAME("exp_probs_b"), E, &L->exp_bias));
             if (L->exp_bias) hp->expert_bias = 1;
@@ -386,6 +416,9 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         }
 #undef NAME
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", l), n)
+        STRATA_TRY(bind_opt_vec(&b, NAME("attn_sinks"), hp->n_head, &L->sinks));
+        if (L->sinks) hp->attn_sinks = 1;
+        L->swa = hp->n_swa > 0 && l % hp->ad->swa_period < hp->ad->swa_period - 1;
         if (hp->ad->ffn_norm) {
             snprintf(n, sizeof n, "blk.%d.%s.weight", l, hp->ad->ffn_norm);
             STRATA_TRY(bind_norm(&b, n, D, &L->ffn_norm));

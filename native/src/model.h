@@ -60,6 +60,16 @@ typedef struct hparams {
     int32_t n_dense_lead;        /* leading_dense_block_count: layers 0..n-1 run a dense SwiGLU, no experts */
     int32_t n_ff_dense;          /* their width (feed_forward_length) */
     int32_t n_nextn;             /* nextn_predict_layers: trailing multi-token-prediction layers, not run */
+    /* ---- appended: gpt-oss's blocks (any family whose file has the tensors or keys gets them) ---- */
+    int32_t n_swa;               /* attention.sliding_window: a sliding layer's query sees its last n_swa
+                                  * positions, itself included (0: every layer attends to all) */
+    int32_t yarn_truncate;       /* YaRN's correction dims rounded to whole dims (floor / ceil) */
+    ffn_act_kind ffn_act;        /* the experts' activation (the row's) */
+    float swiglu_alpha, swiglu_limit; /* FFN_ACT_SWIGLU_OAI's constants */
+    int32_t attn_sinks;          /* the file has attn_sinks: a per-head logit joins each softmax's denominator */
+    int32_t out_bias;            /* the file has attn_output biases */
+    int32_t router_bias;         /* the file has ffn_gate_inp biases (added to the router's logits) */
+    int32_t exp_ffn_bias;        /* the file has biases on the experts' gate, up and down products */
 } hparams;
 
 /* A 2-D view of (part of) a tensor: rows of cols values each, in the file's type. */
@@ -100,6 +110,14 @@ typedef struct layer_weights {
     wview up_dense;           /* [Fd, D] */
     wview down_dense;         /* [D, Fd] */
     int64_t resident_bytes;   /* bytes of the layer's tensors that are not routed experts */
+    /* ---- appended: optional biases, sinks, the layer's attention window ---- */
+    const float *bo;          /* [D] attn_output bias or NULL */
+    const float *sinks;       /* [n_head] attn_sinks or NULL */
+    const float *router_b;    /* [E] ffn_gate_inp bias or NULL */
+    const float *gate_exps_b; /* [E, F] or NULL: row e is expert e's gate bias (resident, not in a slot) */
+    const float *up_exps_b;   /* [E, F] or NULL */
+    const float *down_exps_b; /* [E, D] or NULL */
+    int32_t swa;              /* this layer attends to a sliding window of hp->n_swa positions */
 } layer_weights;
 
 typedef struct model_weights {

@@ -3,12 +3,13 @@
  * architecture's description (arch.h).
  *
  *   xn = rmsnorm(x) * ffn_norm                               [T, D]
- *   p = softmax(xn Wr^T), or sigmoid(xn Wr^T) (GATING_SIGMOID) [T, E]
+ *   p = softmax(xn Wr^T (+ br)), or sigmoid(xn Wr^T) (GATING_SIGMOID) [T, E]
  *   per token: the K largest p (sigmoid: of p + exp_probs_b, weighted by p; ties: lower expert id),
  *   renormalized to sum 1 when norm_topk, times routed_scale  [T, K]
  *   tokens grouped by expert; per expert e and its tokens:
- *       h = silu(xn Wg_e^T) * (xn Wu_e^T)                     [n_e, F]
- *       y = h Wd_e^T                                          [n_e, D]
+ *       h = silu(xn Wg_e^T (+ bg_e)) * (xn Wu_e^T (+ bu_e))   [n_e, F]
+ *           (FFN_ACT_SWIGLU_OAI: g = min(g, limit), u = clamp(u, -limit, limit), h = (u + 1) * g * sigmoid(alpha g))
+ *       y = h Wd_e^T (+ bd_e)                                 [n_e, D]
  *   x[t] += (sum over k = 0..K-1 (best first) of w[t, k] * y[t, k]  + shared(xn[t])) * residual_scale
  *   shared: a resident SwiGLU of Fs = n_ff_shexp, times sigmoid(xn . gate_inp_shexp) under SHEXP_SIGMOID_GATE
  *   dense leading layers (l < n_dense_lead): x += swiglu(xn) of width n_ff_dense, no routing at all
@@ -146,6 +147,32 @@ static void route_token_sigmoid(float *p, float *choice, const float *bias, int3
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
+/* The experts' activation for experts x0 .. x1 - 1 of a batch, in place into g: rows [grp_off[x], grp_off[x + 1])
+ * of g and u (F values each) belong to expert x, and get its gate and up biases first where the file has them. */
+static void expert_act(const hparams *hp, const layer_weights *L, const int32_t *grp_off, int32_t x0, int32_t x1,
+                       float *g, const float *u) {
+    const int64_t F = hp->n_ff_exp;
+    const float alpha = hp->swiglu_alpha, lim = hp->swiglu_limit;
+    for (int32_t x = x0; x < x1; x++) {
+        const float *bg = L->gate_exps_b ? L->gate_exps_b + (int64_t)x * F : NULL;
+        const float *bu = L->up_exps_b ? L->up_exps_b + (int64_t)x * F : NULL;
+        for (int64_t r = grp_off[x]; r < grp_off[x + 1]; r++) {
+            float *gr = g + r * F;
+            const float *ur = u + r * F;
+            for (int64_t i = 0; i < F; i++) {
+                float gv = bg ? gr[i] + bg[i] : gr[i], uv = bu ? ur[i] + bu[i] : ur[i];
+                if (hp->ffn_act == FFN_ACT_SWIGLU_OAI) {
+                    gv = gv > lim ? lim : gv;
+                    uv = uv > lim ? lim : uv < -lim ? -lim : uv;
+                    gr[i] = (uv + 1.0f) * gv / (1.0f + expf(-alpha * gv));
+                } else {
+                    gr[i] = silu(gv) * uv;
+                }
+            }
+        }
+    }
+}
+
 /* ---- dense SwiGLU: the shared expert, a dense leading layer ------------------------------------ */
 
 /* ysh = silu(xn Wg^T) * (xn Wu^T) Wd^T for every token (F = the weights' hidden width), times
@@ -216,6 +243,8 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
         float *pt = cb->router + (int64_t)t * E;
         int32_t *st = cb->sel + (int64_t)t * K;
         float *wt = cb->wsel + (int64_t)t * K;
+        if (L->router_b)
+            for (int32_t i = 0; i < E; i++) pt[i] += L->router_b[i];
         if (hp->gating == GATING_SIGMOID)
             route_token_sigmoid(pt, cb->choice + (int64_t)t * E, L->exp_bias, E, K, hp->norm_topk, hp->routed_scale, st,
                                 wt);
@@ -265,7 +294,7 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
             mm_run(e->pool, segs, ns);
 
             /* SwiGLU, quantized per row for the down products */
-            for (int64_t i = (int64_t)r0 * F; i < (int64_t)r1 * F; i++) cb->g[i] = silu(cb->g[i]) * cb->u[i];
+            expert_act(hp, L, cb->grp_off, x0, x1, cb->g, cb->u);
             mm_quantize(e->qt, L->down_exps.type, cb->g + (int64_t)r0 * F, F, r1 - r0, F,
                         cb->hact + (size_t)r0 * cb->act_stride, cb->act_stride);
 
@@ -293,9 +322,14 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
         float *xt = cb->x + (int64_t)t * D;
         const float *wt = cb->wsel + (int64_t)t * K;
         const float *ys = hp->n_ff_shexp > 0 ? cb->ysh + (int64_t)t * D : NULL;
+        const int32_t *st = cb->sel + (int64_t)t * K;
         for (int32_t d = 0; d < D; d++) {
             float acc = 0.0f;
-            for (int32_t k = 0; k < K; k++) acc += wt[k] * cb->ye[((int64_t)t * K + k) * D + d];
+            if (L->down_exps_b) /* each expert's down bias, inside its weighted term */
+                for (int32_t k = 0; k < K; k++)
+                    acc += wt[k] * (cb->ye[((int64_t)t * K + k) * D + d] + L->down_exps_b[(int64_t)st[k] * D + d]);
+            else
+                for (int32_t k = 0; k < K; k++) acc += wt[k] * cb->ye[((int64_t)t * K + k) * D + d];
             if (ys) acc += ys[d];
             xt[d] += rs != 1.0f ? acc * rs : acc;
         }

@@ -440,6 +440,10 @@ static void store_open(strata_engine *e) {
  * no shared experts, no multipliers. A model needing more is refused at open, never run without it. */
 static const char *cuda_missing_block(const strata_engine *e) {
     const hparams *hp = &e->hp;
+    if (hp->attn_sinks) return "attention sinks";
+    if (hp->n_swa > 0) return "sliding-window attention";
+    if (hp->ffn_act != FFN_ACT_SILU) return "the clamped SwiGLU of gpt-oss";
+    if (hp->out_bias || hp->router_bias || hp->exp_ffn_bias) return "biases on the attention output, router or experts";
     if (hp->n_dense_lead > 0) return "dense leading layers";
     if (hp->qk_norm != QK_NORM_HEAD)
         return hp->qk_norm == QK_NORM_FULL ? "q/k norms over the whole projection" : "attention without q/k norms";
