@@ -37,7 +37,6 @@ def _stub(path: Path, arch: str, **ints: int) -> Path:
     ("arch", "ints", "words"),
     [
         ("deepseek2", {}, "deepseek2: multi-head latent attention (MLA) is not supported yet"),
-        ("gpt-oss", {}, "gpt-oss: attention sinks, sliding-window layers and the clamped SwiGLU"),
         ("qwen3next", {}, "qwen3next: the gated delta-net (linear attention) layers"),
         ("llama", {"embedding_length": 64, "block_count": 2}, "llama: this file has no experts"),
         ("mamba", {}, "architecture 'mamba' is not supported; strata runs qwen3moe, qwen2moe"),

@@ -538,3 +538,15 @@ def test_gpt_oss_mxfp4_experts_equal_transformers(tmp_path: Path) -> None:
     assert near_ties <= MXFP4_MAX_NEAR_TIES, (
         f"{name} MXFP4: {near_ties} steps over the bound at router near-ties"
     )
+
+
+def test_model_info_names_gpt_oss_blocks() -> None:
+    """strata model info names gpt-oss and the blocks its file composes."""
+    from strata.model.cli import describe
+
+    d = describe(_files("gpt-oss") / "model-f32.gguf")
+    assert d["unsupported"] is None
+    assert d["blocks"] == (
+        "gpt-oss: attention GQA 4/2, q/k/v biases, rope neox yarn x8, output bias, sinks, sliding window 7 on "
+        "1 of every 2 layers; moe softmax with router bias top-3 of 8 normalized, expert biases, clamped swiglu"
+    )

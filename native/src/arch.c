@@ -17,19 +17,23 @@
 static const arch_desc ARCHS[] = {
     /* arch, family, qk_norm, rope, gating, norm_topk, shexp, multipliers, qk_norm_optional, ffn_norm, missing,
      * swa_period, yarn_untruncated, ffn_act */
-    {"qwen3moe", "Qwen3-MoE", QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0, FFN_ACT_SILU},
-    {"qwen2moe", "Qwen2-MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_SIGMOID_GATE, 0, 0, NULL, NULL, 0, 0, FFN_ACT_SILU},
+    {"qwen3moe", "Qwen3-MoE", QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0,
+     FFN_ACT_SILU},
+    {"qwen2moe", "Qwen2-MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_SIGMOID_GATE, 0, 0, NULL, NULL, 0, 0,
+     FFN_ACT_SILU},
     {"llama", "Mixtral", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0, FFN_ACT_SILU},
     {"olmoe", "OLMoE", QK_NORM_FULL, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0, FFN_ACT_SILU},
-    {"granitemoe", "Granite-MoE", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 1, 0, NULL, NULL, 0, 0, FFN_ACT_SILU},
+    {"granitemoe", "Granite-MoE", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 1, 0, NULL, NULL, 0, 0,
+     FFN_ACT_SILU},
     /* sigmoid routing with the correction bias, partial rotary, dense leading layers, q/k/v biases,
      * shared experts added as they are; per-head q/k norms in files that have them (use_qk_norm) */
-    {"glm4moe", "GLM-4.5 MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SIGMOID, 1, SHEXP_PLAIN, 0, 1, "post_attention_norm", NULL, 0, 0, FFN_ACT_SILU},
+    {"glm4moe", "GLM-4.5 MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SIGMOID, 1, SHEXP_PLAIN, 0, 1, "post_attention_norm",
+     NULL, 0, 0, FFN_ACT_SILU},
     /* attention sinks, sliding-window attention on the even layers, biases on q/k/v/o, the router and the
      * experts, YaRN with an untruncated ramp, the top-k logits' softmax (the softmax of all, renormalized over
      * the top k: the same weights), the clamped SwiGLU */
-    {"gpt-oss", "gpt-oss", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, "post_attention_norm", NULL,
-     2, 1, FFN_ACT_SWIGLU_OAI},
+    {"gpt-oss", "gpt-oss", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, "post_attention_norm", NULL, 2,
+     1, FFN_ACT_SWIGLU_OAI},
     /* known families whose blocks are not all here yet: opening one says which block is missing */
     {"deepseek2", "DeepSeek-V2/V3", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 0, SHEXP_PLAIN, 0, 0, NULL,
      "multi-head latent attention (MLA) is not supported yet", 0, 0, FFN_ACT_SILU},
@@ -83,9 +87,10 @@ void arch_describe(const hparams *hp, char *buf, size_t len) {
     if (m < 0 || (size_t)m >= len) return;
     m += attn_extras(hp, buf + m, len - (size_t)m);
     if ((size_t)m >= len) return;
-    snprintf(buf + m, len - (size_t)m, "; moe %s%s%s top-%d of %d%s%s%s%s%s%s", hp->gating == GATING_SIGMOID ? "sigmoid" : "softmax",
-             hp->expert_bias ? " with expert bias" : "", hp->router_bias ? " with router bias" : "", hp->n_expert_used,
-             hp->n_expert, hp->norm_topk ? " normalized" : "", hp->routed_scale != 1.0f ? " scaled" : "",
-             hp->exp_ffn_bias ? ", expert biases" : "",
-             hp->ffn_act == FFN_ACT_SWIGLU_OAI ? ", clamped swiglu" : "", shexp, dense);
+    snprintf(buf + m, len - (size_t)m, "; moe %s%s%s top-%d of %d%s%s%s%s%s%s",
+             hp->gating == GATING_SIGMOID ? "sigmoid" : "softmax", hp->expert_bias ? " with expert bias" : "",
+             hp->router_bias ? " with router bias" : "", hp->n_expert_used, hp->n_expert,
+             hp->norm_topk ? " normalized" : "", hp->routed_scale != 1.0f ? " scaled" : "",
+             hp->exp_ffn_bias ? ", expert biases" : "", hp->ffn_act == FFN_ACT_SWIGLU_OAI ? ", clamped swiglu" : "",
+             shexp, dense);
 }

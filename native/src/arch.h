@@ -48,9 +48,9 @@ typedef enum shexp_kind {
 
 /* The activation between an expert's gate and up products. */
 typedef enum ffn_act_kind {
-    FFN_ACT_SILU = 0,        /* silu(gate) * up */
-    FFN_ACT_SWIGLU_OAI = 1,  /* gpt-oss: gate clamped above and up clamped both sides at limit, then
-                              * (up + 1) * gate * sigmoid(alpha * gate) (alpha 1.702, limit 7) */
+    FFN_ACT_SILU = 0,       /* silu(gate) * up */
+    FFN_ACT_SWIGLU_OAI = 1, /* gpt-oss: gate clamped above and up clamped both sides at limit, then
+                             * (up + 1) * gate * sigmoid(alpha * gate) (alpha 1.702, limit 7) */
 } ffn_act_kind;
 
 typedef struct arch_desc {
@@ -67,10 +67,10 @@ typedef struct arch_desc {
                                  * NULL: "ffn_norm" */
     const char *missing;        /* not NULL: the block this family needs that strata does not have yet */
     /* ---- appended options (rows that leave them out get 0: the behaviour of the families above) ---- */
-    int32_t swa_period;         /* with <arch>.attention.sliding_window: layer l attends to a window when
-                                 * l % swa_period < swa_period - 1 (gpt-oss: 2, the even layers); 0: no windows */
-    int32_t yarn_untruncated;   /* YaRN's ramp runs between the exact correction dims, not rounded to whole ones */
-    ffn_act_kind ffn_act;       /* the experts' activation */
+    int32_t swa_period;       /* with <arch>.attention.sliding_window: layer l attends to a window when
+                               * l % swa_period < swa_period - 1 (gpt-oss: 2, the even layers); 0: no windows */
+    int32_t yarn_untruncated; /* YaRN's ramp runs between the exact correction dims, not rounded to whole ones */
+    ffn_act_kind ffn_act;     /* the experts' activation */
 } arch_desc;
 
 /* The row of general.architecture arch, or NULL when strata does not know it. */

@@ -61,15 +61,16 @@ typedef struct hparams {
     int32_t n_ff_dense;          /* their width (feed_forward_length) */
     int32_t n_nextn;             /* nextn_predict_layers: trailing multi-token-prediction layers, not run */
     /* ---- appended: gpt-oss's blocks (any family whose file has the tensors or keys gets them) ---- */
-    int32_t n_swa;               /* attention.sliding_window: a sliding layer's query sees its last n_swa
-                                  * positions, itself included (0: every layer attends to all) */
-    int32_t yarn_truncate;       /* YaRN's correction dims rounded to whole dims (floor / ceil) */
-    ffn_act_kind ffn_act;        /* the experts' activation (the row's) */
-    float swiglu_alpha, swiglu_limit; /* FFN_ACT_SWIGLU_OAI's constants */
-    int32_t attn_sinks;          /* the file has attn_sinks: a per-head logit joins each softmax's denominator */
-    int32_t out_bias;            /* the file has attn_output biases */
-    int32_t router_bias;         /* the file has ffn_gate_inp biases (added to the router's logits) */
-    int32_t exp_ffn_bias;        /* the file has biases on the experts' gate, up and down products */
+    int32_t n_swa;         /* attention.sliding_window: a sliding layer's query sees its last n_swa
+                            * positions, itself included (0: every layer attends to all) */
+    int32_t yarn_truncate; /* YaRN's correction dims rounded to whole dims (floor / ceil) */
+    ffn_act_kind ffn_act;  /* the experts' activation (the row's) */
+    float swiglu_alpha;    /* FFN_ACT_SWIGLU_OAI: the sigmoid's slope */
+    float swiglu_limit;    /* FFN_ACT_SWIGLU_OAI: where gate and up are clamped */
+    int32_t attn_sinks;    /* the file has attn_sinks: a per-head logit joins each softmax's denominator */
+    int32_t out_bias;      /* the file has attn_output biases */
+    int32_t router_bias;   /* the file has ffn_gate_inp biases (added to the router's logits) */
+    int32_t exp_ffn_bias;  /* the file has biases on the experts' gate, up and down products */
 } hparams;
 
 /* A 2-D view of (part of) a tensor: rows of cols values each, in the file's type. */
