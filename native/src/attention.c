@@ -37,16 +37,14 @@ static float rope_freqs(double *f, const hparams *hp) {
     if (hp->rope_scaling != ROPE_SCALING_YARN) return 1.0f;
     const double base = hp->rope_theta, ctx = hp->rope_orig_ctx, two_pi = 6.283185307179586;
     /* the pair index whose wavelength fits `rot` turns into the original context */
-    double lo = floor((double)nr * log(ctx / ((double)hp->yarn_beta_fast * two_pi)) / (2.0 * log(base)));
-    double hi = ceil((double)nr * log(ctx / ((double)hp->yarn_beta_slow * two_pi)) / (2.0 * log(base)));
+    double lo = (double)nr * log(ctx / ((double)hp->yarn_beta_fast * two_pi)) / (2.0 * log(base));
+    double hi = (double)nr * log(ctx / ((double)hp->yarn_beta_slow * two_pi)) / (2.0 * log(base));
+    if (hp->yarn_truncate) { /* rounded out to whole dims; gpt-oss keeps the exact ones */
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
     if (lo < 0) lo = 0;
     if (hi > nr - 1) hi = nr - 1;
-    if (!hp->yarn_truncate) { /* the exact correction dims (gpt-oss), still clamped to the head */
-        lo = (double)nr * log(ctx / ((double)hp->yarn_beta_fast * two_pi)) / (2.0 * log(base));
-        hi = (double)nr * log(ctx / ((double)hp->yarn_beta_slow * two_pi)) / (2.0 * log(base));
-        if (lo < 0) lo = 0;
-        if (hi > nr - 1) hi = nr - 1;
-    }
     if (lo == hi) hi += 0.001;
     for (int32_t i = 0; i < half; i++) {
         double ramp = ((double)i - lo) / (hi - lo);

@@ -135,7 +135,8 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
         hp->swiglu_alpha = 1.702f;
         hp->swiglu_limit = 7.0f;
     }
-    if (a->swa_period > 0) STRATA_TRY(get_i32(f, KEY("attention.sliding_window"), &hp->n_swa, 0, 0, 1 << 30, err));
+    /* the family's sliding layers need their window: a file without it is refused, not run as full attention */
+    if (a->swa_period > 0) STRATA_TRY(get_i32(f, KEY("attention.sliding_window"), &hp->n_swa, 1, 1, 1 << 30, err));
 
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
     hp->attn_scale = 0.0f; /* 1 / sqrt(head_dim), once head_dim is known */
