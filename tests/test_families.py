@@ -37,7 +37,7 @@ from _hf_convert import convert
 from _llama_vocab import VERSION
 
 import strata._engine as engine_mod
-from strata import EngineConfig
+from strata import EngineConfig, ModelFileError
 from strata.model._cache import cache_dir, file_lock
 from strata.model._tokenizer import build_vocab
 
@@ -449,8 +449,9 @@ MXFP4_MAX_NEAR_TIES = 3
 _EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 
 
-def _mxfp4_experts_file(src: Path, out: Path) -> dict[str, np.ndarray]:
-    """src rewritten with its routed experts' matrices in MXFP4; returns their dequantized values by name."""
+def _rewrite(src: Path, out: Path, drop: tuple[str, ...] = (), mxfp4: bool = False) -> dict[str, np.ndarray]:
+    """src written again without the metadata keys in drop and, with mxfp4, its routed experts' matrices in
+    MXFP4; returns those matrices' dequantized values by tensor name."""
     import gguf
     from gguf import quants
 
@@ -458,14 +459,14 @@ def _mxfp4_experts_file(src: Path, out: Path) -> dict[str, np.ndarray]:
     arch = str(r.fields["general.architecture"].contents())
     w = gguf.GGUFWriter(str(out), arch)
     for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
             continue
         sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
     deq: dict[str, np.ndarray] = {}
     for t in r.tensors:
         data = np.asarray(t.data)
-        if t.name.endswith(_EXPERTS):
+        if mxfp4 and t.name.endswith(_EXPERTS):
             q = quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType.MXFP4)
             deq[t.name] = quants.dequantize(q, gguf.GGMLQuantizationType.MXFP4).reshape(data.shape)
             w.add_tensor(t.name, q, raw_dtype=gguf.GGMLQuantizationType.MXFP4)
@@ -486,7 +487,7 @@ def test_gpt_oss_mxfp4_experts_equal_transformers(tmp_path: Path) -> None:
     name = "gpt-oss"
     fam, d = FAMILIES[name], _files(name)
     path = tmp_path / "model-mxfp4.gguf"
-    deq = _mxfp4_experts_file(d / "model-f32.gguf", path)
+    deq = _rewrite(d / "model-f32.gguf", path, mxfp4=True)
     r = gguf.GGUFReader(path)
     assert {t.tensor_type.name for t in r.tensors if t.name.endswith(_EXPERTS)} == {"MXFP4"}
     ref = _reference(fam, d, False)
@@ -550,3 +551,13 @@ def test_model_info_names_gpt_oss_blocks() -> None:
         "gpt-oss: attention GQA 4/2, q/k/v biases, rope neox yarn x8, output bias, sinks, sliding window 7 on "
         "1 of every 2 layers; moe softmax with router bias top-3 of 8 normalized, expert biases, clamped swiglu"
     )
+
+
+def test_gpt_oss_without_its_sliding_window_is_refused(tmp_path: Path) -> None:
+    """gpt-oss's sliding layers need attention.sliding_window: a file without it fails at open naming the
+    key (never runs them as full attention)."""
+    path = tmp_path / "no-window.gguf"
+    _rewrite(_files("gpt-oss") / "model-f32.gguf", path, drop=("gpt-oss.attention.sliding_window",))
+    with pytest.raises(ModelFileError) as exc:
+        engine_mod.Engine(path)
+    assert "gpt-oss.attention.sliding_window" in str(exc.value)
