@@ -4,8 +4,11 @@
  *
  * A family is one row of the table in arch.c. Options that real files carry as metadata keys (rope
  * scaling, the gating function, top-k normalization, routed scaling, granite's multipliers, shared
- * experts, dense leading layers) are read by model.c into hparams and override the row's defaults;
- * what a row fixes is what no key says (where the rotary pairs sit, which norm the q/k projections get).
+ * experts, dense leading layers, the sliding window) are read by model.c into hparams and override the
+ * row's defaults; what a row fixes is what no key says (where the rotary pairs sit, which norm the q/k
+ * projections get, which layers slide, whether YaRN's ramp is rounded, the experts' activation). Optional
+ * tensors (biases of q/k/v/o, the router and the experts, attention sinks) are used by any family whose
+ * file has them.
  */
 #ifndef STRATA_ARCH_H
 #define STRATA_ARCH_H
