@@ -212,6 +212,14 @@ FAMILIES = {
         _GPT_OSS,
         ("mlp.router.weight", "experts.gate_up_proj_bias", "experts.down_proj_bias"),
     ),
+    # and with a head dim the tiled attention kernels take (32), a window of 20 that spans 16-position tiles
+    "gpt-oss-hd32": Family(
+        "gpt-oss",
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        {**_GPT_OSS, "head_dim": 32, "sliding_window": 20},
+        ("mlp.router.weight", "experts.gate_up_proj_bias", "experts.down_proj_bias"),
+    ),
 }
 
 

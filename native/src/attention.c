@@ -181,8 +181,6 @@ static void att_tiled_item(void *ctx, int64_t item, int thread) {
  * cache, a head dim it handles. The choice depends on the engine's configuration alone, so decode and
  * prefill always agree. */
 static int att_use_tiled(const strata_engine *e) {
-    /* the tiled kernels attend to every position and know no sinks: such models take the per-query path */
-    if (e->hp.n_swa > 0 || e->hp.attn_sinks) return 0;
     if (e->kv.type != STRATA_KV_F16 || !attn_f16_tiled_supported(e->hp.head_dim)) return 0;
     if (quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512)) return ATT_TILED_AVX512;
     if (quant_simd_supported(STRATA_SIMD_AVX2) && e->qt == quant_table(STRATA_SIMD_AVX2)) return ATT_TILED_AVX2;
@@ -326,8 +324,18 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
         for (int32_t t = 0; t < T; t++) {
             const seq_state *sq = &e->seqs[e->batch_seq[t]];
             const size_t lo = (size_t)l * (size_t)sq->kv.n_ctx * sq->kv.row_bytes;
-            jobs[t] = (attn_tile_job){cb->q + t * QD, cb->att + t * QD, sq->kv.k + lo, sq->kv.v + lo, sq->kv.row_bytes,
-                                      hd, H, H / HKV, sq->n_past, hp->attn_scale};
+            jobs[t] = (attn_tile_job){.q = cb->q + t * QD,
+                                      .out = cb->att + t * QD,
+                                      .k = sq->kv.k + lo,
+                                      .v = sq->kv.v + lo,
+                                      .row_bytes = sq->kv.row_bytes,
+                                      .hd = hd,
+                                      .n_head = H,
+                                      .group = H / HKV,
+                                      .pos0 = sq->n_past,
+                                      .scale = hp->attn_scale,
+                                      .sinks = L->sinks,
+                                      .window = L->swa ? hp->n_swa : 0};
         }
         att_tiled_batch c = {jobs, HKV, tiled};
         pool_run(e->pool, (int64_t)T * HKV, att_tiled_batch_item, &c);
@@ -335,9 +343,19 @@ strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t po
         const int32_t G = H / HKV;
         att_tiled_ctx c;
         c.level = tiled;
-        c.job = (attn_tile_job){cb->q, cb->att, e->kv.k + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes,
-                                e->kv.v + (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes, e->kv.row_bytes, hd, H,
-                                G, pos0, hp->attn_scale};
+        const size_t lo = (size_t)l * (size_t)e->kv.n_ctx * e->kv.row_bytes;
+        c.job = (attn_tile_job){.q = cb->q,
+                                .out = cb->att,
+                                .k = e->kv.k + lo,
+                                .v = e->kv.v + lo,
+                                .row_bytes = e->kv.row_bytes,
+                                .hd = hd,
+                                .n_head = H,
+                                .group = G,
+                                .pos0 = pos0,
+                                .scale = hp->attn_scale,
+                                .sinks = L->sinks,
+                                .window = L->swa ? hp->n_swa : 0};
         c.T = T;
         c.n_head_kv = HKV;
         c.tokens_per_item = ATTN_ITEM_QUERIES / G > 1 ? ATTN_ITEM_QUERIES / G : 1;

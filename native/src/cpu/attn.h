@@ -6,7 +6,8 @@
  * head, for every token of the block. The K and V rows of a tile are converted to f32 once and read
  * by all those queries. Each query keeps its own online softmax (running max m, running sum l, the
  * weighted sum of V rows in f32), updated tile by tile over the fixed grid of tiles 0, 16, 32, ...
- * up to its own position. So one query's result depends on its q and the cache alone: the same
+ * up to its own position (from the tile holding its window's first position, on a sliding layer; a sink
+ * logit joins the final denominator). So one query's result depends on its q and the cache alone: the same
  * bits whether it was decoded alone or read as part of a chunk, whichever thread ran it.
  */
 #ifndef STRATA_CPU_ATTN_H
@@ -25,6 +26,8 @@ typedef struct attn_tile_job {
     int32_t group;         /* G = H / H_kv: heads per KV head */
     int32_t pos0;          /* position of token 0 of the chunk */
     float scale;           /* 1 / sqrt(hd) */
+    const float *sinks;    /* [n_head] or NULL: each head's sink logit, in the softmax's denominator only */
+    int32_t window;        /* 0, or a query at position p sees positions p - window + 1 .. p (sliding layers) */
 } attn_tile_job;
 
 /* 1 when the tiled kernel handles head dim hd. */

@@ -9,9 +9,11 @@
  *   per query: s[16] = (q . kt[p]) * scale, lanes past the query's position set to -inf;
  *              m' = max(m, max s); a = exp(m - m'); e = exp(s - m'); l = l a + sum e;
  *              acc = acc a + sum over its positions p of e[p] vt[p]  (p in order)
- *   at the end out = acc * (1 / l).
+ *   at the end out = acc * (1 / l), or with a sink logit s: acc * a / (l a + exp(s - m')), m' = max(m, s),
+ *   a = exp(m - m'); a window (sliding layers) masks the lanes below its first position and skips the
+ *   tiles before it.
  * Every step of a query is a fixed sequence of vector operations that depends on its own q and position
- * alone (the tile grid starts at position 0 for every query), never on which other queries share the tile
+ * alone (the tile grid is the multiples of 16 for every query), never on which other queries share the tile
  * or on the thread: a token decoded alone gets the bits it gets inside a prompt chunk.
  */
 #include <immintrin.h>
@@ -65,9 +67,22 @@ static inline float hmax8(__m256 v) {
 }
 
 /* Lanes p (positions lane0 + p) below np: all ones. */
+static inline __m256 lanes_below(int32_t np, int32_t lane0);
+/* Lanes lane0 .. lane0 + 7 that lie in [p0, np): all ones, else zero. */
+static inline __m256 lanes_in(int32_t p0, int32_t np, int32_t lane0) {
+    return p0 > 0 ? _mm256_andnot_ps(lanes_below(p0, lane0), lanes_below(np, lane0)) : lanes_below(np, lane0);
+}
 static inline __m256 lanes_below(int32_t np, int32_t lane0) {
     const __m256i idx = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(lane0));
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(np), idx));
+}
+
+/* The factor a query's weighted sum is multiplied by at the end: 1 / l, or with a sink logit s for head h
+ * (joining the denominator, weighing no value) a / (l a + exp(s - m')) where m' = max(m, s), a = exp(m - m'). */
+static inline float final_scale(const attn_tile_job *j, int32_t h, float m, float l) {
+    if (!j->sinks) return 1.0f / l;
+    const float s = j->sinks[h], mn = s > m ? s : m, a = expf(m - mn);
+    return a / (l * a + expf(s - mn));
 }
 
 /* One pass over the tiles for queries qs .. qs + nq - 1 of the item (query i = token t0 + i / G,
@@ -84,20 +99,23 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
     float ew[ATTN_ITEM_QUERIES * 16] __attribute__((aligned(32))); /* [nq, 16] their softmax weights */
     float alpha[ATTN_ITEM_QUERIES];
     int rescale[ATTN_ITEM_QUERIES];
-    int32_t qpos[ATTN_ITEM_QUERIES];
+    int32_t qpos[ATTN_ITEM_QUERIES], qlo[ATTN_ITEM_QUERIES]; /* a query sees positions qlo .. qpos */
     const float *qp[ATTN_ITEM_QUERIES];
-    int32_t last = 0; /* the pass's last position */
+    int32_t last = 0, first = INT32_MAX; /* the pass's last position, and its first seen */
     for (int32_t i = 0; i < nq; i++) {
         const int32_t t = t0 + (qs + i) / G, h = kvh * G + (qs + i) % G;
         qpos[i] = j->pos0 + t;
+        qlo[i] = j->window > 0 && qpos[i] >= j->window ? qpos[i] - j->window + 1 : 0;
         qp[i] = j->q + (int64_t)t * j->n_head * HD + (int64_t)h * HD;
         m[i] = -INFINITY;
         l[i] = 0.0f;
         last = qpos[i] > last ? qpos[i] : last;
+        first = qlo[i] < first ? qlo[i] : first;
     }
     memset(acc, 0, sizeof(float) * (size_t)nq * (size_t)HD);
     const __m256 scale = _mm256_set1_ps(j->scale), ninf = _mm256_set1_ps(-INFINITY);
-    for (int32_t j0 = 0; j0 <= last; j0 += 16) {
+    /* the grid of tiles stays at multiples of 16: a window only skips the tiles below it */
+    for (int32_t j0 = first / 16 * 16; j0 <= last; j0 += 16) {
         const int32_t nrow = last - j0 + 1 < 16 ? last - j0 + 1 : 16;
         for (int32_t p = 0; p < 16; p++) {
             if (p < nrow) {
@@ -119,8 +137,9 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
          * the operations and their order are the same as in one pass. */
         /* scores: one 8-lane partial vector per position, then reduced across positions */
         for (int32_t i = 0; i < nq; i++) {
-            if (qpos[i] < j0) continue;
+            if (qpos[i] < j0 || qlo[i] >= j0 + 16) continue;
             const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16; /* positions this query sees */
+            const int32_t p0 = qlo[i] > j0 ? qlo[i] - j0 : 0;                 /* below: outside its window */
             const float *q = qp[i];
             for (int h = 0; h < 2; h++) {
                 __m256 pv[8];
@@ -131,19 +150,20 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
                     pv[p] = sp;
                 }
                 const __m256 sv = _mm256_mul_ps(reduce8(pv), scale);
-                _mm256_store_ps(sc + 16 * i + 8 * h, _mm256_blendv_ps(ninf, sv, lanes_below(np, 8 * h)));
+                _mm256_store_ps(sc + 16 * i + 8 * h, _mm256_blendv_ps(ninf, sv, lanes_in(p0, np, 8 * h)));
             }
         }
         /* online softmax: weights e of the tile, the rescale factor of the query's old sums */
         for (int32_t i = 0; i < nq; i++) {
-            if (qpos[i] < j0) continue;
+            if (qpos[i] < j0 || qlo[i] >= j0 + 16) continue;
             const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16;
+            const int32_t p0 = qlo[i] > j0 ? qlo[i] - j0 : 0;
             const __m256 s0 = _mm256_load_ps(sc + 16 * i), s1 = _mm256_load_ps(sc + 16 * i + 8);
             const float mt = hmax8(_mm256_max_ps(s0, s1));
             const float mn = mt > m[i] ? mt : m[i];
             const __m256 mv = _mm256_set1_ps(mn);
-            const __m256 e0 = _mm256_and_ps(lanes_below(np, 0), exp8(_mm256_sub_ps(s0, mv)));
-            const __m256 e1 = _mm256_and_ps(lanes_below(np, 8), exp8(_mm256_sub_ps(s1, mv)));
+            const __m256 e0 = _mm256_and_ps(lanes_in(p0, np, 0), exp8(_mm256_sub_ps(s0, mv)));
+            const __m256 e1 = _mm256_and_ps(lanes_in(p0, np, 8), exp8(_mm256_sub_ps(s1, mv)));
             rescale[i] = mt > m[i]; /* otherwise the factor is exp8(0) = 1 exactly: skipped */
             if (rescale[i]) {
                 alpha[i] = _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[i] - mn))); /* first tile: ~0 */
@@ -156,8 +176,9 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
         }
         /* weighted sum of the V rows the query sees, in position order */
         for (int32_t i = 0; i < nq; i++) {
-            if (qpos[i] < j0) continue;
+            if (qpos[i] < j0 || qlo[i] >= j0 + 16) continue;
             const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16;
+            const int32_t p0 = qlo[i] > j0 ? qlo[i] - j0 : 0;
             float *ac = acc + (size_t)i * HD;
             __m256 o[16];
             for (int c = 0; c < NV; c++) o[c] = _mm256_load_ps(ac + 8 * c);
@@ -165,7 +186,7 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
                 const __m256 av = _mm256_set1_ps(alpha[i]);
                 for (int c = 0; c < NV; c++) o[c] = _mm256_mul_ps(o[c], av);
             }
-            for (int32_t p = 0; p < np; p++) {
+            for (int32_t p = p0; p < np; p++) {
                 const __m256 w = _mm256_broadcast_ss(&ew[16 * i + p]);
                 for (int c = 0; c < NV; c++) o[c] = _mm256_fmadd_ps(w, _mm256_load_ps(vt + p * HD + 8 * c), o[c]);
             }
@@ -175,7 +196,7 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
     for (int32_t i = 0; i < nq; i++) {
         const int32_t t = t0 + (qs + i) / G, h = kvh * G + (qs + i) % G;
         float *out = j->out + (int64_t)t * j->n_head * HD + (int64_t)h * HD;
-        const __m256 inv = _mm256_set1_ps(1.0f / l[i]);
+        const __m256 inv = _mm256_set1_ps(final_scale(j, h, m[i], l[i]));
         for (int c = 0; c < NV; c++)
             _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(_mm256_load_ps(acc + (size_t)i * HD + 8 * c), inv));
     }

@@ -8,9 +8,11 @@
  *   per query: s[16] = (q . kt[p]) * scale, lanes past the query's position masked to -inf;
  *              m' = max(m, max s); a = exp(m - m'); e = exp(s - m'); l = l a + sum e;
  *              acc = acc a + sum over its positions p of e[p] vt[p]  (p in order)
- *   at the end out = acc * (1 / l).
+ *   at the end out = acc * (1 / l), or with a sink logit s: acc * a / (l a + exp(s - m')), m' = max(m, s),
+ *   a = exp(m - m'); a window (sliding layers) masks the lanes below its first position and skips the
+ *   tiles before it.
  * Every step of a query is a fixed sequence of vector operations that depends on its own q and
- * position alone (the tile grid starts at position 0 for every query), never on which other queries
+ * position alone (the tile grid is the multiples of 16 for every query), never on which other queries
  * share the tile or on the thread.
  */
 #include <immintrin.h>
@@ -65,6 +67,14 @@ static inline __m512 reduce16(const __m512 v[16]) {
     return _mm512_permutexvar_ps(idx, d);
 }
 
+/* The factor a query's weighted sum is multiplied by at the end: 1 / l, or with a sink logit s for head h
+ * (joining the denominator, weighing no value) a / (l a + exp(s - m')) where m' = max(m, s), a = exp(m - m'). */
+static inline float final_scale(const attn_tile_job *j, int32_t h, float m, float l) {
+    if (!j->sinks) return 1.0f / l;
+    const float s = j->sinks[h], mn = s > m ? s : m, a = expf(m - mn);
+    return a / (l * a + expf(s - mn));
+}
+
 /* One pass over the tiles for queries qs .. qs + nq - 1 of the item (query i = token t0 + i / G,
  * head kvh * G + i % G). */
 static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job *j, int32_t kvh, int32_t t0, int32_t qs,
@@ -79,20 +89,23 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
     float ew[ATTN_ITEM_QUERIES * 16] __attribute__((aligned(64))); /* [nq, 16] their softmax weights */
     float alpha[ATTN_ITEM_QUERIES];
     int rescale[ATTN_ITEM_QUERIES];
-    int32_t qpos[ATTN_ITEM_QUERIES];
+    int32_t qpos[ATTN_ITEM_QUERIES], qlo[ATTN_ITEM_QUERIES]; /* a query sees positions qlo .. qpos */
     const float *qp[ATTN_ITEM_QUERIES];
-    int32_t last = 0; /* the pass's last position */
+    int32_t last = 0, first = INT32_MAX; /* the pass's last position, and its first seen */
     for (int32_t i = 0; i < nq; i++) {
         const int32_t t = t0 + (qs + i) / G, h = kvh * G + (qs + i) % G;
         qpos[i] = j->pos0 + t;
+        qlo[i] = j->window > 0 && qpos[i] >= j->window ? qpos[i] - j->window + 1 : 0;
         qp[i] = j->q + (int64_t)t * j->n_head * HD + (int64_t)h * HD;
         m[i] = -INFINITY;
         l[i] = 0.0f;
         last = qpos[i] > last ? qpos[i] : last;
+        first = qlo[i] < first ? qlo[i] : first;
     }
     memset(acc, 0, sizeof(float) * (size_t)nq * (size_t)HD);
     const __m512 scale = _mm512_set1_ps(j->scale);
-    for (int32_t j0 = 0; j0 <= last; j0 += 16) {
+    /* the grid of tiles stays at multiples of 16: a window only skips the tiles below it */
+    for (int32_t j0 = first / 16 * 16; j0 <= last; j0 += 16) {
         const int32_t nrow = last - j0 + 1 < 16 ? last - j0 + 1 : 16;
         for (int32_t p = 0; p < 16; p++) {
             if (p < nrow) {
@@ -117,9 +130,10 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
          * operations and their order are the same as in one pass. */
         /* scores: one 16-lane partial vector per position, then reduced across positions */
         for (int32_t i = 0; i < nq; i++) {
-            if (qpos[i] < j0) continue;
+            if (qpos[i] < j0 || qlo[i] >= j0 + 16) continue;
             const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16; /* positions this query sees */
-            const __mmask16 valid = (__mmask16)((1u << np) - 1u);
+            const int32_t p0 = qlo[i] > j0 ? qlo[i] - j0 : 0;                 /* below: outside its window */
+            const __mmask16 valid = (__mmask16)(((1u << np) - 1u) & ~((1u << p0) - 1u));
             __m512 qv[8];
             for (int c = 0; c < NV; c++) qv[c] = _mm512_loadu_ps(qp[i] + 16 * c);
             __m512 pv[16];
@@ -133,9 +147,10 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
         }
         /* online softmax: weights e of the tile, the rescale factor of the query's old sums */
         for (int32_t i = 0; i < nq; i++) {
-            if (qpos[i] < j0) continue;
+            if (qpos[i] < j0 || qlo[i] >= j0 + 16) continue;
             const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16;
-            const __mmask16 valid = (__mmask16)((1u << np) - 1u);
+            const int32_t p0 = qlo[i] > j0 ? qlo[i] - j0 : 0;
+            const __mmask16 valid = (__mmask16)(((1u << np) - 1u) & ~((1u << p0) - 1u));
             const __m512 sv = _mm512_load_ps(sc + 16 * i);
             const float mt = _mm512_reduce_max_ps(sv);
             const float mn = mt > m[i] ? mt : m[i];
@@ -151,8 +166,9 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
         }
         /* weighted sum of the V rows the query sees, in position order */
         for (int32_t i = 0; i < nq; i++) {
-            if (qpos[i] < j0) continue;
+            if (qpos[i] < j0 || qlo[i] >= j0 + 16) continue;
             const int32_t np = qpos[i] - j0 + 1 < 16 ? qpos[i] - j0 + 1 : 16;
+            const int32_t p0 = qlo[i] > j0 ? qlo[i] - j0 : 0;
             float *ac = acc + (size_t)i * HD;
             __m512 o[8];
             for (int c = 0; c < NV; c++) o[c] = _mm512_load_ps(ac + 16 * c);
@@ -160,7 +176,7 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
                 const __m512 av = _mm512_set1_ps(alpha[i]);
                 for (int c = 0; c < NV; c++) o[c] = _mm512_mul_ps(o[c], av);
             }
-            for (int32_t p = 0; p < np; p++) {
+            for (int32_t p = p0; p < np; p++) {
                 const __m512 w = _mm512_set1_ps(ew[16 * i + p]);
                 for (int c = 0; c < NV; c++) o[c] = _mm512_fmadd_ps(w, _mm512_load_ps(vt + p * HD + 16 * c), o[c]);
             }
@@ -170,7 +186,7 @@ static inline __attribute__((always_inline)) void attn_pass(const attn_tile_job 
     for (int32_t i = 0; i < nq; i++) {
         const int32_t t = t0 + (qs + i) / G, h = kvh * G + (qs + i) % G;
         float *out = j->out + (int64_t)t * j->n_head * HD + (int64_t)h * HD;
-        const __m512 inv = _mm512_set1_ps(1.0f / l[i]);
+        const __m512 inv = _mm512_set1_ps(final_scale(j, h, m[i], l[i]));
         for (int c = 0; c < NV; c++)
             _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(_mm512_load_ps(acc + (size_t)i * HD + 16 * c), inv));
     }
