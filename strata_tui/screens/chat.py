@@ -704,20 +704,31 @@ class ChatScreen(RepaintingScreen[None]):
             self._new()
         self.input.focus()
 
-    async def action_regenerate(self, from_view: MessageView | None = None) -> None:
+    def _editable_conversation(self, busy: str) -> Conversation | None:
+        """The conversation whose history may change now: none while a reply streams (``busy`` says so)
+        or before there is a conversation."""
         if self.reply is not None:
-            self.notify("A reply is already streaming.", severity="warning")
-            return
-        if self.conv is None:
-            return
-        # the reply to regenerate: the one given, or the last one
-        idx = None
+            self.notify(busy, severity="warning")
+            return None
+        return self.conv
+
+    def _target(self, from_view: MessageView | None, role: str, *, last_only: bool) -> int | None:
+        """The history index of the ``role`` message to act on: the one ``from_view`` shows (None when it
+        is another role's), else the last message if it is ``role``'s (``last_only``) or the last of
+        ``role``'s messages."""
         if from_view is not None and from_view.stored in self.history:
             idx = self.history.index(from_view.stored)
-            if self.history[idx].role != "assistant":
-                idx = None
-        elif self.history and self.history[-1].role == "assistant":
-            idx = len(self.history) - 1
+            return idx if self.history[idx].role == role else None
+        lo = max(len(self.history) - 1, 0) if last_only else 0
+        return next(
+            (i for i in range(len(self.history) - 1, lo - 1, -1) if self.history[i].role == role), None
+        )
+
+    async def action_regenerate(self, from_view: MessageView | None = None) -> None:
+        if self._editable_conversation("A reply is already streaming.") is None:
+            return
+        # the reply to regenerate: the one given, or the last one
+        idx = self._target(from_view, "assistant", last_only=True)
         if idx is None and not (self.history and self.history[-1].role == "user"):
             self.notify("Nothing to regenerate yet.", severity="warning")
             return
@@ -738,26 +749,16 @@ class ChatScreen(RepaintingScreen[None]):
                 await v.remove()
 
     async def action_edit_last(self, from_view: MessageView | None = None) -> None:
-        if self.reply is not None:
-            self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+        conv = self._editable_conversation("A reply is streaming: Esc cancels it first.")
+        if conv is None:
             return
-        if self.conv is None:
-            return
-        idx = None
-        if from_view is not None and from_view.stored in self.history:
-            idx = self.history.index(from_view.stored)
-            if self.history[idx].role != "user":
-                idx = None
-        else:
-            idx = next(
-                (i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"), None
-            )
+        idx = self._target(from_view, "user", last_only=False)
         if idx is None:
             self.notify("No message of yours to edit.", severity="warning")
             return
         msg = self.history[idx]
         if msg.id is not None:
-            self._db(self.ctx.store.delete_messages_from, self.conv.id, msg.id)
+            self._db(self.ctx.store.delete_messages_from, conv.id, msg.id)
         await self._remove_from(idx)
         self.input.load_text(msg.content)
         self.input.move_cursor(self.input.document.end)
