@@ -573,9 +573,22 @@ class ChatScreen(RepaintingScreen[None]):
             await asyncio.sleep(_POST_INTERVAL_S)
             pending.post(self, rid)
 
-    async def on_reply_delta(self, msg: ReplyDelta) -> None:
+    def _current_reply(self, reply_id: int) -> _Reply | None:
+        """The reply streaming now when it is ``reply_id``'s; None for a message of an earlier reply."""
         r = self.reply
-        if r is None or r.rid != msg.reply_id:
+        return r if r is not None and r.rid == reply_id else None
+
+    async def _end_reply(self, reply_id: int) -> _Reply | None:
+        """``_current_reply``, all its text drawn and no longer the one streaming."""
+        r = self._current_reply(reply_id)
+        if r is not None:
+            await self._flush(r)
+            self.reply = None
+        return r
+
+    async def on_reply_delta(self, msg: ReplyDelta) -> None:
+        r = self._current_reply(msg.reply_id)
+        if r is None:
             return
         now = time.perf_counter()
         if r.t_first is None:
@@ -627,11 +640,9 @@ class ChatScreen(RepaintingScreen[None]):
         await self._flush(r, limit=_TYPING_DRAW_CHARS)
 
     async def on_reply_ended(self, msg: ReplyEnded) -> None:
-        r = self.reply
-        if r is None or r.rid != msg.reply_id:
+        r = await self._end_reply(msg.reply_id)
+        if r is None:
             return
-        await self._flush(r)
-        self.reply = None
         r.view.pieces = r.n_pieces
         await r.view.end_stream()
         if msg.message is not None:
@@ -657,11 +668,9 @@ class ChatScreen(RepaintingScreen[None]):
         self._list()
 
     async def on_reply_failed(self, msg: ReplyFailed) -> None:
-        r = self.reply
-        if r is None or r.rid != msg.reply_id:
+        r = await self._end_reply(msg.reply_id)
+        if r is None:
             return
-        await self._flush(r)
-        self.reply = None
         await r.view.end_stream()
         if not r.view.content and not r.view.reasoning:
             await r.view.remove()
