@@ -284,6 +284,13 @@ class _Job:
         }
 
 
+def _refuse(eng: Any, ch: _Channel, job_id: int | None, e: Exception) -> None:
+    """A job that could not start: its error event, with the engine's counters, and the job is done."""
+    ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
+    ch.send({**ev, "job": job_id} if job_id is not None else ev)
+    ch.job_done(job_id)
+
+
 def _generate(
     eng: Any, ch: _Channel, cmd: GenerateCommand, model: str = "", job_id: int | None = None
 ) -> None:
@@ -298,9 +305,7 @@ def _generate(
     try:
         job = _Job(eng, ch, cmd, job_id, model)
     except Exception as e:
-        ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
-        ch.send({**ev, "job": job_id} if job_id is not None else ev)
-        ch.job_done(job_id)
+        _refuse(eng, ch, job_id, e)
         return
     prompt = [int(t) for t in cmd.prompt]
     reuse = job.reuse = job.reuse_of(ch.context, ch.context_scope)
@@ -357,9 +362,7 @@ def _serve_batch(eng: Any, ch: _Channel, model: str) -> None:
                 command = GenerateCommand.from_message(cmd)
                 job = _Job(eng, ch, command, job_id, model)
             except Exception as e:
-                ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
-                ch.send({**ev, "job": job_id} if job_id is not None else ev)
-                ch.job_done(job_id)
+                _refuse(eng, ch, job_id, e)
                 continue
             free = batch.free_sequences()
             if not free:
