@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ._config import add_engine_args, config_from_args
+from ._config import add_engine_args, config_or_usage_error
 from ._failure import UserError
 from ._model_path import model_path_problem
 from .tokenizer import Tokenizer
@@ -74,10 +74,8 @@ def run(args: argparse.Namespace) -> int:
     """Failures raise (StrataError, UserError, a refused file): ``strata.cli`` prints them in one paragraph."""
     from ._engine import Engine
 
-    try:
-        config = config_from_args(args)
-    except ValueError as e:
-        print(f"strata generate: {e}", file=sys.stderr)
+    config = config_or_usage_error(args, "strata generate")
+    if config is None:
         return 2
     model_path = _model_path(args)
     tok = None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ._cli_generate import parse_ids
-from ._config import add_engine_args, config_from_args
+from ._config import add_engine_args, config_or_usage_error
 from ._exceptions import StrataError
 
 __all__ = ["add_parser", "run_save"]
@@ -53,10 +53,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run_save(args: argparse.Namespace) -> int:
     from ._engine import Engine
 
-    try:
-        cfg = config_from_args(args)
-    except ValueError as e:
-        print(f"strata profile save: {e}", file=sys.stderr)
+    cfg = config_or_usage_error(args, "strata profile save")
+    if cfg is None:
         return 2
     if args.max_tokens < 0 or (args.prompt_ids is None and args.tokens < 1):
         print(

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ._enums import CachePolicy, Device, KvType, LendPolicy, MissPolicy, Simd, Split, names
 
@@ -20,10 +22,13 @@ __all__ = [
     "EngineConfig",
     "add_engine_args",
     "config_from_args",
+    "config_or_usage_error",
     "generation_room",
     "parse_budgets",
     "parse_size",
 ]
+
+_N = TypeVar("_N", int, float)
 
 MAX_DEVICES = 8  # STRATA_MAX_DEVICES: the most devices a layer split may use
 
@@ -72,25 +77,22 @@ def parse_budgets(text: str | int) -> int | list[int]:
     return [parse_size(p) for p in parts]
 
 
-def _int_list(text: str, flag: str) -> list[int]:
+def _number_list(text: str, flag: str, kind: Callable[[str], _N], what: str) -> list[_N]:
     try:
-        out = [int(p) for p in str(text).split(",")]
+        return [kind(p) for p in str(text).split(",")]
     except ValueError:
-        raise ValueError(
-            f"--{flag}: {text!r} is not a comma-separated list of device numbers (e.g. 0,1)"
-        ) from None
+        raise ValueError(f"--{flag}: {text!r} is not a comma-separated list of {what}") from None
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    out = _number_list(text, flag, int, "device numbers (e.g. 0,1)")
     if any(v < 0 for v in out):
         raise ValueError(f"--{flag}: {text!r} names a negative device")
     return out
 
 
 def _float_list(text: str, flag: str) -> list[float]:
-    try:
-        out = [float(p) for p in str(text).split(",")]
-    except ValueError:
-        raise ValueError(
-            f"--{flag}: {text!r} is not a comma-separated list of shares (e.g. 0.6,0.4)"
-        ) from None
+    out = _number_list(text, flag, float, "shares (e.g. 0.6,0.4)")
     if any(not v >= 0 for v in out) or sum(out) <= 0:
         raise ValueError(f"--{flag}: {text!r}: the shares must be numbers >= 0, at least one of them above 0")
     return out
@@ -316,3 +318,13 @@ def config_from_args(ns: argparse.Namespace) -> EngineConfig:
     if isinstance(values["vram_budget"], list):  # --vram-budget A,B: one budget per device of the split
         values["vram_budgets"] = values.pop("vram_budget")
     return EngineConfig(**values).validate()
+
+
+def config_or_usage_error(ns: argparse.Namespace, command: str) -> EngineConfig | None:
+    """``config_from_args`` for a command's ``run``: on a flag out of range, print ``<command>: <why>`` to
+    stderr and return None (the command then exits with status 2)."""
+    try:
+        return config_from_args(ns)
+    except ValueError as e:
+        print(f"{command}: {e}", file=sys.stderr)
+        return None

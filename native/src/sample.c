@@ -93,34 +93,28 @@ static int cmp_pair(const void *x, const void *y) {
     return before(*a, *b) ? -1 : before(*b, *a) ? 1 : 0;
 }
 
+/* Restore the heap c[0..k) (the worst candidate at the root) below position j. */
+static void sift_down(pair *c, int32_t k, int32_t j) {
+    for (;;) {
+        int32_t l = 2 * j + 1, r = l + 1, w = j;
+        if (l < k && before(c[w], c[l])) w = l;
+        if (r < k && before(c[w], c[r])) w = r;
+        if (w == j) break;
+        pair t = c[j];
+        c[j] = c[w];
+        c[w] = t;
+        j = w;
+    }
+}
+
 /* Keep the k best of c[0..n) in c[0..k), best first: a min-heap of the k best so far (O(n log k)). */
 static void keep_top_k(pair *c, int32_t n, int32_t k) {
     /* heap over c[0..k): the worst kept candidate at the root */
-    for (int32_t i = k / 2 - 1; i >= 0; i--) {
-        for (int32_t j = i;;) {
-            int32_t l = 2 * j + 1, r = l + 1, w = j;
-            if (l < k && before(c[w], c[l])) w = l;
-            if (r < k && before(c[w], c[r])) w = r;
-            if (w == j) break;
-            pair t = c[j];
-            c[j] = c[w];
-            c[w] = t;
-            j = w;
-        }
-    }
+    for (int32_t i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
     for (int32_t i = k; i < n; i++) {
         if (!before(c[i], c[0])) continue;
         c[0] = c[i];
-        for (int32_t j = 0;;) {
-            int32_t l = 2 * j + 1, r = l + 1, w = j;
-            if (l < k && before(c[w], c[l])) w = l;
-            if (r < k && before(c[w], c[r])) w = r;
-            if (w == j) break;
-            pair t = c[j];
-            c[j] = c[w];
-            c[w] = t;
-            j = w;
-        }
+        sift_down(c, k, 0);
     }
     qsort(c, (size_t)k, sizeof *c, cmp_pair);
 }

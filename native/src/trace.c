@@ -124,30 +124,21 @@ void trace_emit(const trace_sink *t, const char *fmt, ...) {
     else fprintf(stderr, "strata: %s\n", line);
 }
 
-int env_cuda_device_routing(void) {
-    const char *v = getenv("STRATA_CUDA_DECODE");
-    return !(v && strcmp(v, "host") == 0);
+/* Whether the variable `name` is set to `value` (most switches below are on unless set to their off word). */
+static int env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && strcmp(v, value) == 0;
 }
 
-int env_cuda_graph(void) {
-    const char *v = getenv("STRATA_CUDA_GRAPH");
-    return !(v && strcmp(v, "0") == 0);
-}
+int env_cuda_device_routing(void) { return !env_is("STRATA_CUDA_DECODE", "host"); }
 
-int env_cuda_fused(void) {
-    const char *v = getenv("STRATA_CUDA_DECODE");
-    return !(v && strcmp(v, "unfused") == 0);
-}
+int env_cuda_graph(void) { return !env_is("STRATA_CUDA_GRAPH", "0"); }
 
-int env_cuda_staging(void) {
-    const char *v = getenv("STRATA_CUDA_STAGING");
-    return !(v && strcmp(v, "0") == 0);
-}
+int env_cuda_fused(void) { return !env_is("STRATA_CUDA_DECODE", "unfused"); }
 
-int trace_env_cuda_mmq(void) {
-    const char *v = getenv("STRATA_CUDA_MMQ");
-    return !(v && strcmp(v, "0") == 0);
-}
+int env_cuda_staging(void) { return !env_is("STRATA_CUDA_STAGING", "0"); }
+
+int trace_env_cuda_mmq(void) { return !env_is("STRATA_CUDA_MMQ", "0"); }
 
 /* unset: all = 63; else a number (0 = none) */
 static int env_mask(const char *name, int all) {
@@ -158,29 +149,19 @@ static int env_mask(const char *name, int all) {
 
 int env_cuda_fast(void) { return env_mask("STRATA_CUDA_FAST", 63); }
 
-int env_cuda_pdl(void) {
-    const char *v = getenv("STRATA_CUDA_PDL");
-    return !(v && strcmp(v, "0") == 0);
-}
+int env_cuda_pdl(void) { return !env_is("STRATA_CUDA_PDL", "0"); }
 
 int env_cuda_fuse2(void) { return env_mask("STRATA_CUDA_FUSE", 31); }
 
-int env_cuda_att_split(void) {
-    const char *v = getenv("STRATA_CUDA_ATT_SPLIT");
-    return !(v && strcmp(v, "0") == 0);
-}
+int env_cuda_att_split(void) { return !env_is("STRATA_CUDA_ATT_SPLIT", "0"); }
 
 int env_cuda_store(void) {
-    const char *v = getenv("STRATA_CUDA_STORE");
-    if (v && strcmp(v, "register") == 0) return 1;
-    if (v && strcmp(v, "ring") == 0) return 0;
+    if (env_is("STRATA_CUDA_STORE", "register")) return 1;
+    if (env_is("STRATA_CUDA_STORE", "ring")) return 0;
     return 2;
 }
 
-int env_cuda_overlap(void) {
-    const char *v = getenv("STRATA_CUDA_OVERLAP");
-    return !(v && strcmp(v, "0") == 0);
-}
+int env_cuda_overlap(void) { return !env_is("STRATA_CUDA_OVERLAP", "0"); }
 
 double env_cuda_miss_split(void) {
     const char *v = getenv("STRATA_CUDA_MISS_SPLIT");
@@ -190,15 +171,9 @@ double env_cuda_miss_split(void) {
     return end && *end == '\0' && x >= 0.0 && x <= 1.0 ? x : -1.0;
 }
 
-int env_cuda_portable(void) {
-    const char *v = getenv("STRATA_CUDA_PORTABLE");
-    return v && strcmp(v, "1") == 0;
-}
+int env_cuda_portable(void) { return env_is("STRATA_CUDA_PORTABLE", "1"); }
 
-int trace_env_cuda_flash(void) {
-    const char *v = getenv("STRATA_CUDA_FLASH");
-    return !(v && strcmp(v, "0") == 0);
-}
+int trace_env_cuda_flash(void) { return !env_is("STRATA_CUDA_FLASH", "0"); }
 
 /* Monotonic wall time in milliseconds (traces, timings). */
 double engine_now_ms(void) {

@@ -320,11 +320,18 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
-def _cmd_info(args: argparse.Namespace) -> int:
+def _describe_or_report(path: Path, command: str) -> dict[str, Any] | None:
+    """``describe(path)``; when the file cannot be read, say so on stderr as ``command`` and return None."""
     try:
-        d = describe(args.file)
+        return describe(path)
     except (OSError, ValueError) as e:
-        print(f"strata model info: cannot read {args.file}: {e}", file=sys.stderr)
+        print(f"{command}: cannot read {path}: {e}", file=sys.stderr)
+        return None
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    d = _describe_or_report(args.file, "strata model info")
+    if d is None:
         return 1
     if args.json:
         print(json.dumps(d, indent=1))
@@ -366,10 +373,8 @@ def _cmd_routing(args: argparse.Namespace) -> int:
     from ._routing import lru_hit_rates, route_file, spread
     from ._tokenizer import corpus_texts
 
-    try:
-        d = describe(args.file)
-    except (OSError, ValueError) as e:
-        print(f"strata model routing: cannot read {args.file}: {e}", file=sys.stderr)
+    d = _describe_or_report(args.file, "strata model routing")
+    if d is None:
         return 1
     from ._presets import FAMILIES
 

@@ -298,6 +298,17 @@ def _odd_scales(t: np.ndarray, gmax: float, denom: float) -> tuple[np.ndarray, n
     return d, s, eff
 
 
+def _signs_scale_words(neg: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """The u32 of each 32 values of IQ3_XXS and IQ2_XXS ([nb, 8], "<u4"): the 7-bit sign patterns of
+    its 4 groups of 8 values (``neg`` [nb, 8, 4, 8], the 8th sign implied) at bits 7 l, and its scale
+    ``s`` in bits 28..31."""
+    sidx = (_bits(neg) & 127).astype(np.uint32)  # [nb, 8, 4]
+    words = s.astype(np.uint32) << 28
+    for lidx in range(4):
+        words |= sidx[:, :, lidx] << (7 * lidx)
+    return words.astype("<u4")
+
+
 def _iq3_xxs(b: np.ndarray) -> np.ndarray:
     nb = b.shape[0]
     grid = _grid_table("IQ3_XXS")[0]  # [256, 4]
@@ -306,11 +317,7 @@ def _iq3_xxs(b: np.ndarray) -> np.ndarray:
     neg = _even_signs(x.reshape(nb, 8, 4, 8))
     mag = np.abs(x) * _inv(eff)[..., None]  # in grid units
     idx = _nearest_grid(mag.reshape(-1, 4), "IQ3_XXS").reshape(nb, 64).astype(np.uint8)
-    sidx = (_bits(neg) & 127).astype(np.uint32)  # [nb, 8, 4]
-    sas = s.astype(np.uint32) << 28
-    for lidx in range(4):
-        sas |= sidx[:, :, lidx] << (7 * lidx)
-    return _u8(d, idx, sas.astype("<u4"))
+    return _u8(d, idx, _signs_scale_words(neg, s))
 
 
 def _iq3_s(b: np.ndarray) -> np.ndarray:
@@ -350,12 +357,8 @@ def _iq2_xxs(b: np.ndarray) -> np.ndarray:
     neg = _even_signs(x.reshape(nb, 8, 4, 8))
     mag = np.abs(x) * _inv(eff)[..., None]
     idx = _nearest_grid(mag.reshape(-1, 8), "IQ2_XXS").reshape(nb, 8, 4).astype(np.uint8)
-    sidx = (_bits(neg) & 127).astype(np.uint32)  # [nb, 8, 4]
-    aux = s.astype(np.uint32) << 28
-    for lidx in range(4):
-        aux |= sidx[:, :, lidx] << (7 * lidx)
     # per 32 values: the 4 index bytes, then the u32 of signs and scale
-    qs = np.concatenate([idx, aux.astype("<u4")[..., None].view(np.uint8)], axis=-1).reshape(nb, 64)
+    qs = np.concatenate([idx, _signs_scale_words(neg, s)[..., None].view(np.uint8)], axis=-1).reshape(nb, 64)
     return _u8(d, qs)
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .._config import add_engine_args, config_from_args
+from .._config import add_engine_args, config_or_usage_error
 from .requests import DEFAULT_MAX_BODY
 from .supervisor import DEFAULT_ENGINE_TIMEOUT
 
@@ -113,10 +113,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = config_from_args(args)
-    except ValueError as e:
-        print(f"strata serve: {e}", file=sys.stderr)
+    config = config_or_usage_error(args, "strata serve")
+    if config is None:
         return 2
     model = args.model
     if model is None:

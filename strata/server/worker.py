@@ -260,24 +260,35 @@ class _Job:
         """The generation as a strata._batch.BatchRequest (the prompt after the reused prefix)."""
         from strata._batch import BatchRequest
 
-        c = self.cmd
         return BatchRequest(
-            seq_key,
-            [int(t) for t in c.prompt[self.reuse :]],
-            max_tokens=c.max_tokens,
-            temperature=c.temperature,
-            top_k=c.top_k,
-            top_p=c.top_p,
-            min_p=c.min_p,
-            seed=c.seed,
-            stop_tokens=c.stop_tokens,
-            stop_at_eos=c.stop_at_eos,
-            top_logits=c.top_logits,
-            on_token=self.on_token,
-            on_prompt=self.on_prompt,
-            logits_processor=self.constraint.mask if self.constraint is not None else None,
-            keep=self.reuse,
+            seq_key, [int(t) for t in self.cmd.prompt[self.reuse :]], **self.generate_args(), keep=self.reuse
         )
+
+    def generate_args(self) -> dict[str, Any]:
+        """The keyword arguments of Engine.generate (and of a BatchRequest) that the command and this
+        job give: the sampling, the stops, and the job's callbacks and grammar."""
+        c = self.cmd
+        return {
+            "max_tokens": c.max_tokens,
+            "temperature": c.temperature,
+            "top_k": c.top_k,
+            "top_p": c.top_p,
+            "min_p": c.min_p,
+            "seed": c.seed,
+            "stop_tokens": c.stop_tokens,
+            "stop_at_eos": c.stop_at_eos,
+            "top_logits": c.top_logits,
+            "on_token": self.on_token,
+            "on_prompt": self.on_prompt,
+            "logits_processor": self.constraint.mask if self.constraint is not None else None,
+        }
+
+
+def _refuse(eng: Any, ch: _Channel, job_id: int | None, e: Exception) -> None:
+    """A job that could not start: its error event, with the engine's counters, and the job is done."""
+    ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
+    ch.send({**ev, "job": job_id} if job_id is not None else ev)
+    ch.job_done(job_id)
 
 
 def _generate(
@@ -294,9 +305,7 @@ def _generate(
     try:
         job = _Job(eng, ch, cmd, job_id, model)
     except Exception as e:
-        ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
-        ch.send({**ev, "job": job_id} if job_id is not None else ev)
-        ch.job_done(job_id)
+        _refuse(eng, ch, job_id, e)
         return
     prompt = [int(t) for t in cmd.prompt]
     reuse = job.reuse = job.reuse_of(ch.context, ch.context_scope)
@@ -308,21 +317,7 @@ def _generate(
             eng.kv_reset()
         ch.context = []
         ch.context_scope = cmd.cache_scope
-        r = eng.generate(
-            prompt[reuse:],
-            max_tokens=cmd.max_tokens,
-            temperature=cmd.temperature,
-            top_k=cmd.top_k,
-            top_p=cmd.top_p,
-            min_p=cmd.min_p,
-            seed=cmd.seed,
-            stop_tokens=cmd.stop_tokens,
-            stop_at_eos=cmd.stop_at_eos,
-            on_token=job.on_token,
-            on_prompt=job.on_prompt,
-            top_logits=cmd.top_logits,
-            logits_processor=job.constraint.mask if job.constraint is not None else None,
-        )
+        r = eng.generate(prompt[reuse:], **job.generate_args())
     except Exception as e:
         job.error(e)
         return
@@ -367,9 +362,7 @@ def _serve_batch(eng: Any, ch: _Channel, model: str) -> None:
                 command = GenerateCommand.from_message(cmd)
                 job = _Job(eng, ch, command, job_id, model)
             except Exception as e:
-                ev = {"ev": "error", **_error_event(e), "stats": _asdict(eng.stats())}
-                ch.send({**ev, "job": job_id} if job_id is not None else ev)
-                ch.job_done(job_id)
+                _refuse(eng, ch, job_id, e)
                 continue
             free = batch.free_sequences()
             if not free:

@@ -573,9 +573,22 @@ class ChatScreen(RepaintingScreen[None]):
             await asyncio.sleep(_POST_INTERVAL_S)
             pending.post(self, rid)
 
-    async def on_reply_delta(self, msg: ReplyDelta) -> None:
+    def _current_reply(self, reply_id: int) -> _Reply | None:
+        """The reply streaming now when it is ``reply_id``'s; None for a message of an earlier reply."""
         r = self.reply
-        if r is None or r.rid != msg.reply_id:
+        return r if r is not None and r.rid == reply_id else None
+
+    async def _end_reply(self, reply_id: int) -> _Reply | None:
+        """``_current_reply``, all its text drawn and no longer the one streaming."""
+        r = self._current_reply(reply_id)
+        if r is not None:
+            await self._flush(r)
+            self.reply = None
+        return r
+
+    async def on_reply_delta(self, msg: ReplyDelta) -> None:
+        r = self._current_reply(msg.reply_id)
+        if r is None:
             return
         now = time.perf_counter()
         if r.t_first is None:
@@ -627,11 +640,9 @@ class ChatScreen(RepaintingScreen[None]):
         await self._flush(r, limit=_TYPING_DRAW_CHARS)
 
     async def on_reply_ended(self, msg: ReplyEnded) -> None:
-        r = self.reply
-        if r is None or r.rid != msg.reply_id:
+        r = await self._end_reply(msg.reply_id)
+        if r is None:
             return
-        await self._flush(r)
-        self.reply = None
         r.view.pieces = r.n_pieces
         await r.view.end_stream()
         if msg.message is not None:
@@ -657,11 +668,9 @@ class ChatScreen(RepaintingScreen[None]):
         self._list()
 
     async def on_reply_failed(self, msg: ReplyFailed) -> None:
-        r = self.reply
-        if r is None or r.rid != msg.reply_id:
+        r = await self._end_reply(msg.reply_id)
+        if r is None:
             return
-        await self._flush(r)
-        self.reply = None
         await r.view.end_stream()
         if not r.view.content and not r.view.reasoning:
             await r.view.remove()
@@ -704,20 +713,31 @@ class ChatScreen(RepaintingScreen[None]):
             self._new()
         self.input.focus()
 
-    async def action_regenerate(self, from_view: MessageView | None = None) -> None:
+    def _editable_conversation(self, busy: str) -> Conversation | None:
+        """The conversation whose history may change now: none while a reply streams (``busy`` says so)
+        or before there is a conversation."""
         if self.reply is not None:
-            self.notify("A reply is already streaming.", severity="warning")
-            return
-        if self.conv is None:
-            return
-        # the reply to regenerate: the one given, or the last one
-        idx = None
+            self.notify(busy, severity="warning")
+            return None
+        return self.conv
+
+    def _target(self, from_view: MessageView | None, role: str, *, last_only: bool) -> int | None:
+        """The history index of the ``role`` message to act on: the one ``from_view`` shows (None when it
+        is another role's), else the last message if it is ``role``'s (``last_only``) or the last of
+        ``role``'s messages."""
         if from_view is not None and from_view.stored in self.history:
             idx = self.history.index(from_view.stored)
-            if self.history[idx].role != "assistant":
-                idx = None
-        elif self.history and self.history[-1].role == "assistant":
-            idx = len(self.history) - 1
+            return idx if self.history[idx].role == role else None
+        lo = max(len(self.history) - 1, 0) if last_only else 0
+        return next(
+            (i for i in range(len(self.history) - 1, lo - 1, -1) if self.history[i].role == role), None
+        )
+
+    async def action_regenerate(self, from_view: MessageView | None = None) -> None:
+        if self._editable_conversation("A reply is already streaming.") is None:
+            return
+        # the reply to regenerate: the one given, or the last one
+        idx = self._target(from_view, "assistant", last_only=True)
         if idx is None and not (self.history and self.history[-1].role == "user"):
             self.notify("Nothing to regenerate yet.", severity="warning")
             return
@@ -738,26 +758,16 @@ class ChatScreen(RepaintingScreen[None]):
                 await v.remove()
 
     async def action_edit_last(self, from_view: MessageView | None = None) -> None:
-        if self.reply is not None:
-            self.notify("A reply is streaming: Esc cancels it first.", severity="warning")
+        conv = self._editable_conversation("A reply is streaming: Esc cancels it first.")
+        if conv is None:
             return
-        if self.conv is None:
-            return
-        idx = None
-        if from_view is not None and from_view.stored in self.history:
-            idx = self.history.index(from_view.stored)
-            if self.history[idx].role != "user":
-                idx = None
-        else:
-            idx = next(
-                (i for i in range(len(self.history) - 1, -1, -1) if self.history[i].role == "user"), None
-            )
+        idx = self._target(from_view, "user", last_only=False)
         if idx is None:
             self.notify("No message of yours to edit.", severity="warning")
             return
         msg = self.history[idx]
         if msg.id is not None:
-            self._db(self.ctx.store.delete_messages_from, self.conv.id, msg.id)
+            self._db(self.ctx.store.delete_messages_from, conv.id, msg.id)
         await self._remove_from(idx)
         self.input.load_text(msg.content)
         self.input.move_cursor(self.input.document.end)

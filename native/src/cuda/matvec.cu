@@ -109,8 +109,7 @@ k_norm_matvec_f32(const float *x, const float *nw, float *xn, uint8_t *q, const 
             }
         }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
+    acc = mv_warp_sum(acc);
     if (lane == 0) y[r] = acc;
     }
     if (TOPK) {

@@ -12,23 +12,24 @@
 
 #define MV_WARPS 4 /* rows per block */
 
-template <int TYPE, int TOK>
-__global__ void __launch_bounds__(MV_WARPS * 32)
-k_matvec(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, int64_t row_bytes, int64_t rows,
-         int64_t cols, const float *__restrict__ x, int64_t xs, const int32_t *__restrict__ tok,
-         const int32_t *__restrict__ outr, float *__restrict__ y, int64_t ys, int T, int accumulate) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
-    if (r >= rows) return;
-    /* plain (w_ptrs == NULL): tokens unit*TOK .. of x into the same rows of y.
-     * segments: unit u has its own weights w_ptrs[u] and up to TOK tokens tok[u*TOK + t] (-1 = none)
-     * whose results go to rows outr[u*TOK + t] of y. */
-    const int64_t unit = blockIdx.y;
-    const uint8_t *row = (w_ptrs ? w_ptrs[unit] : W) + r * row_bytes;
-    int64_t xrow[TOK], yrow[TOK];
+/* The sum of v over the warp, left in every lane: the butterfly every kernel below ends a row with. */
+__device__ __forceinline__ float mv_warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* The x row and y row of each of the TOK tokens of a unit of k_matvec / k_matvec_q8 (-1 = none).
+ * plain (segments false): tokens unit*TOK .. of x into the same rows of y.
+ * segments: unit u has its own weights w_ptrs[u] and up to TOK tokens tok[u*TOK + t] (-1 = none)
+ * whose results go to rows outr[u*TOK + t] of y. */
+template <int TOK>
+__device__ __forceinline__ void mv_token_rows(bool segments, const int32_t *__restrict__ tok,
+                                              const int32_t *__restrict__ outr, int64_t unit, int T,
+                                              int64_t (&xrow)[TOK], int64_t (&yrow)[TOK]) {
 #pragma unroll
     for (int t = 0; t < TOK; t++) {
-        if (w_ptrs) {
+        if (segments) {
             xrow[t] = tok[unit * TOK + t];
             yrow[t] = xrow[t] < 0 ? -1 : outr[unit * TOK + t];
         } else {
@@ -37,6 +38,53 @@ k_matvec(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptr
             yrow[t] = xrow[t];
         }
     }
+}
+
+/* The end of k_matvec / k_matvec_q8: each token's total over the warp, which lane t writes to row r of
+ * token t's y row (every lane holds every total after the butterfly); y += with accumulate, else y =. */
+template <int TOK>
+__device__ __forceinline__ void mv_store(float (&acc)[TOK], int lane, float *__restrict__ y, int64_t ys,
+                                         const int64_t (&yrow)[TOK], int64_t r, int accumulate) {
+#pragma unroll
+    for (int t = 0; t < TOK; t++) acc[t] = mv_warp_sum(acc[t]);
+#pragma unroll
+    for (int t = 0; t < TOK; t++) {
+        if (lane == t && yrow[t] >= 0) {
+            float *yp = y + yrow[t] * ys + r;
+            *yp = accumulate ? __fadd_rn(*yp, acc[t]) : acc[t];
+        }
+    }
+}
+
+/* s + w[0] x[0] + .. + w[7] x[7], in that order, each operation rounded on its own: a lane's slice of a
+ * group against 8 float activations (16-byte aligned). */
+__device__ __forceinline__ float mv_dot8(float s, const float (&w)[8], const float *__restrict__ x8) {
+    const float4 *xp = (const float4 *)x8;
+    const float4 a = __ldg(xp), b = __ldg(xp + 1);
+    s = __fadd_rn(s, __fmul_rn(w[0], a.x));
+    s = __fadd_rn(s, __fmul_rn(w[1], a.y));
+    s = __fadd_rn(s, __fmul_rn(w[2], a.z));
+    s = __fadd_rn(s, __fmul_rn(w[3], a.w));
+    s = __fadd_rn(s, __fmul_rn(w[4], b.x));
+    s = __fadd_rn(s, __fmul_rn(w[5], b.y));
+    s = __fadd_rn(s, __fmul_rn(w[6], b.z));
+    s = __fadd_rn(s, __fmul_rn(w[7], b.w));
+    return s;
+}
+
+template <int TYPE, int TOK>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+k_matvec(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, int64_t row_bytes, int64_t rows,
+         int64_t cols, const float *__restrict__ x, int64_t xs, const int32_t *__restrict__ tok,
+         const int32_t *__restrict__ outr, float *__restrict__ y, int64_t ys, int T, int accumulate) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    /* plain (w_ptrs == NULL) or segments: see mv_token_rows */
+    const int64_t unit = blockIdx.y;
+    const uint8_t *row = (w_ptrs ? w_ptrs[unit] : W) + r * row_bytes;
+    int64_t xrow[TOK], yrow[TOK];
+    mv_token_rows<TOK>(w_ptrs != NULL, tok, outr, unit, T, xrow, yrow);
 
     float acc[TOK];
 #pragma unroll
@@ -49,35 +97,10 @@ k_matvec(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptr
         gq_dequant8(TYPE, row, g, sl, w);
 #pragma unroll
         for (int t = 0; t < TOK; t++) {
-            if (xrow[t] >= 0) {
-                const float4 *xp = (const float4 *)(x + xrow[t] * xs + g * 32 + sl * 8);
-                const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                float s = acc[t];
-                s = __fadd_rn(s, __fmul_rn(w[0], a.x));
-                s = __fadd_rn(s, __fmul_rn(w[1], a.y));
-                s = __fadd_rn(s, __fmul_rn(w[2], a.z));
-                s = __fadd_rn(s, __fmul_rn(w[3], a.w));
-                s = __fadd_rn(s, __fmul_rn(w[4], b.x));
-                s = __fadd_rn(s, __fmul_rn(w[5], b.y));
-                s = __fadd_rn(s, __fmul_rn(w[6], b.z));
-                s = __fadd_rn(s, __fmul_rn(w[7], b.w));
-                acc[t] = s;
-            }
+            if (xrow[t] >= 0) acc[t] = mv_dot8(acc[t], w, x + xrow[t] * xs + g * 32 + sl * 8);
         }
     }
-#pragma unroll
-    for (int t = 0; t < TOK; t++) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[t] = __fadd_rn(acc[t], __shfl_xor_sync(0xffffffffu, acc[t], off));
-    }
-    /* lane t writes token t (every lane holds every total after the butterfly) */
-#pragma unroll
-    for (int t = 0; t < TOK; t++) {
-        if (lane == t && yrow[t] >= 0) {
-            float *yp = y + yrow[t] * ys + r;
-            *yp = accumulate ? __fadd_rn(*yp, acc[t]) : acc[t];
-        }
-    }
+    mv_store<TOK>(acc, lane, y, ys, yrow, r, accumulate);
 }
 
 /* Lane slice sl of Q8_0 / Q4_0 block g of a row: its 8 weights as two words of 4 int8 (w0, w1) and the
@@ -102,6 +125,16 @@ __device__ __forceinline__ void q8w_load(const uint8_t *__restrict__ row, int64_
     }
 }
 
+/* acc + (dw * dx) * isum: lane slice sl of group g (weights w0, w1, scale dw from q8w_load) against the
+ * 8-bit activation row xr (cols int8 values, then cols / 32 float scales): an exact integer dot of 8. */
+__device__ __forceinline__ float q8_add(float acc, int w0, int w1, float dw, const uint8_t *__restrict__ xr,
+                                        int64_t cols, int64_t g, int sl) {
+    const int2 xv = *(const int2 *)(xr + g * 32 + 8 * sl);
+    const float dx = ((const float *)(xr + cols))[g];
+    const int isum = __dp4a(w1, xv.y, __dp4a(w0, xv.x, 0));
+    return __fadd_rn(acc, __fmul_rn(__fmul_rn(dw, dx), (float)isum));
+}
+
 /* Q8_0 / Q4_0 weights against activations quantized to 8 bits per block of 32 (the host engine's
  * scheme: d = max|x| / 127 stored as f16, q = round(x / d)). Activation row layout: cols int8 values,
  * then cols / 32 float scales. Lane l owns slice l % 4 of blocks l / 4, l / 4 + 8, ...: an exact
@@ -117,17 +150,7 @@ k_matvec_q8(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_
     const int64_t unit = blockIdx.y;
     const uint8_t *row = (w_ptrs ? w_ptrs[unit] : W) + r * row_bytes;
     int64_t xrow[TOK], yrow[TOK];
-#pragma unroll
-    for (int t = 0; t < TOK; t++) {
-        if (w_ptrs) {
-            xrow[t] = tok[unit * TOK + t];
-            yrow[t] = xrow[t] < 0 ? -1 : outr[unit * TOK + t];
-        } else {
-            const int64_t tt = unit * TOK + t;
-            xrow[t] = tt < T ? tt : -1;
-            yrow[t] = xrow[t];
-        }
-    }
+    mv_token_rows<TOK>(w_ptrs != NULL, tok, outr, unit, T, xrow, yrow);
     float acc[TOK];
 #pragma unroll
     for (int t = 0; t < TOK; t++) acc[t] = 0.0f;
@@ -139,27 +162,10 @@ k_matvec_q8(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_
         q8w_load<TYPE>(row, g, sl, w0, w1, dw);
 #pragma unroll
         for (int t = 0; t < TOK; t++) {
-            if (xrow[t] >= 0) {
-                const uint8_t *xr = xq + xrow[t] * xs;
-                const int2 xv = *(const int2 *)(xr + g * 32 + 8 * sl);
-                const float dx = ((const float *)(xr + cols))[g];
-                const int isum = __dp4a(w1, xv.y, __dp4a(w0, xv.x, 0));
-                acc[t] = __fadd_rn(acc[t], __fmul_rn(__fmul_rn(dw, dx), (float)isum));
-            }
+            if (xrow[t] >= 0) acc[t] = q8_add(acc[t], w0, w1, dw, xq + xrow[t] * xs, cols, g, sl);
         }
     }
-#pragma unroll
-    for (int t = 0; t < TOK; t++) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[t] = __fadd_rn(acc[t], __shfl_xor_sync(0xffffffffu, acc[t], off));
-    }
-#pragma unroll
-    for (int t = 0; t < TOK; t++) {
-        if (lane == t && yrow[t] >= 0) {
-            float *yp = y + yrow[t] * ys + r;
-            *yp = accumulate ? __fadd_rn(*yp, acc[t]) : acc[t];
-        }
-    }
+    mv_store<TOK>(acc, lane, y, ys, yrow, r, accumulate);
 }
 
 /* ---- decode experts: one token, K experts, fused ------------------------------------------------
@@ -184,22 +190,9 @@ __device__ __forceinline__ float dot_row_f(const uint8_t *__restrict__ row, cons
         } else {
             gq_dequant8(TYPE, row, g, sl, w);
         }
-        const float4 *xp = (const float4 *)(x + g * 32 + sl * 8);
-        const float4 a = __ldg(xp), b = __ldg(xp + 1);
-        float s = acc;
-        s = __fadd_rn(s, __fmul_rn(w[0], a.x));
-        s = __fadd_rn(s, __fmul_rn(w[1], a.y));
-        s = __fadd_rn(s, __fmul_rn(w[2], a.z));
-        s = __fadd_rn(s, __fmul_rn(w[3], a.w));
-        s = __fadd_rn(s, __fmul_rn(w[4], b.x));
-        s = __fadd_rn(s, __fmul_rn(w[5], b.y));
-        s = __fadd_rn(s, __fmul_rn(w[6], b.z));
-        s = __fadd_rn(s, __fmul_rn(w[7], b.w));
-        acc = s;
+        acc = mv_dot8(acc, w, x + g * 32 + sl * 8);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-    return acc;
+    return mv_warp_sum(acc);
 }
 
 template <int TYPE>
@@ -213,14 +206,9 @@ __device__ __forceinline__ float dot_row_q8(const uint8_t *__restrict__ row, con
         int w0, w1;
         float dw;
         q8w_load<TYPE>(row, g, sl, w0, w1, dw);
-        const int2 xv = *(const int2 *)(xr + g * 32 + 8 * sl);
-        const float dx = ((const float *)(xr + cols))[g];
-        const int isum = __dp4a(w1, xv.y, __dp4a(w0, xv.x, 0));
-        acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(dw, dx), (float)isum));
+        acc = q8_add(acc, w0, w1, dw, xr, cols, g, sl);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, off));
-    return acc;
+    return mv_warp_sum(acc);
 }
 
 template <int TYPE>
@@ -389,11 +377,7 @@ __device__ __forceinline__ void dot_rows_q8(const uint8_t *const *rows, const ui
     }
     if (!waited) cu_pdl_wait();
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
-        out[r] = acc[r];
-    }
+    for (int r = 0; r < NR; r++) out[r] = mv_warp_sum(acc[r]);
 }
 
 #define IS_Q8ACT(TYPE) ((TYPE) == STRATA_TYPE_Q8_0 || (TYPE) == STRATA_TYPE_Q4_0)
@@ -540,10 +524,7 @@ __global__ void k_expert_down_combine_hq(const uint8_t *const *__restrict__ wd, 
         q8_accumulate<DC_ROWS, PF>(g0, G, w0, w1, dw, xv, dx, acc);
     }
 #pragma unroll
-    for (int r = 0; r < DC_ROWS; r++) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], off));
-    }
+    for (int r = 0; r < DC_ROWS; r++) acc[r] = mv_warp_sum(acc[r]);
     if (lane == 0)
 #pragma unroll
         for (int i = 0; i < DC_ROWS; i++) part[i * K + k] = acc[i];

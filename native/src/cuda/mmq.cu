@@ -75,28 +75,8 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
     const int64_t row0 = (int64_t)blockIdx.x * MQ_BM;
     const int64_t unit = unit0 + blockIdx.y;
     const uint8_t *Wm = w_ptrs ? w_ptrs[unit] : W;
-    int cnt;
-    if (w_ptrs) {
-        const int32_t s0 = seg_start[unit];
-        cnt = seg_start[unit + 1] - s0;
-        for (int j = tid; j < MQ_BN; j += MQ_THREADS) {
-            const int32_t p = j < cnt ? pairs[s0 + j] : -1;
-            sxo[j] = p >= 0 ? (int64_t)(p / xdiv) * xs : 0;
-            syr[j] = p;
-        }
-    } else {
-        const int64_t t0 = unit * MQ_BN;
-        cnt = T - t0 < MQ_BN ? (int)(T - t0) : MQ_BN;
-        for (int j = tid; j < MQ_BN; j += MQ_THREADS) {
-            sxo[j] = j < cnt ? (t0 + j) * xs : 0;
-            syr[j] = j < cnt ? t0 + j : -1;
-        }
-    }
-    for (int j = tid; j < MQ_BM; j += MQ_THREADS) {
-        /* rows past the end read the last row (valid memory); their results are not written */
-        const int64_t r = row0 + j < rows ? row0 + j : rows - 1;
-        swo[j] = r * row_bytes;
-    }
+    const int cnt = mq_tile_rows(sxo, syr, swo, w_ptrs != NULL, pairs, seg_start, xdiv, xs, T, unit, row0, rows,
+                                 row_bytes);
 
     float acc[8][4];
 #pragma unroll
@@ -149,18 +129,8 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
                 copy_rows<uint16_t>(sA, SA, src, swo, MQ_BM, bytes);
             }
         }
-        /* tokens: 16-byte unit u of token n is values 16u .. 16u + 15 of the stage (zeros past the
-         * segment's tokens or the row's end) */
-        for (int i = tid; i < MQ_BN * 2 * MQ_KC; i += MQ_THREADS) {
-            const int n = i / (2 * MQ_KC), u = i % (2 * MQ_KC);
-            const bool ok = n < cnt && (u >> 1) < nb;
-            cu_cp16<SM80>(sB + n * MQ_SB + u * 16, ok ? xq + sxo[n] + c0 * 32 + u * 16 : xq, ok ? 16 : 0);
-        }
-        for (int i = tid; i < MQ_BN * MQ_KC; i += MQ_THREADS) {
-            const int n = i / MQ_KC, blk = i % MQ_KC;
-            const bool ok = n < cnt && blk < nb;
-            cu_cp4<SM80>(&sdx[blk][n], ok ? xscale_base + (sxo[n] >> 2) + c0 + blk : (const float *)xq, ok ? 4 : 0);
-        }
+        /* tokens (mmq_common.cuh) */
+        mq_load_tokens<SM80>(sB, sdx, xq, xscale_base, sxo, cnt, c0, nb);
         cu_cp_wait_all<SM80>();
         __syncthreads();
 
@@ -273,19 +243,7 @@ k_mmq(const uint8_t *__restrict__ W, const uint8_t *const *__restrict__ w_ptrs, 
         }
     }
 
-    const int64_t ra = row0 + warp * 16 + gid, rb = ra + 8;
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int n = nt * 8 + 2 * tig + (i & 1);
-            const int64_t r = (i & 2) ? rb : ra;
-            if (n < cnt && r < rows) {
-                float *p = y + syr[n] * ys + r;
-                *p = accumulate ? __fadd_rn(*p, acc[nt][i]) : acc[nt][i];
-            }
-        }
-    }
+    mq_store(acc, y, ys, syr, cnt, row0 + warp * 16 + gid, rows, tig, accumulate);
 }
 
 /* mmq_types.cu's kernels of a type; NULL for the types of this file and those without a tensor-core form */

@@ -44,6 +44,80 @@ static __device__ __forceinline__ void copy_rows(uint8_t *dst, int64_t dst_strid
     }
 }
 
+/* The rows of one thread block (the setup of k_mmq and k_mmq_t): which tokens it takes, where their x
+ * rows start (sxo, bytes) and which y row each writes (syr, -1 = none), and where its BM weight rows start
+ * (swo, bytes); returns the number of tokens. See k_mmq (mmq.cu) for the dense and the segment forms. */
+static __device__ __forceinline__ int mq_tile_rows(int64_t *sxo, int64_t *syr, int64_t *swo, bool segments,
+                                                   const int32_t *__restrict__ pairs,
+                                                   const int32_t *__restrict__ seg_start, int32_t xdiv, int64_t xs,
+                                                   int32_t T, int64_t unit, int64_t row0, int64_t rows,
+                                                   int64_t row_bytes) {
+    const int tid = threadIdx.x;
+    int cnt;
+    if (segments) {
+        const int32_t s0 = seg_start[unit];
+        cnt = seg_start[unit + 1] - s0;
+        for (int j = tid; j < MQ_BN; j += MQ_THREADS) {
+            const int32_t p = j < cnt ? pairs[s0 + j] : -1;
+            sxo[j] = p >= 0 ? (int64_t)(p / xdiv) * xs : 0;
+            syr[j] = p;
+        }
+    } else {
+        const int64_t t0 = unit * MQ_BN;
+        cnt = T - t0 < MQ_BN ? (int)(T - t0) : MQ_BN;
+        for (int j = tid; j < MQ_BN; j += MQ_THREADS) {
+            sxo[j] = j < cnt ? (t0 + j) * xs : 0;
+            syr[j] = j < cnt ? t0 + j : -1;
+        }
+    }
+    for (int j = tid; j < MQ_BM; j += MQ_THREADS) {
+        /* rows past the end read the last row (valid memory); their results are not written */
+        const int64_t r = row0 + j < rows ? row0 + j : rows - 1;
+        swo[j] = r * row_bytes;
+    }
+    return cnt;
+}
+
+/* The token tile of a stage (blocks c0 .. c0 + nb - 1), in flight until cu_cp_wait_all: 16-byte unit u of
+ * token n is values 16u .. 16u + 15 of the stage (zeros past the segment's tokens or the row's end), and
+ * the tokens' block scales. */
+template <bool SM80>
+static __device__ __forceinline__ void mq_load_tokens(uint8_t *sB, float (*sdx)[MQ_BN], const uint8_t *xq,
+                                                      const float *xscale_base, const int64_t *sxo, int cnt,
+                                                      int64_t c0, int nb) {
+    const int tid = threadIdx.x;
+    for (int i = tid; i < MQ_BN * 2 * MQ_KC; i += MQ_THREADS) {
+        const int n = i / (2 * MQ_KC), u = i % (2 * MQ_KC);
+        const bool ok = n < cnt && (u >> 1) < nb;
+        cu_cp16<SM80>(sB + n * MQ_SB + u * 16, ok ? xq + sxo[n] + c0 * 32 + u * 16 : xq, ok ? 16 : 0);
+    }
+    for (int i = tid; i < MQ_BN * MQ_KC; i += MQ_THREADS) {
+        const int n = i / MQ_KC, blk = i % MQ_KC;
+        const bool ok = n < cnt && blk < nb;
+        cu_cp4<SM80>(&sdx[blk][n], ok ? xscale_base + (sxo[n] >> 2) + c0 + blk : (const float *)xq, ok ? 4 : 0);
+    }
+}
+
+/* The accumulators out: acc[nt][i] is row ra (i < 2) or ra + 8, token 8 nt + 2 tig + (i & 1); y += with
+ * accumulate, else y =. Tokens past cnt and rows past the end are not written. */
+static __device__ __forceinline__ void mq_store(const float (&acc)[8][4], float *__restrict__ y, int64_t ys,
+                                                const int64_t *syr, int cnt, int64_t ra, int64_t rows, int tig,
+                                                int32_t accumulate) {
+    const int64_t rb = ra + 8;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int n = nt * 8 + 2 * tig + (i & 1);
+            const int64_t r = (i & 2) ? rb : ra;
+            if (n < cnt && r < rows) {
+                float *p = y + syr[n] * ys + r;
+                *p = accumulate ? __fadd_rn(*p, acc[nt][i]) : acc[nt][i];
+            }
+        }
+    }
+}
+
 /* The kernels of a type for mmq.cu's launcher: with cp.async and m16n8k32 (sm80), or the portable forms. */
 typedef void (*mmq_fn)(const uint8_t *, const uint8_t *const *, int64_t, int64_t, int64_t, const uint8_t *, int64_t,
                        const int32_t *, const int32_t *, int32_t, float *, int64_t, int32_t, int32_t, int64_t);
