@@ -3,6 +3,11 @@
 Registered once, under ``F16_KV``, in transformers' ``AttentionInterface`` (with eager attention's causal mask),
 so that a model configured with ``attn_implementation=F16_KV`` sees the cache format the engine uses; without it
 the difference is about 1.6e-4 * max|logit|, all of it from that rounding.
+
+Multi-head latent attention (DeepSeek V2/V3) caches the normalized latent and the roped k_pe, not the
+heads' keys and values: ``round_latent_kv(model)`` rounds those two to float16 where transformers expands
+them into keys and values (its ``expand_kv``), so that the model, run with plain eager attention, sees what
+the engine's compressed cache holds.
 """
 
 from __future__ import annotations
@@ -26,3 +31,21 @@ transformers.AttentionInterface.register(F16_KV, _f16_kv_attention)
 transformers.masking_utils.AttentionMaskInterface.register(
     F16_KV, transformers.masking_utils.ALL_MASK_ATTENTION_FUNCTIONS["eager"]
 )
+
+
+def round_latent_kv(model: torch.nn.Module) -> torch.nn.Module:
+    """The model with every MLA layer's cached latent and k_pe rounded to float16 before they are expanded."""
+
+    def f16(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float16).to(t.dtype)
+
+    for module in model.modules():
+        expand = getattr(module, "expand_kv", None)
+        if expand is None:
+            continue
+
+        def rounded(latent: torch.Tensor, k_pe: torch.Tensor, expand=expand):  # type: ignore[no-untyped-def]
+            return expand(f16(latent), f16(k_pe))
+
+        module.expand_kv = rounded  # type: ignore[method-assign]
+    return model

@@ -32,7 +32,7 @@ import pytest
 # the `reference` extra (make test installs it: pip install -e '.[reference]')
 import torch
 import transformers
-from _hf_attention import F16_KV
+from _hf_attention import F16_KV, round_latent_kv
 from _hf_convert import convert
 from _llama_vocab import VERSION
 
@@ -69,6 +69,8 @@ class Family:
     options: dict[str, Any] = field(default_factory=dict)
     # parameters the converter keeps in f32 in an f16 file (besides vectors): the routers and gates
     f32_names: tuple[str, ...] = ("mlp.gate.weight",)
+    # multi-head latent attention: the engine caches the latent and k_pe, not keys and values
+    latent_kv: bool = False
 
 
 # glm4moe: sigmoid routing with the correction bias, routed scale, a shared expert, a dense leading
@@ -97,6 +99,29 @@ _QWEN3MOE: dict[str, Any] = dict(
     num_experts=8,
     num_experts_per_tok=3,
     norm_topk_prob=True,
+)
+
+# deepseek2 (DeepSeek V3's blocks): multi-head latent attention with a low-rank q, sigmoid routing with the
+# correction bias, group-limited top-k (the 2 best of 4 groups), routed scale, a shared expert, a dense
+# leading layer; the variant below is V2-Lite's
+_DEEPSEEK_V3: dict[str, Any] = dict(
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    q_lora_rank=24,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    scoring_func="sigmoid",  # as DeepSeek V3's config.json says it (the converter reads it)
+    num_key_value_heads=4,  # as many as the heads, as the published configs say (the converter expects it)
 )
 
 FAMILIES = {
@@ -161,6 +186,29 @@ FAMILIES = {
             "use_qk_norm": True,
             "attention_bias": False,
         },
+    ),
+    # _DEEPSEEK_V3's blocks
+    "deepseek2-v3": Family(
+        "deepseek2", "DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK_V3, latent_kv=True
+    ),
+    # DeepSeek V2-Lite's: q projected directly (no q_lora), softmax routing without groups, raw top-k
+    # weights, two shared experts, values as wide as the keys' unrotated part
+    "deepseek2-lite": Family(
+        "deepseek2",
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        {
+            **{k: v for k, v in _DEEPSEEK_V3.items() if k not in ("n_group", "topk_group")},
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 2,
+            "routed_scaling_factor": 1.0,
+            "norm_topk_prob": False,
+            "q_lora_rank": None,
+            "v_head_dim": 16,
+            "topk_method": "greedy",
+            "scoring_func": "softmax",
+        },
+        latent_kv=True,
     ),
     # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
     "qwen3moe-yarn": Family(
@@ -241,9 +289,11 @@ def _files(name: str) -> Path:
 def _reference(fam: Family, folder: Path, f16_weights: bool) -> torch.nn.Module:
     """transformers' model of the saved weights in float64, rounded as an f16 file stores them when asked."""
     model = getattr(transformers, fam.model).from_pretrained(
-        folder / "hf", config=_config(fam, F16_KV), dtype=torch.float32
+        folder / "hf", config=_config(fam, "eager" if fam.latent_kv else F16_KV), dtype=torch.float32
     )
     model = model.double().eval()
+    if fam.latent_kv:
+        round_latent_kv(model)
     if f16_weights:
         with torch.no_grad():
             for name, prm in model.named_parameters():

@@ -440,13 +440,14 @@ static void store_open(strata_engine *e) {
  * no shared experts, no multipliers. A model needing more is refused at open, never run without it. */
 static const char *cuda_missing_block(const strata_engine *e) {
     const hparams *hp = &e->hp;
+    if (hp->attn != ATTN_GQA) return "multi-head latent attention (MLA) and its compressed KV cache";
     if (hp->n_dense_lead > 0) return "dense leading layers";
     if (hp->qk_norm != QK_NORM_HEAD)
         return hp->qk_norm == QK_NORM_FULL ? "q/k norms over the whole projection" : "attention without q/k norms";
     if (hp->ad->rope != ROPE_NEOX) return "RoPE with adjacent pairs (the llama layout)";
     if (hp->n_rot != hp->head_dim) return "partial rotary embeddings";
     if (hp->rope_scaling != ROPE_SCALING_NONE) return "rope scaling";
-    if (hp->gating != GATING_SOFTMAX || hp->expert_bias || !hp->norm_topk || hp->routed_scale != 1.0f)
+    if (hp->gating != GATING_SOFTMAX || hp->expert_bias || !hp->norm_topk || hp->routed_scale != 1.0f || hp->n_group > 1)
         return "routing other than softmax with renormalized top-k weights";
     if (hp->n_ff_shexp > 0) return "shared experts";
     if (hp->embd_scale != 1.0f || hp->residual_scale != 1.0f || hp->logit_scale != 1.0f ||
