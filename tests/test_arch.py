@@ -36,7 +36,7 @@ def _stub(path: Path, arch: str, **ints: int) -> Path:
 @pytest.mark.parametrize(
     ("arch", "ints", "words"),
     [
-        ("deepseek2", {}, "deepseek2: multi-head latent attention (MLA) is not supported yet"),
+        ("granitemoeshared", {}, "granitemoeshared: granite's shared experts are not supported yet"),
         ("gpt-oss", {}, "gpt-oss: attention sinks, sliding-window layers and the clamped SwiGLU"),
         ("qwen3next", {}, "qwen3next: the gated delta-net (linear attention) layers"),
         ("llama", {"embedding_length": 64, "block_count": 2}, "llama: this file has no experts"),

@@ -210,6 +210,27 @@ FAMILIES = {
         },
         latent_kv=True,
     ),
+    # and with YaRN rope scaling as DeepSeek V3 files have it: mscale_all_dim scales the softmax (the file's
+    # rope.scaling.yarn_log_mul), mscale the same, so cos and sin keep their magnitude
+    "deepseek2-yarn": Family(
+        "deepseek2",
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {
+            **_DEEPSEEK_V3,
+            "rope_parameters": {
+                "rope_theta": 50_000.0,
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            },
+        },
+        latent_kv=True,
+    ),
     # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
     "qwen3moe-yarn": Family(
         "qwen3moe",
@@ -448,3 +469,26 @@ def test_several_sequences_decode_as_each_alone(family: tuple[str, Path]) -> Non
                 got[q].append(eng.seq_logits(q))
     for q, (a, g) in enumerate(zip(alone, got, strict=True)):
         assert np.array_equal(a, np.stack(g)), f"{name}: sequence {q} differs decoded beside others"
+
+
+@pytest.mark.parametrize("name", ["deepseek2-v3", "deepseek2-lite"])
+def test_mla_caches_the_latent(name: str) -> None:
+    """Multi-head latent attention's cache holds, per layer and position, the latent (kv_lora_rank values)
+    and the shared k_pe (rope dims) in float16 and nothing else, and the memory plan counts exactly that;
+    `strata model info` names the attention and its routing."""
+    from strata.model.cli import describe
+
+    opts = FAMILIES[name].options
+    path = _files(name) / "model-f32.gguf"
+    row = opts["kv_lora_rank"] + opts["qk_rope_head_dim"]
+    for ctx, par in ((256, 1), (512, 3)):
+        with engine_mod.Engine(path, EngineConfig(max_context=ctx, parallel=par)) as eng:
+            plan = eng.plan
+            assert plan.kv_bytes == par * COMMON["num_hidden_layers"] * plan.max_context * row * 2
+    blocks = describe(path)["blocks"]
+    assert blocks.startswith("DeepSeek-V2/V3: attention MLA 4 heads (")
+    assert f"kv lora {opts['kv_lora_rank']}" in blocks and "cache: latent + k_pe" in blocks
+    if opts.get("q_lora_rank"):
+        assert f"q lora {opts['q_lora_rank']}" in blocks and "in 2 of 4 groups" in blocks
+    else:
+        assert "q direct" in blocks and "groups" not in blocks

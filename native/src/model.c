@@ -92,7 +92,7 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
          * cos and sin keep magnitude mscale / mscale_all_dim, 1 in the published files, which give both the
          * same (the file does not carry mscale itself) */
         hp->yarn_log_mul = 0.0f;
-        STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_log_mul"), &hp->yarn_log_mul, err));
+        STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_log_multiplier"), &hp->yarn_log_mul, err));
         if (hp->yarn_log_mul > 0.0f) hp->yarn_attn_factor = 1.0f;
         float af = 0.0f;
         STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_attn_factor"), &af, err));

@@ -67,7 +67,7 @@ typedef struct hparams {
     int32_t kv_lora_rank;        /* attention.kv_lora_rank: the latent the cache holds */
     int32_t n_group;             /* expert_group_count: experts in n_group groups (1: no grouping) */
     int32_t n_group_used;        /* expert_group_used_count: the groups a token's experts are picked from */
-    float yarn_log_mul;          /* rope.scaling.yarn_log_mul: softmax scale *= (1 + it * ln(factor))^2 (0: none) */
+    float yarn_log_mul;          /* rope.scaling.yarn_log_multiplier: softmax scale *= (1 + it * ln(factor))^2 (0: none) */
     int32_t n_nextn;             /* nextn_predict_layers: trailing multi-token-prediction layers, not run */
 } hparams;
 
