@@ -57,7 +57,16 @@ def test_unsupported_family_names_the_missing_piece(
 
 @pytest.mark.asan
 @pytest.mark.parametrize(
-    "preset", ["tiny", "tiny-qwen2moe", "tiny-mixtral", "tiny-olmoe", "tiny-granitemoe", "tiny-glm4moe"]
+    "preset",
+    [
+        "tiny",
+        "tiny-qwen2moe",
+        "tiny-mixtral",
+        "tiny-olmoe",
+        "tiny-granitemoe",
+        "tiny-glm4moe",
+        "tiny-deepseek2",
+    ],
 )
 def test_maker_preset_of_each_family(preset: str) -> None:
     """The maker's file is the family's architecture, the engine names the family and its blocks, and a
@@ -67,7 +76,8 @@ def test_maker_preset_of_each_family(preset: str) -> None:
     path = ensure_model(preset, "q8_0", 0)
     d = describe(path)
     arch = d["architecture"]
-    assert arch in FAMILIES and d["blocks"].startswith(FAMILIES[arch] + ": attention GQA 4/2")
+    attention = "MLA 4 heads" if arch == "deepseek2" else "GQA 4/2"
+    assert arch in FAMILIES and d["blocks"].startswith(f"{FAMILIES[arch]}: attention {attention}")
     want_blocks = {
         "qwen3moe": "q/k norm per head",
         "qwen2moe": "shared expert with sigmoid gate",
@@ -76,6 +86,8 @@ def test_maker_preset_of_each_family(preset: str) -> None:
         "granitemoe": "granite multipliers",
         "glm4moe": "rope neox 16/32 dims; moe sigmoid with expert bias top-4 of 32 normalized scaled, shared expert, "
         "1 dense leading layer(s)",
+        "deepseek2": "(q lora 64, kv lora 64, k 64, v 32; cache: latent + k_pe), rope norm 32/64 dims; moe sigmoid "
+        "with expert bias top-4 of 32 normalized scaled, shared expert, 1 dense leading layer(s)",
     }[arch]
     assert want_blocks in d["blocks"], d["blocks"]
     replies = []
