@@ -342,12 +342,12 @@ static void per_head_products(strata_engine *e, const wview *W, const float *x, 
     const int64_t rows = W->rows / H, cols = W->cols;
     const quant_traits *qt = quant_lookup(e->qt, W->type);
     for (int32_t h = 0; h < H; h++) {
-        uint8_t *act = cb->mact + (size_t)h * (size_t)T * cb->act_stride;
-        mm_quantize(e->qt, W->type, x + (int64_t)h * x_hs, x_ld, T, cols, act, cb->act_stride);
+        uint8_t *act = cb->mact + (size_t)h * (size_t)T * cb->mact_stride;
+        mm_quantize(e->qt, W->type, x + (int64_t)h * x_hs, x_ld, T, cols, act, cb->mact_stride);
         wview wh = *W;
         wh.rows = rows;
         wh.data += (size_t)h * (size_t)rows * W->row_bytes;
-        cb->msegs[h] = (mm_seg){qt, wh, act, cb->act_stride, NULL, T, y + (int64_t)h * y_hs, y_ld, NULL};
+        cb->msegs[h] = (mm_seg){qt, wh, act, cb->mact_stride, NULL, T, y + (int64_t)h * y_hs, y_ld, NULL};
     }
     mm_run(e->pool, cb->msegs, H);
 }

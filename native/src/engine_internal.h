@@ -59,7 +59,8 @@ typedef struct chunk_buffers {
     float *mqk;           /* [T, H, Lk + R] each head's query against the cached row: its q_nope mapped into
                            * the latent space, then its roped q_pe */
     float *mlat;          /* [T, H, Lk] each head's attended latent */
-    uint8_t *mact;        /* [H * T, act_stride] per-head activations, head-major, quantized */
+    uint8_t *mact;        /* [H * T, mact_stride] per-head activations, head-major, quantized */
+    size_t mact_stride;   /* bytes of one of them (the head-sized rows of attn_k_b / attn_v_b, not act_stride) */
     struct mm_seg *msegs; /* [H] the per-head product segments */
     float *o;             /* [T, D] output of a block, before it is added to x */
     float *scores;        /* [n_threads, n_ctx] attention scores, one row per thread */

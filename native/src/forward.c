@@ -36,6 +36,19 @@ static size_t act_stride_of(const strata_engine *e) {
     return STRATA_ALIGN_UP(m, 64);
 }
 
+/* The largest quantized activation row of MLA's per-head products (0 for other attention kinds). */
+static size_t mla_act_stride_of(const strata_engine *e) {
+    size_t m = 0;
+    for (int32_t l = 0; l < e->hp.n_layer && e->hp.attn == ATTN_MLA; l++) {
+        const layer_weights *L = &e->w.layers[l];
+        size_t a = mm_act_row_bytes(e->qt, L->wk_b.type, L->wk_b.cols);
+        size_t b = mm_act_row_bytes(e->qt, L->wv_b.type, L->wv_b.cols);
+        m = a > m ? a : m;
+        m = b > m ? b : m;
+    }
+    return STRATA_ALIGN_UP(m, 64);
+}
+
 typedef struct buf_spec {
     void **ptr;
     size_t bytes;
@@ -51,6 +64,7 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     /* MLA: k holds each token's latent and k_pe (the cached row); v is not used */
     const size_t KD = mla ? (size_t)hp->kv.k_dim : (size_t)hp->n_head_kv * (size_t)hp->head_dim;
     const size_t st = e->w.layers ? act_stride_of(e) : 0; /* no layers: only enumerating the buffers to free */
+    const size_t mst = e->w.layers ? mla_act_stride_of(e) : 0;
     int n = 0;
 #define B(field, bytes) s[n++] = (buf_spec){(void **)&cb->field, (bytes), #field}
     B(x, t * D * 4);
@@ -65,7 +79,7 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
         B(mq, t * (size_t)(hp->q_lora_rank > 0 ? hp->q_lora_rank : 1) * 4);
         B(mqk, t * H * (size_t)hp->kv.k_dim * 4);
         B(mlat, t * H * Lk * 4);
-        B(mact, H * t * st);
+        B(mact, H * t * mst);
         B(msegs, H * sizeof(mm_seg));
     }
     B(o, t * D * 4);
@@ -93,6 +107,7 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     B(views, E * sizeof(expert_view));
 #undef B
     cb->act_stride = st;
+    cb->mact_stride = mst;
     return n;
 }
 
