@@ -33,8 +33,19 @@ transformers.masking_utils.AttentionMaskInterface.register(
 )
 
 
-def round_latent_kv(model: torch.nn.Module) -> torch.nn.Module:
-    """The model with every MLA layer's cached latent and k_pe rounded to float16 before they are expanded."""
+def int8_blocks(row: torch.Tensor) -> torch.Tensor:
+    """``row`` as the engine's ``--kv int8`` stores it: blocks of 32 values, each a scale max|x| / 127 and
+    values rounded to the nearest multiple of it."""
+    x = row.reshape(-1, 32)
+    s = x.abs().amax(-1, keepdim=True) / 127
+    safe = torch.where(s > 0, s, torch.ones_like(s))
+    q = torch.where(s > 0, torch.round(x / safe), torch.zeros_like(x)).clamp(-127, 127)
+    return (q * s).reshape(row.shape)
+
+
+def round_latent_kv(model: torch.nn.Module, kv: str = "f16") -> torch.nn.Module:
+    """The model with every MLA layer's cached row (latent, k_pe) rounded as the engine's cache of type ``kv``
+    (f16 or int8) stores it, before it is expanded into keys and values."""
 
     def f16(t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.float16).to(t.dtype)
@@ -45,7 +56,10 @@ def round_latent_kv(model: torch.nn.Module) -> torch.nn.Module:
             continue
 
         def rounded(latent: torch.Tensor, k_pe: torch.Tensor, expand=expand):  # type: ignore[no-untyped-def]
-            return expand(f16(latent), f16(k_pe))
+            if kv == "f16":
+                return expand(f16(latent), f16(k_pe))
+            row = int8_blocks(torch.cat([latent, k_pe], dim=-1))
+            return expand(row[..., : latent.shape[-1]], row[..., latent.shape[-1] :])
 
         module.expand_kv = rounded  # type: ignore[method-assign]
     return model

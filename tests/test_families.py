@@ -231,6 +231,14 @@ FAMILIES = {
         },
         latent_kv=True,
     ),
+    # and with as many rotated dims as the latent has values: a cached row of 64, which --kv int8 holds
+    "deepseek2-rope32": Family(
+        "deepseek2",
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {**_DEEPSEEK_V3, "qk_rope_head_dim": 32},
+        latent_kv=True,
+    ),
     # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
     "qwen3moe-yarn": Family(
         "qwen3moe",
@@ -307,14 +315,15 @@ def _files(name: str) -> Path:
     return d
 
 
-def _reference(fam: Family, folder: Path, f16_weights: bool) -> torch.nn.Module:
-    """transformers' model of the saved weights in float64, rounded as an f16 file stores them when asked."""
+def _reference(fam: Family, folder: Path, f16_weights: bool, kv: str = "f16") -> torch.nn.Module:
+    """transformers' model of the saved weights in float64, rounded as an f16 file stores them when asked, its
+    cache rounded as the engine's of type kv (int8: latent-caching families only)."""
     model = getattr(transformers, fam.model).from_pretrained(
         folder / "hf", config=_config(fam, "eager" if fam.latent_kv else F16_KV), dtype=torch.float32
     )
     model = model.double().eval()
     if fam.latent_kv:
-        round_latent_kv(model)
+        round_latent_kv(model, kv)
     if f16_weights:
         with torch.no_grad():
             for name, prm in model.named_parameters():
@@ -495,3 +504,30 @@ def test_mla_caches_the_latent(name: str) -> None:
         assert f"q lora {opts['q_lora_rank']}" in blocks and "in 2 of 4 groups" in blocks
     else:
         assert "q direct" in blocks and "groups" not in blocks
+
+
+def test_mla_int8_cache_equals_transformers() -> None:
+    """--kv int8 on the latent cache: a row of the latent and k_pe in blocks of 32 (values read back from the
+    key row's first blocks) gives transformers' logits with the cached row rounded the same way."""
+    name = "deepseek2-rope32"
+    fam, d = FAMILIES[name], _files(name)
+    ref = _reference(fam, d, False, kv="int8")
+    worst = 0.0
+    with engine_mod.Engine(d / "model-f32.gguf", EngineConfig(kv="int8")) as eng:
+        for salt, n in enumerate(PROMPT_LENGTHS):
+            eng.kv_reset()
+            ids = _prompt(n, 3 * salt)
+            eng.prefill(ids)
+            seq, got = list(ids), []
+            for _ in range(4):
+                got.append(np.array(eng.logits(), dtype=np.float64))
+                seq.append(int(np.argmax(got[-1])))
+                eng.decode(seq[-1])
+            with torch.no_grad():
+                want = ref(torch.tensor([seq[:-1]])).logits[0].numpy()[len(ids) - 1 :]
+            for g, w in zip(got, want, strict=True):
+                worst = max(worst, float(np.abs(g - w).max()) / float(np.abs(w).max()))
+    print(f"{name} int8: worst max|d|/max|ref| = {worst:.2e}")
+    # the same numbers on both sides: only f32 against float64 (and a rare value on the other side of a
+    # rounding step, which the bound allows as for float16)
+    assert worst <= TOL, f"{name} int8: max|engine - transformers| / max|ref| = {worst:.2e}"
