@@ -210,6 +210,21 @@ FAMILIES = {
         },
         latent_kv=True,
     ),
+    # DeepSeek V2's: V2-Lite's with a low-rank q, softmax routing limited to the 2 best of 4 groups (a
+    # group scores its best expert) and a routed scale
+    "deepseek2-v2": Family(
+        "deepseek2",
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        {
+            **_DEEPSEEK_V3,
+            "n_shared_experts": 2,
+            "norm_topk_prob": False,
+            "topk_method": "group_limited_greedy",
+            "scoring_func": "softmax",
+        },
+        latent_kv=True,
+    ),
     # and with YaRN rope scaling as DeepSeek V3 files have it: mscale_all_dim scales the softmax (the file's
     # rope.scaling.yarn_log_mul), mscale the same, so cos and sin keep their magnitude
     "deepseek2-yarn": Family(
