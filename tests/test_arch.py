@@ -55,6 +55,39 @@ def test_unsupported_family_names_the_missing_piece(
     assert d["blocks"] is None and words in d["unsupported"]
 
 
+def test_deepseek2_with_the_older_kv_b_is_refused_by_name(tmp_path: Path) -> None:
+    """A deepseek2 file of an older converter (keys' and values' decompression in one attn_kv_b) is refused
+    naming that tensor and what to do, not read as something else."""
+    path = tmp_path / "old-deepseek2.gguf"
+    w = GGUFWriter(path, "deepseek2")
+    for k, v in dict(
+        embedding_length=64,
+        block_count=1,
+        expert_count=8,
+        expert_used_count=2,
+        expert_feed_forward_length=32,
+        **{"attention.head_count": 4, "attention.key_length": 24, "attention.value_length": 16},
+        **{"attention.kv_lora_rank": 32, "rope.dimension_count": 8},
+    ).items():
+        w.add_uint32(f"deepseek2.{k}", v)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), np.float32))
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+    w.add_tensor("blk.0.attn_kv_b.weight", np.zeros((4 * (16 + 16), 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError) as exc:
+        engine_mod.Engine(path, EngineConfig(vram_budget=64 << 20))
+    msg = str(exc.value)
+    assert (
+        "blk.0.attn_kv_b.weight" in msg
+        and "attn_k_b and attn_v_b" in msg
+        and "convert the model again" in msg
+    )
+
+
 @pytest.mark.asan
 @pytest.mark.parametrize(
     "preset",

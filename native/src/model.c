@@ -378,6 +378,12 @@ static strata_status bind_mla(binder *b, const hparams *hp, int32_t l, layer_wei
     const int64_t Lk = hp->kv_lora_rank, Lq = hp->q_lora_rank;
     char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", l), n)
+    if (!gguf_find_tensor(b->f, NAME("attn_k_b")) && gguf_find_tensor(b->f, NAME("attn_kv_b")))
+        return err_set(b->err, STRATA_ERR_UNSUPPORTED,
+                       "%s: the file has '%s' (the keys' and values' decompression in one matrix, as older converters "
+                       "wrote it); strata reads it split into attn_k_b and attn_v_b: convert the model again with a "
+                       "current llama.cpp converter",
+                       hp->arch, n);
     if (Lq > 0) {
         STRATA_TRY(bind_matrix(b, NAME("attn_q_a"), D, Lq, 0, 0, &L->wq_a));
         STRATA_TRY(bind_norm(b, NAME("attn_q_a_norm"), Lq, &L->q_a_norm));
@@ -387,12 +393,6 @@ static strata_status bind_mla(binder *b, const hparams *hp, int32_t l, layer_wei
     }
     STRATA_TRY(bind_matrix(b, NAME("attn_kv_a_mqa"), D, Lk + R, 0, 0, &L->wkv_a));
     STRATA_TRY(bind_norm(b, NAME("attn_kv_a_norm"), Lk, &L->kv_a_norm));
-    if (!gguf_find_tensor(b->f, NAME("attn_k_b")) && gguf_find_tensor(b->f, NAME("attn_kv_b")))
-        return err_set(b->err, STRATA_ERR_UNSUPPORTED,
-                       "%s: the file has '%s' (the keys' and values' decompression in one matrix, as older converters "
-                       "wrote it); strata reads it split into attn_k_b and attn_v_b: convert the model again with a "
-                       "current llama.cpp converter",
-                       hp->arch, n);
     STRATA_TRY(bind_heads(b, NAME("attn_k_b"), nope, Lk, H, &L->wk_b));
     STRATA_TRY(bind_heads(b, NAME("attn_v_b"), Lk, hp->head_dim_v, H, &L->wv_b));
 #undef NAME
