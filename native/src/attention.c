@@ -11,6 +11,15 @@
  *   head h / (n_head / n_head_kv); attn_scale is 1 / sqrt(hd) unless the file says)
  *   x += (att Wo^T) * residual_scale  (granite; 1 elsewhere)
  *
+ * Multi-head latent attention (ATTN_MLA, deepseek2; Lk = kv_lora_rank, R = n_rot, hd = nope + R):
+ *   q = xn Wq^T, or rmsnorm(xn Wq_a^T) * q_a_norm Wq_b^T           [T, H, hd]: q_nope then q_pe per head
+ *   [c, k_pe] = xn Wkv_a^T; c = rmsnorm(c) * kv_a_norm; k_pe, q_pe roped   [T, Lk + R]
+ *   the cache keeps [c, k_pe] per position (one row shared by every head; values read from its c part)
+ *   per head: q' = [Wk_b_h q_nope, q_pe], a = softmax(q' . [c_p, k_pe_p] * attn_scale) over p <= pos,
+ *   out_h = Wv_b_h (sum_p a_p c_p); x += out Wo^T
+ *   which is the decompressed attention's (k_nope = Wk_b_h^T c, v = Wv_b_h c) regrouped, without ever
+ *   expanding a cached position into H heads.
+ *
  * Every query row reads its keys back from the cache, so a token sees the same (f16-rounded) keys
  * whether it was part of a chunk or decoded alone: this is what keeps logits identical across chunkings.
  */
