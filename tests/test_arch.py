@@ -36,7 +36,7 @@ def _stub(path: Path, arch: str, **ints: int) -> Path:
 @pytest.mark.parametrize(
     ("arch", "ints", "words"),
     [
-        ("deepseek2", {}, "deepseek2: multi-head latent attention (MLA) is not supported yet"),
+        ("granitemoeshared", {}, "granitemoeshared: granite's shared experts are not supported yet"),
         ("qwen3next", {}, "qwen3next: the gated delta-net (linear attention) layers"),
         ("llama", {"embedding_length": 64, "block_count": 2}, "llama: this file has no experts"),
         ("mamba", {}, "architecture 'mamba' is not supported; strata runs qwen3moe, qwen2moe"),
@@ -54,9 +54,51 @@ def test_unsupported_family_names_the_missing_piece(
     assert d["blocks"] is None and words in d["unsupported"]
 
 
+def test_deepseek2_with_the_older_kv_b_is_refused_by_name(tmp_path: Path) -> None:
+    """A deepseek2 file of an older converter (keys' and values' decompression in one attn_kv_b) is refused
+    naming that tensor and what to do, not read as something else."""
+    path = tmp_path / "old-deepseek2.gguf"
+    w = GGUFWriter(path, "deepseek2")
+    for k, v in dict(
+        embedding_length=64,
+        block_count=1,
+        expert_count=8,
+        expert_used_count=2,
+        expert_feed_forward_length=32,
+        **{"attention.head_count": 4, "attention.key_length": 24, "attention.value_length": 16},
+        **{"attention.kv_lora_rank": 32, "rope.dimension_count": 8},
+    ).items():
+        w.add_uint32(f"deepseek2.{k}", v)
+    w.add_tensor("token_embd.weight", np.zeros((32, 64), np.float32))
+    w.add_tensor("output_norm.weight", np.ones(64, np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+    w.add_tensor("blk.0.attn_kv_b.weight", np.zeros((4 * (16 + 16), 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(UnsupportedModelError) as exc:
+        engine_mod.Engine(path, EngineConfig(vram_budget=64 << 20))
+    msg = str(exc.value)
+    assert (
+        "blk.0.attn_kv_b.weight" in msg
+        and "attn_k_b and attn_v_b" in msg
+        and "convert the model again" in msg
+    )
+
+
 @pytest.mark.asan
 @pytest.mark.parametrize(
-    "preset", ["tiny", "tiny-qwen2moe", "tiny-mixtral", "tiny-olmoe", "tiny-granitemoe", "tiny-glm4moe"]
+    "preset",
+    [
+        "tiny",
+        "tiny-qwen2moe",
+        "tiny-mixtral",
+        "tiny-olmoe",
+        "tiny-granitemoe",
+        "tiny-glm4moe",
+        "tiny-deepseek2",
+    ],
 )
 def test_maker_preset_of_each_family(preset: str) -> None:
     """The maker's file is the family's architecture, the engine names the family and its blocks, and a
@@ -66,7 +108,8 @@ def test_maker_preset_of_each_family(preset: str) -> None:
     path = ensure_model(preset, "q8_0", 0)
     d = describe(path)
     arch = d["architecture"]
-    assert arch in FAMILIES and d["blocks"].startswith(FAMILIES[arch] + ": attention GQA 4/2")
+    attention = "MLA 4 heads" if arch == "deepseek2" else "GQA 4/2"
+    assert arch in FAMILIES and d["blocks"].startswith(f"{FAMILIES[arch]}: attention {attention}")
     want_blocks = {
         "qwen3moe": "q/k norm per head",
         "qwen2moe": "shared expert with sigmoid gate",
@@ -75,6 +118,8 @@ def test_maker_preset_of_each_family(preset: str) -> None:
         "granitemoe": "granite multipliers",
         "glm4moe": "rope neox 16/32 dims; moe sigmoid with expert bias top-4 of 32 normalized scaled, shared expert, "
         "1 dense leading layer(s)",
+        "deepseek2": "(q lora 64, kv lora 64, k 64, v 32; cache: latent + k_pe), rope norm 32/64 dims; moe sigmoid "
+        "with expert bias top-4 of 32 normalized scaled, shared expert, 1 dense leading layer(s)",
     }[arch]
     assert want_blocks in d["blocks"], d["blocks"]
     replies = []

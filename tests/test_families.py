@@ -32,7 +32,7 @@ import pytest
 # the `reference` extra (make test installs it: pip install -e '.[reference]')
 import torch
 import transformers
-from _hf_attention import F16_KV
+from _hf_attention import F16_KV, round_latent_kv
 from _hf_convert import convert
 from _llama_vocab import VERSION
 
@@ -69,6 +69,8 @@ class Family:
     options: dict[str, Any] = field(default_factory=dict)
     # parameters the converter keeps in f32 in an f16 file (besides vectors): the routers and gates
     f32_names: tuple[str, ...] = ("mlp.gate.weight",)
+    # multi-head latent attention: the engine caches the latent and k_pe, not keys and values
+    latent_kv: bool = False
 
 
 # glm4moe: sigmoid routing with the correction bias, routed scale, a shared expert, a dense leading
@@ -118,6 +120,29 @@ _GPT_OSS: dict[str, Any] = dict(
         "truncate": False,
         "original_max_position_embeddings": 512,
     },
+)
+
+# deepseek2 (DeepSeek V3's blocks): multi-head latent attention with a low-rank q, sigmoid routing with the
+# correction bias, group-limited top-k (the 2 best of 4 groups), routed scale, a shared expert, a dense
+# leading layer; the variant below is V2-Lite's
+_DEEPSEEK_V3: dict[str, Any] = dict(
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    norm_topk_prob=True,
+    q_lora_rank=24,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    scoring_func="sigmoid",  # as DeepSeek V3's config.json says it (the converter reads it)
+    num_key_value_heads=4,  # as many as the heads, as the published configs say (the converter expects it)
 )
 
 FAMILIES = {
@@ -182,6 +207,73 @@ FAMILIES = {
             "use_qk_norm": True,
             "attention_bias": False,
         },
+    ),
+    # _DEEPSEEK_V3's blocks
+    "deepseek2-v3": Family(
+        "deepseek2", "DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK_V3, latent_kv=True
+    ),
+    # DeepSeek V2-Lite's: q projected directly (no q_lora), softmax routing without groups, raw top-k
+    # weights, two shared experts, values as wide as the keys' unrotated part
+    "deepseek2-lite": Family(
+        "deepseek2",
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        {
+            **{k: v for k, v in _DEEPSEEK_V3.items() if k not in ("n_group", "topk_group")},
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 2,
+            "routed_scaling_factor": 1.0,
+            "norm_topk_prob": False,
+            "q_lora_rank": None,
+            "v_head_dim": 16,
+            "topk_method": "greedy",
+            "scoring_func": "softmax",
+        },
+        latent_kv=True,
+    ),
+    # DeepSeek V2's: V2-Lite's with a low-rank q, softmax routing limited to the 2 best of 4 groups (a
+    # group scores its best expert) and a routed scale
+    "deepseek2-v2": Family(
+        "deepseek2",
+        "DeepseekV2Config",
+        "DeepseekV2ForCausalLM",
+        {
+            **_DEEPSEEK_V3,
+            "n_shared_experts": 2,
+            "norm_topk_prob": False,
+            "topk_method": "group_limited_greedy",
+            "scoring_func": "softmax",
+        },
+        latent_kv=True,
+    ),
+    # and with YaRN rope scaling as DeepSeek V3 files have it: mscale_all_dim scales the softmax (the file's
+    # rope.scaling.yarn_log_mul), mscale the same, so cos and sin keep their magnitude
+    "deepseek2-yarn": Family(
+        "deepseek2",
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {
+            **_DEEPSEEK_V3,
+            "rope_parameters": {
+                "rope_theta": 50_000.0,
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            },
+        },
+        latent_kv=True,
+    ),
+    # and with as many rotated dims as the latent has values: a cached row of 64, which --kv int8 holds
+    "deepseek2-rope32": Family(
+        "deepseek2",
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {**_DEEPSEEK_V3, "qk_rope_head_dim": 32},
+        latent_kv=True,
     ),
     # qwen3moe's blocks with YaRN rope scaling read from the file (rope.scaling.*: long-context files)
     "qwen3moe-yarn": Family(
@@ -277,12 +369,15 @@ def _files(name: str) -> Path:
     return d
 
 
-def _reference(fam: Family, folder: Path, f16_weights: bool) -> torch.nn.Module:
-    """transformers' model of the saved weights in float64, rounded as an f16 file stores them when asked."""
+def _reference(fam: Family, folder: Path, f16_weights: bool, kv: str = "f16") -> torch.nn.Module:
+    """transformers' model of the saved weights in float64, rounded as an f16 file stores them when asked, its
+    cache rounded as the engine's of type kv (int8: latent-caching families only)."""
     model = getattr(transformers, fam.model).from_pretrained(
-        folder / "hf", config=_config(fam, F16_KV), dtype=torch.float32
+        folder / "hf", config=_config(fam, "eager" if fam.latent_kv else F16_KV), dtype=torch.float32
     )
     model = model.double().eval()
+    if fam.latent_kv:
+        round_latent_kv(model, kv)
     if f16_weights:
         with torch.no_grad():
             for name, prm in model.named_parameters():
@@ -354,7 +449,7 @@ def test_engine_equals_transformers(family: tuple[str, Path], ftype: str) -> Non
     assert near_ties <= 2, f"{name} {ftype}: {near_ties} near-tie divergences"
 
 
-@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe", "glm4moe"])
+@pytest.mark.parametrize("name", ["qwen2moe", "mixtral", "olmoe", "granitemoe", "glm4moe", "deepseek2"])
 def test_maker_writes_the_converters_layout(name: str) -> None:
     """strata's maker (preset tiny-<family>) writes the tensors and the family's metadata keys that
     llama.cpp's converter writes for the same family (so benchmarks on made files run real files' path)."""
@@ -369,7 +464,10 @@ def test_maker_writes_the_converters_layout(name: str) -> None:
         keys = {k for k in r.fields if k.startswith(arch + ".")}
         return arch, names, keys
 
-    arch, conv_names, conv_keys = layout(_files(name) / "model-f32.gguf")
+    # the maker's deepseek2 is DeepSeek V3's layout
+    arch, conv_names, conv_keys = layout(
+        _files({"deepseek2": "deepseek2-v3"}.get(name, name)) / "model-f32.gguf"
+    )
     made_arch, made_names, made_keys = layout(ensure_model(f"tiny-{name}", "f32", 0))
     assert made_arch == arch
     assert made_names == conv_names, (
@@ -569,3 +667,53 @@ def test_gpt_oss_without_its_sliding_window_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelFileError) as exc:
         engine_mod.Engine(path)
     assert "gpt-oss.attention.sliding_window" in str(exc.value)
+
+
+@pytest.mark.parametrize("name", ["deepseek2-v3", "deepseek2-lite"])
+def test_mla_caches_the_latent(name: str) -> None:
+    """Multi-head latent attention's cache holds, per layer and position, the latent (kv_lora_rank values)
+    and the shared k_pe (rope dims) in float16 and nothing else, and the memory plan counts exactly that;
+    `strata model info` names the attention and its routing."""
+    from strata.model.cli import describe
+
+    opts = FAMILIES[name].options
+    path = _files(name) / "model-f32.gguf"
+    row = opts["kv_lora_rank"] + opts["qk_rope_head_dim"]
+    for ctx, par in ((256, 1), (512, 3)):
+        with engine_mod.Engine(path, EngineConfig(max_context=ctx, parallel=par)) as eng:
+            plan = eng.plan
+            assert plan.kv_bytes == par * COMMON["num_hidden_layers"] * plan.max_context * row * 2
+    blocks = describe(path)["blocks"]
+    assert blocks.startswith("DeepSeek-V2/V3: attention MLA 4 heads (")
+    assert f"kv lora {opts['kv_lora_rank']}" in blocks and "cache: latent + k_pe" in blocks
+    if opts.get("q_lora_rank"):
+        assert f"q lora {opts['q_lora_rank']}" in blocks and "in 2 of 4 groups" in blocks
+    else:
+        assert "q direct" in blocks and "groups" not in blocks
+
+
+def test_mla_int8_cache_equals_transformers() -> None:
+    """--kv int8 on the latent cache: a row of the latent and k_pe in blocks of 32 (values read back from the
+    key row's first blocks) gives transformers' logits with the cached row rounded the same way."""
+    name = "deepseek2-rope32"
+    fam, d = FAMILIES[name], _files(name)
+    ref = _reference(fam, d, False, kv="int8")
+    worst = 0.0
+    with engine_mod.Engine(d / "model-f32.gguf", EngineConfig(kv="int8")) as eng:
+        for salt, n in enumerate(PROMPT_LENGTHS):
+            eng.kv_reset()
+            ids = _prompt(n, 3 * salt)
+            eng.prefill(ids)
+            seq, got = list(ids), []
+            for _ in range(4):
+                got.append(np.array(eng.logits(), dtype=np.float64))
+                seq.append(int(np.argmax(got[-1])))
+                eng.decode(seq[-1])
+            with torch.no_grad():
+                want = ref(torch.tensor([seq[:-1]])).logits[0].numpy()[len(ids) - 1 :]
+            for g, w in zip(got, want, strict=True):
+                worst = max(worst, float(np.abs(g - w).max()) / float(np.abs(w).max()))
+    print(f"{name} int8: worst max|d|/max|ref| = {worst:.2e}")
+    # the same numbers on both sides: only f32 against float64 (and a rare value on the other side of a
+    # rounding step, which the bound allows as for float16)
+    assert worst <= TOL, f"{name} int8: max|engine - transformers| / max|ref| = {worst:.2e}"

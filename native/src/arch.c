@@ -15,31 +15,35 @@
 #include "model.h"
 
 static const arch_desc ARCHS[] = {
-    /* arch, family, qk_norm, rope, gating, norm_topk, shexp, multipliers, qk_norm_optional, ffn_norm, missing,
-     * swa_period, yarn_untruncated, ffn_act */
-    {"qwen3moe", "Qwen3-MoE", QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0,
+    /* arch, family, attn, qk_norm, rope, gating, norm_topk, shexp, multipliers, qk_norm_optional, ffn_norm,
+     * missing, swa_period, yarn_untruncated, ffn_act */
+    {"qwen3moe", "Qwen3-MoE", ATTN_GQA, QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0,
      FFN_ACT_SILU},
-    {"qwen2moe", "Qwen2-MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_SIGMOID_GATE, 0, 0, NULL, NULL, 0, 0,
+    {"qwen2moe", "Qwen2-MoE", ATTN_GQA, QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_SIGMOID_GATE, 0, 0, NULL,
+     NULL, 0, 0, FFN_ACT_SILU},
+    {"llama", "Mixtral", ATTN_GQA, QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0,
      FFN_ACT_SILU},
-    {"llama", "Mixtral", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0, FFN_ACT_SILU},
-    {"olmoe", "OLMoE", QK_NORM_FULL, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0, FFN_ACT_SILU},
-    {"granitemoe", "Granite-MoE", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 1, 0, NULL, NULL, 0, 0,
+    {"olmoe", "OLMoE", ATTN_GQA, QK_NORM_FULL, ROPE_NEOX, GATING_SOFTMAX, 0, SHEXP_NONE, 0, 0, NULL, NULL, 0, 0,
      FFN_ACT_SILU},
+    {"granitemoe", "Granite-MoE", ATTN_GQA, QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_NONE, 1, 0, NULL, NULL, 0,
+     0, FFN_ACT_SILU},
     /* sigmoid routing with the correction bias, partial rotary, dense leading layers, q/k/v biases,
      * shared experts added as they are; per-head q/k norms in files that have them (use_qk_norm) */
-    {"glm4moe", "GLM-4.5 MoE", QK_NORM_NONE, ROPE_NEOX, GATING_SIGMOID, 1, SHEXP_PLAIN, 0, 1, "post_attention_norm",
-     NULL, 0, 0, FFN_ACT_SILU},
+    {"glm4moe", "GLM-4.5 MoE", ATTN_GQA, QK_NORM_NONE, ROPE_NEOX, GATING_SIGMOID, 1, SHEXP_PLAIN, 0, 1,
+     "post_attention_norm", NULL, 0, 0, FFN_ACT_SILU},
     /* attention sinks, sliding-window attention on the even layers, biases on q/k/v/o, the router and the
      * experts, YaRN with an untruncated ramp, the top-k logits' softmax (the softmax of all, renormalized over
      * the top k: the same weights), the clamped SwiGLU */
-    {"gpt-oss", "gpt-oss", QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0, "post_attention_norm", NULL, 2,
-     1, FFN_ACT_SWIGLU_OAI},
+    {"gpt-oss", "gpt-oss", ATTN_GQA, QK_NORM_NONE, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_NONE, 0, 0,
+     "post_attention_norm", NULL, 2, 1, FFN_ACT_SWIGLU_OAI},
+    /* multi-head latent attention with its compressed cache; softmax (V2) or sigmoid routing with the
+     * correction bias and group-limited top-k (V3), routed scale, shared experts, dense leading layers */
+    {"deepseek2", "DeepSeek-V2/V3", ATTN_MLA, QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 0, SHEXP_PLAIN, 0, 0, NULL, NULL,
+     0, 0, FFN_ACT_SILU},
     /* known families whose blocks are not all here yet: opening one says which block is missing */
-    {"deepseek2", "DeepSeek-V2/V3", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 0, SHEXP_PLAIN, 0, 0, NULL,
-     "multi-head latent attention (MLA) is not supported yet", 0, 0, FFN_ACT_SILU},
-    {"granitemoeshared", "Granite-MoE (shared)", QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_PLAIN, 1, 0, NULL,
-     "granite's shared experts are not supported yet", 0, 0, FFN_ACT_SILU},
-    {"qwen3next", "Qwen3-Next", QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_SIGMOID_GATE, 0, 0, NULL,
+    {"granitemoeshared", "Granite-MoE (shared)", ATTN_GQA, QK_NORM_NONE, ROPE_NORM, GATING_SOFTMAX, 1, SHEXP_PLAIN, 1,
+     0, NULL, "granite's shared experts are not supported yet", 0, 0, FFN_ACT_SILU},
+    {"qwen3next", "Qwen3-Next", ATTN_GQA, QK_NORM_HEAD, ROPE_NEOX, GATING_SOFTMAX, 1, SHEXP_SIGMOID_GATE, 0, 0, NULL,
      "the gated delta-net (linear attention) layers are not supported yet", 0, 0, FFN_ACT_SILU},
 };
 
@@ -50,7 +54,7 @@ const arch_desc *arch_find(const char *arch) {
 }
 
 const char *arch_supported_list(void) {
-    return "qwen3moe, qwen2moe, llama with experts (Mixtral), olmoe, granitemoe, glm4moe, gpt-oss";
+    return "qwen3moe, qwen2moe, llama with experts (Mixtral), olmoe, granitemoe, glm4moe, gpt-oss, deepseek2";
 }
 
 /* The attention options past the first ones (output bias, sinks, sliding windows), appended to buf; the count
@@ -82,14 +86,25 @@ void arch_describe(const hparams *hp, char *buf, size_t len) {
                                                        : "";
     char dense[48] = "";
     if (hp->n_dense_lead > 0) snprintf(dense, sizeof dense, ", %d dense leading layer(s)", hp->n_dense_lead);
-    int m = snprintf(buf, len, "%s: attention GQA %d/%d%s%s, %s%s", a->family, hp->n_head, hp->n_head_kv,
-                     hp->attn_bias ? ", q/k/v biases" : "", qk, rope, a->multipliers ? ", granite multipliers" : "");
+    char att[128];
+    if (hp->attn == ATTN_MLA) {
+        char q[40] = "q direct";
+        if (hp->q_lora_rank > 0) snprintf(q, sizeof q, "q lora %d", hp->q_lora_rank);
+        snprintf(att, sizeof att, "MLA %d heads (%s, kv lora %d, k %d, v %d; cache: latent + k_pe)", hp->n_head, q,
+                 hp->kv_lora_rank, hp->head_dim, hp->head_dim_v);
+    } else {
+        snprintf(att, sizeof att, "GQA %d/%d", hp->n_head, hp->n_head_kv);
+    }
+    char groups[48] = "";
+    if (hp->n_group > 1) snprintf(groups, sizeof groups, " in %d of %d groups", hp->n_group_used, hp->n_group);
+    int m = snprintf(buf, len, "%s: attention %s%s%s, %s%s", a->family, att, hp->attn_bias ? ", q/k/v biases" : "", qk,
+                     rope, a->multipliers ? ", granite multipliers" : "");
     if (m < 0 || (size_t)m >= len) return;
     m += attn_extras(hp, buf + m, len - (size_t)m);
     if ((size_t)m >= len) return;
-    snprintf(buf + m, len - (size_t)m, "; moe %s%s%s top-%d of %d%s%s%s%s%s%s",
+    snprintf(buf + m, len - (size_t)m, "; moe %s%s%s top-%d of %d%s%s%s%s%s%s%s",
              hp->gating == GATING_SIGMOID ? "sigmoid" : "softmax", hp->expert_bias ? " with expert bias" : "",
-             hp->router_bias ? " with router bias" : "", hp->n_expert_used, hp->n_expert,
+             hp->router_bias ? " with router bias" : "", hp->n_expert_used, hp->n_expert, groups,
              hp->norm_topk ? " normalized" : "", hp->routed_scale != 1.0f ? " scaled" : "",
              hp->exp_ffn_bias ? ", expert biases" : "", hp->ffn_act == FFN_ACT_SWIGLU_OAI ? ", clamped swiglu" : "",
              shexp, dense);

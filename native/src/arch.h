@@ -42,6 +42,24 @@ typedef enum gating_kind {
     GATING_SIGMOID = 2,
 } gating_kind;
 
+/* The attention block and, with it, what the KV cache stores per position (kv_layout). */
+typedef enum attn_kind {
+    ATTN_GQA = 0, /* q, k, v projections; K and V of every KV head cached (GQA, MQA and MHA alike) */
+    ATTN_MLA = 1, /* multi-head latent attention (deepseek2): q direct or low-rank, keys and values expanded
+                   * per head from one normalized latent of kv_lora_rank values and a shared roped k_pe;
+                   * the cache holds the latent and k_pe only */
+} attn_kind;
+
+/* What the KV cache holds per layer and position: n_head_kv rows of k_dim key values and, unless v_in_k,
+ * n_head_kv rows of v_dim values. v_in_k: a head's values are the first v_dim of its key row (MLA: the
+ * latent is both), so nothing more is stored. */
+typedef struct kv_layout {
+    int32_t n_head_kv;
+    int32_t k_dim;
+    int32_t v_dim;
+    int32_t v_in_k;
+} kv_layout;
+
 /* Shared experts: a dense SwiGLU every token passes through beside the routed ones. */
 typedef enum shexp_kind {
     SHEXP_NONE = 0,
@@ -59,6 +77,7 @@ typedef enum ffn_act_kind {
 typedef struct arch_desc {
     const char *arch;           /* general.architecture */
     const char *family;         /* the family as people name it */
+    attn_kind attn;
     qk_norm_kind qk_norm;
     rope_kind rope;
     gating_kind gating;         /* default when the file has no expert_gating_func */

@@ -13,6 +13,15 @@
  *   denominator and weighs no value)
  *   x += (att Wo^T (+ bo)) * residual_scale  (granite; 1 elsewhere)
  *
+ * Multi-head latent attention (ATTN_MLA, deepseek2; Lk = kv_lora_rank, R = n_rot, hd = nope + R):
+ *   q = xn Wq^T, or rmsnorm(xn Wq_a^T) * q_a_norm Wq_b^T           [T, H, hd]: q_nope then q_pe per head
+ *   [c, k_pe] = xn Wkv_a^T; c = rmsnorm(c) * kv_a_norm; k_pe, q_pe roped   [T, Lk + R]
+ *   the cache keeps [c, k_pe] per position (one row shared by every head; values read from its c part)
+ *   per head: q' = [Wk_b_h q_nope, q_pe], a = softmax(q' . [c_p, k_pe_p] * attn_scale) over p <= pos,
+ *   out_h = Wv_b_h (sum_p a_p c_p); x += out Wo^T
+ *   which is the decompressed attention's (k_nope = Wk_b_h^T c, v = Wv_b_h c) regrouped, without ever
+ *   expanding a cached position into H heads.
+ *
  * Every query row reads its keys back from the cache, so a token sees the same (f16-rounded) keys
  * whether it was part of a chunk or decoded alone: this is what keeps logits identical across chunkings.
  */
@@ -181,6 +190,7 @@ static void att_tiled_item(void *ctx, int64_t item, int thread) {
  * cache, a head dim it handles. The choice depends on the engine's configuration alone, so decode and
  * prefill always agree. */
 static int att_use_tiled(const strata_engine *e) {
+    if (e->hp.attn != ATTN_GQA) return 0; /* the tiled kernels read GQA's K and V rows */
     if (e->kv.type != STRATA_KV_F16 || !attn_f16_tiled_supported(e->hp.head_dim)) return 0;
     if (quant_simd_supported(STRATA_SIMD_AVX512) && e->qt == quant_table(STRATA_SIMD_AVX512)) return ATT_TILED_AVX512;
     if (quant_simd_supported(STRATA_SIMD_AVX2) && e->qt == quant_table(STRATA_SIMD_AVX2)) return ATT_TILED_AVX2;
@@ -190,7 +200,7 @@ static int att_use_tiled(const strata_engine *e) {
 /* ---- per-token steps, split over the pool by blocks of tokens ----------------------------------- */
 
 /* What each token's step does; every token is independent, so the split changes no result. */
-enum { TOK_NORM_QUANT, TOK_ROPE_STORE, TOK_QUANT_ATT, TOK_RESIDUAL };
+enum { TOK_NORM_QUANT, TOK_ROPE_STORE, TOK_QUANT_ATT, TOK_RESIDUAL, TOK_MLA_ROPE_STORE };
 #define TOK_BLOCK 16
 #define ROPE_MAX_HD 512
 
@@ -266,10 +276,34 @@ static void tok_item(void *ctx, int64_t item, int thread) {
         }
         break;
     }
-    case TOK_QUANT_ATT:
-        mm_quantize(e->qt, j->wtype, cb->att + (int64_t)t0 * QD, QD, n, QD, cb->act + (size_t)t0 * cb->act_stride,
+    case TOK_QUANT_ATT: {
+        const int64_t QO = (int64_t)H * hp->head_dim_v; /* QD but under MLA */
+        mm_quantize(e->qt, j->wtype, cb->att + (int64_t)t0 * QO, QO, n, QO, cb->act + (size_t)t0 * cb->act_stride,
                     cb->act_stride);
         break;
+    }
+    case TOK_MLA_ROPE_STORE: {
+        /* the latent normed, k_pe and each head's q_pe roped; the cached row is [latent, k_pe] */
+        float cs[ROPE_MAX_HD];
+        double freq[ROPE_MAX_HD / 2];
+        const float mag = rope_freqs(freq, hp);
+        const int32_t R = hp->n_rot, Lk = hp->kv_lora_rank, KR = Lk + R, nope = hd - R;
+        for (int32_t t = t0; t < t1; t++) {
+            kv_cache *kv = e->batch_seq ? &e->seqs[e->batch_seq[t]].kv : &e->kv;
+            int32_t pos = e->batch_seq ? e->seqs[e->batch_seq[t]].n_past : j->pos0 + t;
+            rope_angles(cs, R, pos, freq, mag);
+            float *kt = cb->k + (int64_t)t * KR;
+            rmsnorm_rows(kt, kt, L->kv_a_norm, 1, Lk, hp->rms_eps);
+            rope_apply(kt + Lk, R, cs, hp->ad->rope);
+            kv_store(kv, j->l, pos, kt, NULL);
+            for (int32_t h = 0; h < H; h++) {
+                float *qpe = cb->q + (int64_t)t * QD + (int64_t)h * hd + nope;
+                rope_apply(qpe, R, cs, hp->ad->rope);
+                memcpy(cb->mqk + ((int64_t)t * H + h) * KR + Lk, qpe, sizeof(float) * (size_t)R);
+            }
+        }
+        break;
+    }
     case TOK_RESIDUAL:
         if (L->bo)
             for (int32_t t = t0; t < t1; t++)
@@ -288,9 +322,113 @@ static void tok_run(strata_engine *e, int32_t l, int32_t T, int32_t pos0, int32_
     pool_run(e->pool, (T + TOK_BLOCK - 1) / TOK_BLOCK, tok_item, &j);
 }
 
+/* ---- multi-head latent attention ----------------------------------------------------------------- */
+
+/* One (token, head) of MLA over the compressed cache: with the query q' = [Wkb_h^T q_nope, q_pe] (mqk), a
+ * score is q' . [latent_p, k_pe_p] = q_nope . k_nope_p + q_pe . k_pe_p, the decompressed heads' own, and the
+ * attended latent sum_p a_p latent_p (mlat) is decompressed by Wvb_h afterwards (values are linear in it). */
+static void mla_item(void *ctx, int64_t item, int thread) {
+    const att_job *j = ctx;
+    strata_engine *e = j->e;
+    const hparams *hp = &e->hp;
+    const int32_t H = hp->n_head, KR = hp->kv.k_dim, Lk = hp->kv_lora_rank;
+    int32_t t = (int32_t)(item / H), h = (int32_t)(item % H);
+    const kv_cache *kv = e->batch_seq ? &e->seqs[e->batch_seq[t]].kv : &e->kv;
+    int32_t pos = e->batch_seq ? e->seqs[e->batch_seq[t]].n_past : j->pos0 + t;
+    const float *q = e->md->cb.mqk + ((int64_t)t * H + h) * KR;
+    float *out = e->md->cb.mlat + ((int64_t)t * H + h) * Lk;
+    float *sc = e->md->cb.scores + (int64_t)thread * e->n_ctx; /* [pos + 1] */
+    const float scale = hp->attn_scale;
+    float mx = -INFINITY;
+    for (int32_t p = 0; p <= pos; p++) {
+        sc[p] = kv_dot_k(kv, j->layer, p, 0, q) * scale;
+        if (sc[p] > mx) mx = sc[p];
+    }
+    float sum = 0.0f;
+    for (int32_t p = 0; p <= pos; p++) {
+        sc[p] = expf(sc[p] - mx);
+        sum += sc[p];
+    }
+    memset(out, 0, sizeof(float) * (size_t)Lk);
+    float inv = 1.0f / sum;
+    for (int32_t p = 0; p <= pos; p++) kv_acc_v(kv, j->layer, p, 0, sc[p] * inv, out);
+}
+
+/* y[t, h, :] (rows y_ld apart, head h at y + h * y_hs) = W_h x[t, h, :] for every head: W is [H * rows, cols]
+ * (head h's rows from h * rows on), x's rows x_ld apart, head h's cols values at x + h * x_hs. One segment per
+ * head. */
+static void per_head_products(strata_engine *e, const wview *W, const float *x, int64_t x_hs, int64_t x_ld, int32_t T,
+                              float *y, int64_t y_hs, int64_t y_ld) {
+    chunk_buffers *cb = &e->md->cb;
+    const int32_t H = e->hp.n_head;
+    const int64_t rows = W->rows / H, cols = W->cols;
+    const quant_traits *qt = quant_lookup(e->qt, W->type);
+    for (int32_t h = 0; h < H; h++) {
+        uint8_t *act = cb->mact + (size_t)h * (size_t)T * cb->mact_stride;
+        mm_quantize(e->qt, W->type, x + (int64_t)h * x_hs, x_ld, T, cols, act, cb->mact_stride);
+        wview wh = *W;
+        wh.rows = rows;
+        wh.data += (size_t)h * (size_t)rows * W->row_bytes;
+        cb->msegs[h] = (mm_seg){qt, wh, act, cb->mact_stride, NULL, T, y + (int64_t)h * y_hs, y_ld, NULL};
+    }
+    mm_run(e->pool, cb->msegs, H);
+}
+
+/* xn -> q [T, H * hd] (direct, or through the normed low-rank q) and the latent and k_pe [T, Lk + R]. */
+static void mla_project(strata_engine *e, const layer_weights *L, int32_t T) {
+    const hparams *hp = &e->hp;
+    chunk_buffers *cb = &e->md->cb;
+    const int32_t D = hp->n_embd, Lq = hp->q_lora_rank;
+    const wview *wq = Lq > 0 ? &L->wq_a : &L->wq;
+    float *yq = Lq > 0 ? cb->mq : cb->q;
+    const quant_traits *tq = quant_lookup(e->qt, wq->type), *tkv = quant_lookup(e->qt, L->wkv_a.type);
+    mm_seg s[2] = {{tq, *wq, cb->act, cb->act_stride, NULL, T, yq, wq->rows, NULL},
+                   {tkv, L->wkv_a, cb->act, cb->act_stride, NULL, T, cb->k, L->wkv_a.rows, NULL}};
+    if (tq->act_type == tkv->act_type) { /* xn was quantized for wq */
+        mm_run(e->pool, s, 2);
+    } else {
+        mm_run(e->pool, &s[0], 1);
+        mm_quantize(e->qt, L->wkv_a.type, cb->xn, D, T, D, cb->act, cb->act_stride);
+        mm_run(e->pool, &s[1], 1);
+    }
+    if (Lq > 0) {
+        rmsnorm_rows(cb->mq, cb->mq, L->q_a_norm, T, Lq, hp->rms_eps);
+        mm_quantize(e->qt, L->wq_b.type, cb->mq, Lq, T, Lq, cb->act, cb->act_stride);
+        mm_seg sb = {quant_lookup(e->qt, L->wq_b.type), L->wq_b, cb->act, cb->act_stride, NULL, T, cb->q, L->wq_b.rows,
+                     NULL};
+        mm_run(e->pool, &sb, 1);
+    }
+}
+
+static strata_status mla_block(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
+    const hparams *hp = &e->hp;
+    const layer_weights *L = &e->w.layers[l];
+    chunk_buffers *cb = &e->md->cb;
+    const int32_t H = hp->n_head, hd = hp->head_dim, Lk = hp->kv_lora_rank, KR = hp->kv.k_dim;
+    const int64_t QD = (int64_t)H * hd;
+    STRATA_ASSERT(&e->err, hp->n_rot <= ROPE_MAX_HD && cb->mqk && cb->msegs);
+
+    tok_run(e, l, T, pos0, TOK_NORM_QUANT, hp->q_lora_rank > 0 ? L->wq_a.type : L->wq.type);
+    mla_project(e, L, T);
+    tok_run(e, l, T, pos0, TOK_MLA_ROPE_STORE, 0);
+    /* each head's q_nope into the latent space: mqk[t, h, 0..Lk) */
+    per_head_products(e, &L->wk_b, cb->q, hd, QD, T, cb->mqk, KR, (int64_t)H * KR);
+    att_job aj = {e, l, T, pos0};
+    pool_run(e->pool, (int64_t)T * H, mla_item, &aj);
+    /* each head's attended latent to its values: att[t, h * hv ..] */
+    per_head_products(e, &L->wv_b, cb->mlat, Lk, (int64_t)H * Lk, T, cb->att, hp->head_dim_v, (int64_t)H * hp->head_dim_v);
+
+    tok_run(e, l, T, pos0, TOK_QUANT_ATT, L->wo.type);
+    mm_seg so = {quant_lookup(e->qt, L->wo.type), L->wo, cb->act, cb->act_stride, NULL, T, cb->o, hp->n_embd, NULL};
+    mm_run(e->pool, &so, 1);
+    tok_run(e, l, T, pos0, TOK_RESIDUAL, 0);
+    return STRATA_OK;
+}
+
 /* ---- the block --------------------------------------------------------------------------------- */
 
 strata_status attention_block(strata_engine *e, int32_t l, int32_t T, int32_t pos0) {
+    if (e->hp.attn == ATTN_MLA) return mla_block(e, l, T, pos0);
     const hparams *hp = &e->hp;
     const layer_weights *L = &e->w.layers[l];
     chunk_buffers *cb = &e->md->cb;

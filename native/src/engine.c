@@ -274,7 +274,7 @@ strata_status engine_open(const char *path, const strata_params *params, strata_
     for (int32_t q = 0; q < e->n_seq && s == STRATA_OK; q++) {
         e->seqs[q].logits = e->logits_all + (size_t)q * (size_t)e->hp.n_vocab;
         if (!e->devs[0].gpu) /* on a GPU the KV cache lives in device memory (cuda/host_memory.c) */
-            s = kv_init(&e->seqs[q].kv, p.kv_type, e->hp.n_layer, e->n_ctx, e->hp.n_head_kv, e->hp.head_dim,
+            s = kv_init(&e->seqs[q].kv, p.kv_type, e->hp.n_layer, e->n_ctx, &e->hp.kv,
                         p.simd == STRATA_SIMD_AUTO ? quant_cpu_best() : p.simd, err);
     }
     if (s != STRATA_OK) goto fail;

@@ -51,9 +51,17 @@ typedef struct chunk_buffers {
     float *xn;            /* [T, D] normed input of the current block */
     uint8_t *act;         /* [T, act_stride] activations quantized for the next product */
     float *q;             /* [T, QD] */
-    float *k;             /* [T, KD] */
+    float *k;             /* [T, KD] (MLA: [T, Lk + R], the latent and k_pe of each token) */
     float *v;             /* [T, KD] */
-    float *att;           /* [T, QD] attention output, before the output projection */
+    float *att;           /* [T, n_head * head_dim_v] attention output, before the output projection */
+    /* multi-head latent attention only (absent otherwise; Lk = kv_lora_rank, Lq = q_lora_rank, R = n_rot) */
+    float *mq;            /* [T, Lq] the low-rank q, normed */
+    float *mqk;           /* [T, H, Lk + R] each head's query against the cached row: its q_nope mapped into
+                           * the latent space, then its roped q_pe */
+    float *mlat;          /* [T, H, Lk] each head's attended latent */
+    uint8_t *mact;        /* [H * T, mact_stride] per-head activations, head-major, quantized */
+    size_t mact_stride;   /* bytes of one of them (the head-sized rows of attn_k_b / attn_v_b, not act_stride) */
+    struct mm_seg *msegs; /* [H] the per-head product segments */
     float *o;             /* [T, D] output of a block, before it is added to x */
     float *scores;        /* [n_threads, n_ctx] attention scores, one row per thread */
     float *rope;          /* [head_dim] cos then sin of one position's rotation */

@@ -21,9 +21,10 @@ static size_t act_stride_of(const strata_engine *e) {
     size_t m = 0;
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const layer_weights *L = &e->w.layers[l];
-        const wview *ws[] = {&L->wq,         &L->wk,       &L->wv,         &L->wo,         &L->router,
-                             &L->gate_exps,  &L->up_exps,  &L->down_exps,  &L->gate_shexp, &L->up_shexp,
-                             &L->down_shexp, &L->gate_dense, &L->up_dense, &L->down_dense};
+        const wview *ws[] = {&L->wq,         &L->wk,         &L->wv,       &L->wo,         &L->router,
+                             &L->gate_exps,  &L->up_exps,    &L->down_exps, &L->gate_shexp, &L->up_shexp,
+                             &L->down_shexp, &L->gate_dense, &L->up_dense,  &L->down_dense, &L->wq_a,
+                             &L->wq_b,       &L->wkv_a,      &L->wk_b,      &L->wv_b};
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
             if (!ws[i]->data) continue; /* a block this family does not have */
             size_t b = mm_act_row_bytes(e->qt, ws[i]->type, ws[i]->cols);
@@ -32,6 +33,19 @@ static size_t act_stride_of(const strata_engine *e) {
     }
     size_t b = mm_act_row_bytes(e->qt, e->w.output.type, e->w.output.cols);
     m = b > m ? b : m;
+    return STRATA_ALIGN_UP(m, 64);
+}
+
+/* The largest quantized activation row of MLA's per-head products (0 for other attention kinds). */
+static size_t mla_act_stride_of(const strata_engine *e) {
+    size_t m = 0;
+    for (int32_t l = 0; l < e->hp.n_layer && e->hp.attn == ATTN_MLA; l++) {
+        const layer_weights *L = &e->w.layers[l];
+        size_t a = mm_act_row_bytes(e->qt, L->wk_b.type, L->wk_b.cols);
+        size_t b = mm_act_row_bytes(e->qt, L->wv_b.type, L->wv_b.cols);
+        m = a > m ? a : m;
+        m = b > m ? b : m;
+    }
     return STRATA_ALIGN_UP(m, 64);
 }
 
@@ -45,8 +59,12 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     const hparams *hp = &e->hp;
     const size_t D = (size_t)hp->n_embd, E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
     const size_t F = (size_t)hp->n_ff_exp, QD = (size_t)hp->n_head * (size_t)hp->head_dim;
-    const size_t KD = (size_t)hp->n_head_kv * (size_t)hp->head_dim, t = (size_t)T;
+    const size_t H = (size_t)hp->n_head, t = (size_t)T, QO = H * (size_t)hp->head_dim_v;
+    const int mla = hp->attn == ATTN_MLA;
+    /* MLA: k holds each token's latent and k_pe (the cached row); v is not used */
+    const size_t KD = mla ? (size_t)hp->kv.k_dim : (size_t)hp->n_head_kv * (size_t)hp->head_dim;
     const size_t st = e->w.layers ? act_stride_of(e) : 0; /* no layers: only enumerating the buffers to free */
+    const size_t mst = e->w.layers ? mla_act_stride_of(e) : 0;
     int n = 0;
 #define B(field, bytes) s[n++] = (buf_spec){(void **)&cb->field, (bytes), #field}
     B(x, t * D * 4);
@@ -54,8 +72,16 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     B(act, t * st);
     B(q, t * QD * 4);
     B(k, t * KD * 4);
-    B(v, t * KD * 4);
-    B(att, t * QD * 4);
+    B(v, mla ? 4 : t * KD * 4);
+    B(att, t * (QD > QO ? QD : QO) * 4);
+    if (mla) { /* only this attention's: the others' layout is unchanged */
+        const size_t Lk = (size_t)hp->kv_lora_rank;
+        B(mq, t * (size_t)(hp->q_lora_rank > 0 ? hp->q_lora_rank : 1) * 4);
+        B(mqk, t * H * (size_t)hp->kv.k_dim * 4);
+        B(mlat, t * H * Lk * 4);
+        B(mact, H * t * mst);
+        B(msegs, H * sizeof(mm_seg));
+    }
     B(o, t * D * 4);
     B(scores, (size_t)pool_size(e->pool) * (size_t)e->n_ctx * 4);
     B(rope, (size_t)hp->head_dim * 4);
@@ -81,12 +107,13 @@ static int fill_specs(strata_engine *e, chunk_buffers *cb, int32_t T, buf_spec *
     B(views, E * sizeof(expert_view));
 #undef B
     cb->act_stride = st;
+    cb->mact_stride = mst;
     return n;
 }
 
 /* Lay the buffers of T tokens out in a, storing the pointers in cb (which need not be the engine's). */
 static strata_status layout_into(strata_engine *e, chunk_buffers *cb, arena *a, int32_t T) {
-    buf_spec s[32];
+    buf_spec s[40];
     int n = fill_specs(e, cb, T, s);
     cb->cap = 0;
     for (int i = 0; i < n; i++) {

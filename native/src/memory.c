@@ -232,8 +232,7 @@ strata_status mem_open(strata_engine *e, errbuf *err) {
     in.n_expert_used = hp->n_expert_used;
     in.n_embd = hp->n_embd;
     in.n_vocab = hp->n_vocab;
-    in.n_head_kv = hp->n_head_kv;
-    in.head_dim = hp->head_dim;
+    in.kv = hp->kv;
     in.n_ctx_train = hp->n_ctx_train;
     in.expert_bytes = e->w.expert_bytes;
     in.kv_bytes = kv_bytes;

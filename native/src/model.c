@@ -88,6 +88,12 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
         STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_beta_slow"), &hp->yarn_beta_slow, err));
         hp->yarn_attn_factor = 0.1f * logf(hp->rope_factor) + 1.0f;
         if (hp->rope_factor < 1.0f) hp->yarn_attn_factor = 1.0f;
+        /* deepseek2 files carry 0.1 * mscale_all_dim: the softmax scale grows by (1 + it ln(factor))^2 and
+         * cos and sin keep magnitude mscale / mscale_all_dim, 1 in the published files, which give both the
+         * same (the file does not carry mscale itself) */
+        hp->yarn_log_mul = 0.0f;
+        STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_log_multiplier"), &hp->yarn_log_mul, err));
+        if (hp->yarn_log_mul > 0.0f) hp->yarn_attn_factor = 1.0f;
         float af = 0.0f;
         STRATA_TRY(get_f32(f, KEY("rope.scaling.yarn_attn_factor"), &af, err));
         if (af > 0.0f) hp->yarn_attn_factor = af;
@@ -104,11 +110,10 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
         hp->gating = (gating_kind)gf;
     else if (gf != 0)
         return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: expert gating function %d is not supported yet", hp->arch, gf);
-    int32_t n_group = 1;
-    STRATA_TRY(get_i32(f, KEY("expert_group_count"), &n_group, 0, 1, 65536, err));
-    if (n_group > 1)
-        return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: group-limited top-k routing (%d expert groups) is not supported yet",
-                       hp->arch, n_group);
+    hp->n_group = hp->n_group_used = 1;
+    STRATA_TRY(get_i32(f, KEY("expert_group_count"), &hp->n_group, 0, 1, 65536, err));
+    hp->n_group_used = hp->n_group;
+    STRATA_TRY(get_i32(f, KEY("expert_group_used_count"), &hp->n_group_used, 0, 1, 65536, err));
     hp->norm_topk = a->norm_topk;
     STRATA_TRY(get_bool(f, KEY("expert_weights_norm"), &hp->norm_topk, err));
     hp->routed_scale = 1.0f;
@@ -147,6 +152,32 @@ static strata_status read_blocks(const gguf_file *f, hparams *hp, errbuf *err) {
         STRATA_TRY(get_f32(f, KEY("logit_scale"), &hp->logit_scale, err));
     }
 #undef KEY
+    return STRATA_OK;
+}
+
+/* Multi-head latent attention. The converter writes the cache's view as the attention's key and value
+ * lengths (key_length = kv_lora_rank + rope dims, value_length = kv_lora_rank, one KV head) and the
+ * decompressed heads' as key_length_mla / value_length_mla; files without the _mla keys give the
+ * decompressed heads as key_length / value_length. */
+static strata_status read_mla(const gguf_file *f, hparams *hp, errbuf *err) {
+    char key[128];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, hp->arch), key)
+    const int32_t BIG = 1 << 24;
+    STRATA_TRY(get_i32(f, KEY("attention.kv_lora_rank"), &hp->kv_lora_rank, 1, 1, BIG, err));
+    STRATA_TRY(get_i32(f, KEY("attention.q_lora_rank"), &hp->q_lora_rank, 0, 1, BIG, err));
+    if (!gguf_find_kv(f, KEY("rope.dimension_count")))
+        return err_set(err, STRATA_ERR_FORMAT, "the model has no metadata key '%s', which multi-head latent attention "
+                       "needs", key);
+    if (gguf_find_kv(f, KEY("attention.key_length_mla"))) {
+        STRATA_TRY(get_i32(f, KEY("attention.key_length_mla"), &hp->head_dim, 1, 2, 65536, err));
+        STRATA_TRY(get_i32(f, KEY("attention.value_length_mla"), &hp->head_dim_v, 1, 1, 65536, err));
+    }
+#undef KEY
+    if (hp->n_rot >= hp->head_dim)
+        return err_set(err, STRATA_ERR_FORMAT, "%s: rope.dimension_count %d leaves no unrotated key dims of %d", hp->arch,
+                       hp->n_rot, hp->head_dim);
+    hp->n_head_kv = 1; /* every head reads the one cached latent and k_pe */
+    hp->kv = (kv_layout){1, hp->kv_lora_rank + hp->n_rot, hp->kv_lora_rank, 1};
     return STRATA_OK;
 }
 
@@ -208,16 +239,36 @@ static strata_status read_hparams(const gguf_file *f, hparams *hp, errbuf *err) 
         return err_set(err, STRATA_ERR_FORMAT,
                        "head dimension is %d (embedding_length %d / head_count %d and no attention.key_length)",
                        hp->head_dim, hp->n_embd, hp->n_head);
-    if (vlen != hp->head_dim)
+    hp->attn = hp->ad->attn;
+    hp->head_dim_v = vlen;
+    if (hp->attn == ATTN_MLA) STRATA_TRY(read_mla(f, hp, err));
+    else if (vlen != hp->head_dim)
         return err_set(err, STRATA_ERR_UNSUPPORTED,
                        "attention key length %d differs from value length %d; strata needs them equal",
                        hp->head_dim, vlen);
+    else
+        hp->kv = (kv_layout){hp->n_head_kv, hp->head_dim, hp->head_dim, 0};
     if (hp->n_rot == 0) hp->n_rot = hp->head_dim;
     if (hp->n_rot % 2 != 0 || hp->n_rot > hp->head_dim)
         return err_set(err, STRATA_ERR_FORMAT,
                        "rope.dimension_count %d must be even and at most the head dimension %d", hp->n_rot,
                        hp->head_dim);
     if (hp->attn_scale == 0.0f) hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    if (hp->rope_scaling == ROPE_SCALING_YARN && hp->yarn_log_mul > 0.0f) {
+        const float m = 1.0f + hp->yarn_log_mul * logf(hp->rope_factor);
+        hp->attn_scale *= m * m;
+    }
+    if (hp->n_group > 1 || hp->n_group_used != hp->n_group) {
+        if (hp->n_group > 64)
+            return err_set(err, STRATA_ERR_UNSUPPORTED, "%s: %d expert groups; strata routes at most 64", hp->arch,
+                           hp->n_group);
+        if (hp->n_expert % hp->n_group != 0 || hp->n_group_used > hp->n_group)
+            return err_set(err, STRATA_ERR_FORMAT, "%s: %d experts in %d groups, %d of them used, is not a valid grouping",
+                           hp->arch, hp->n_expert, hp->n_group, hp->n_group_used);
+        if (hp->n_expert_used > hp->n_group_used * (hp->n_expert / hp->n_group))
+            return err_set(err, STRATA_ERR_FORMAT, "%s: %d experts used per token do not fit in %d groups of %d",
+                           hp->arch, hp->n_expert_used, hp->n_group_used, hp->n_expert / hp->n_group);
+    }
     if (hp->n_head % hp->n_head_kv != 0)
         return err_set(err, STRATA_ERR_FORMAT,
                        "attention.head_count %d is not a multiple of attention.head_count_kv %d", hp->n_head,
@@ -336,6 +387,43 @@ static strata_status bind_matrix(binder *b, const char *name, int64_t cols, int6
     return STRATA_OK;
 }
 
+/* A per-head 3-D matrix of the attention ([n3, rows, cols]): resident, unlike the experts' 3-D tensors. */
+static strata_status bind_heads(binder *b, const char *name, int64_t cols, int64_t rows, int64_t n3, wview *out) {
+    STRATA_TRY(bind_matrix(b, name, cols, rows, n3, 0, out));
+    b->w->resident_bytes += (int64_t)gguf_find_tensor(b->f, name)->bytes;
+    return STRATA_OK;
+}
+
+/* Multi-head latent attention's tensors (hd = nope + rope, Lk = kv_lora_rank, Lq = q_lora_rank, hv = head_dim_v):
+ * q direct (attn_q) or low-rank (attn_q_a, attn_q_a_norm, attn_q_b), the latent and k_pe (attn_kv_a_mqa,
+ * attn_kv_a_norm), and the per-head decompressions as the converter splits them: attn_k_b [H, Lk, nope]
+ * (transposed, so that it maps a head's q_nope into the latent space) and attn_v_b [H, hv, Lk]. */
+static strata_status bind_mla(binder *b, const hparams *hp, int32_t l, layer_weights *L) {
+    const int64_t D = hp->n_embd, H = hp->n_head, hd = hp->head_dim, R = hp->n_rot, nope = hd - R;
+    const int64_t Lk = hp->kv_lora_rank, Lq = hp->q_lora_rank;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", l), n)
+    if (!gguf_find_tensor(b->f, NAME("attn_k_b")) && gguf_find_tensor(b->f, NAME("attn_kv_b")))
+        return err_set(b->err, STRATA_ERR_UNSUPPORTED,
+                       "%s: the file has '%s' (the keys' and values' decompression in one matrix, as older converters "
+                       "wrote it); strata reads it split into attn_k_b and attn_v_b: convert the model again with a "
+                       "current llama.cpp converter",
+                       hp->arch, n);
+    if (Lq > 0) {
+        STRATA_TRY(bind_matrix(b, NAME("attn_q_a"), D, Lq, 0, 0, &L->wq_a));
+        STRATA_TRY(bind_norm(b, NAME("attn_q_a_norm"), Lq, &L->q_a_norm));
+        STRATA_TRY(bind_matrix(b, NAME("attn_q_b"), Lq, H * hd, 0, 0, &L->wq_b));
+    } else {
+        STRATA_TRY(bind_matrix(b, NAME("attn_q"), D, H * hd, 0, 0, &L->wq));
+    }
+    STRATA_TRY(bind_matrix(b, NAME("attn_kv_a_mqa"), D, Lk + R, 0, 0, &L->wkv_a));
+    STRATA_TRY(bind_norm(b, NAME("attn_kv_a_norm"), Lk, &L->kv_a_norm));
+    STRATA_TRY(bind_heads(b, NAME("attn_k_b"), nope, Lk, H, &L->wk_b));
+    STRATA_TRY(bind_heads(b, NAME("attn_v_b"), Lk, hp->head_dim_v, H, &L->wv_b));
+#undef NAME
+    return STRATA_OK;
+}
+
 strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hparams *hp, model_weights *w, errbuf *err) {
     memset(w, 0, sizeof *w);
     STRATA_TRY(read_hparams(f, hp, err));
@@ -386,10 +474,14 @@ strata_status model_load(const gguf_file *f, const quant_traits *quant_tab, hpar
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", l), n)
         STRATA_TRY(bind_norm(&b, NAME("attn_norm"), D, &L->attn_norm));
-        STRATA_TRY(bind_matrix(&b, NAME("attn_q"), D, QD, 0, 0, &L->wq));
-        STRATA_TRY(bind_matrix(&b, NAME("attn_k"), D, KD, 0, 0, &L->wk));
-        STRATA_TRY(bind_matrix(&b, NAME("attn_v"), D, KD, 0, 0, &L->wv));
-        STRATA_TRY(bind_matrix(&b, NAME("attn_output"), QD, D, 0, 0, &L->wo));
+        if (hp->attn == ATTN_MLA) {
+            STRATA_TRY(bind_mla(&b, hp, l, L));
+        } else {
+            STRATA_TRY(bind_matrix(&b, NAME("attn_q"), D, QD, 0, 0, &L->wq));
+            STRATA_TRY(bind_matrix(&b, NAME("attn_k"), D, KD, 0, 0, &L->wk));
+            STRATA_TRY(bind_matrix(&b, NAME("attn_v"), D, KD, 0, 0, &L->wv));
+        }
+        STRATA_TRY(bind_matrix(&b, NAME("attn_output"), (int64_t)hp->n_head * hp->head_dim_v, D, 0, 0, &L->wo));
         if (hp->qk_norm != QK_NORM_NONE) {
             const int full = hp->qk_norm == QK_NORM_FULL;
             STRATA_TRY(bind_norm(&b, NAME("attn_q_norm"), full ? QD : HD, &L->q_norm));

@@ -30,7 +30,8 @@ typedef struct hparams {
     int32_t n_layer;
     int32_t n_head;
     int32_t n_head_kv;
-    int32_t head_dim;
+    int32_t head_dim;      /* of q and k (MLA: qk_nope + qk_rope, the decompressed heads) */
+    int32_t head_dim_v;    /* of v and the attention output per head (head_dim unless MLA says) */
     int32_t n_expert;      /* E */
     int32_t n_expert_used; /* K */
     int32_t n_ff_exp;      /* F */
@@ -59,6 +60,14 @@ typedef struct hparams {
     int32_t expert_bias;         /* routing picks by score + exp_probs_b (the correction bias) */
     int32_t n_dense_lead;        /* leading_dense_block_count: layers 0..n-1 run a dense SwiGLU, no experts */
     int32_t n_ff_dense;          /* their width (feed_forward_length) */
+    /* ---- multi-head latent attention (ATTN_MLA) ---- */
+    attn_kind attn;              /* the row's */
+    kv_layout kv;                /* what the KV cache stores per layer and position (arch_kv_layout) */
+    int32_t q_lora_rank;         /* attention.q_lora_rank: q through attn_q_a, attn_q_a_norm, attn_q_b (0: attn_q) */
+    int32_t kv_lora_rank;        /* attention.kv_lora_rank: the latent the cache holds */
+    int32_t n_group;             /* expert_group_count: experts in n_group groups (1: no grouping) */
+    int32_t n_group_used;        /* expert_group_used_count: the groups a token's experts are picked from */
+    float yarn_log_mul;          /* rope.scaling.yarn_log_multiplier: softmax scale *= (1 + it * ln(factor))^2 (0: none) */
     int32_t n_nextn;             /* nextn_predict_layers: trailing multi-token-prediction layers, not run */
     /* ---- appended: gpt-oss's blocks (any family whose file has the tensors or keys gets them) ---- */
     int32_t n_swa;         /* attention.sliding_window: a sliding layer's query sees its last n_swa
@@ -93,6 +102,14 @@ typedef struct layer_weights {
     const float *bv;          /* [KD] or NULL */
     const float *q_norm;      /* [head_dim] (QK_NORM_HEAD), [QD] (QK_NORM_FULL) or NULL */
     const float *k_norm;      /* [head_dim] (QK_NORM_HEAD), [KD] (QK_NORM_FULL) or NULL */
+    /* MLA (hd = head_dim = nope + rope, Lk = kv_lora_rank, Lq = q_lora_rank, R = n_rot, hv = head_dim_v) */
+    wview wq_a;               /* [Lq, D] (q_lora_rank > 0; wq is then absent) */
+    const float *q_a_norm;    /* [Lq] */
+    wview wq_b;               /* [n_head * hd, Lq] */
+    wview wkv_a;              /* [Lk + R, D]: the latent then the shared k_pe */
+    const float *kv_a_norm;   /* [Lk] */
+    wview wk_b;               /* [n_head * Lk, nope]: head h's rows map its q_nope into the latent space */
+    wview wv_b;               /* [n_head * hv, Lk]: head h's rows map the attended latent to its values */
     const float *ffn_norm;    /* [D] */
     wview router;             /* [E, D] */
     /* Routed experts: expert e is rows [e * rows, (e + 1) * rows) of these, contiguous in the file.

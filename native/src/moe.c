@@ -4,6 +4,8 @@
  *
  *   xn = rmsnorm(x) * ffn_norm                               [T, D]
  *   p = softmax(xn Wr^T (+ br)), or sigmoid(xn Wr^T) (GATING_SIGMOID) [T, E]
+ *   group-limited (expert_group_count G > 1): only the experts of the expert_group_used_count best groups
+ *   compete (a group's score: its two best p + exp_probs_b under sigmoid, its best p under softmax)
  *   per token: the K largest p (sigmoid: of p + exp_probs_b, weighted by p; ties: lower expert id),
  *   renormalized to sum 1 when norm_topk, times routed_scale  [T, K]
  *   tokens grouped by expert; per expert e and its tokens:
@@ -94,9 +96,44 @@ strata_status moe_expert(strata_engine *e, int32_t layer, int32_t expert, moe_ph
 
 /* ---- routing ----------------------------------------------------------------------------------- */
 
+/* Group-limited top-k: the E experts are G groups of E / G in id order; a group scores the sum of its two
+ * best values (top2: sigmoid routing, DeepSeek V3) or its best (softmax routing, DeepSeek V2), the Gu best
+ * groups are kept (ties: lower group) and every expert of the others gets `off`, below any value it could
+ * be picked by. G of 1 keeps everything. */
+#define MOE_MAX_GROUPS 64
+static void group_limit(float *v, int32_t E, int32_t G, int32_t Gu, int top2, float off) {
+    if (G <= 1 || Gu >= G) return;
+    const int32_t n = E / G;
+    float gs[MOE_MAX_GROUPS];
+    for (int32_t g = 0; g < G; g++) {
+        const float *vg = v + (int64_t)g * n;
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int32_t i = 0; i < n; i++) {
+            if (vg[i] > b1) {
+                b2 = b1;
+                b1 = vg[i];
+            } else if (vg[i] > b2) {
+                b2 = vg[i];
+            }
+        }
+        gs[g] = top2 && n > 1 ? b1 + b2 : b1;
+    }
+    int32_t keep[MOE_MAX_GROUPS] = {0};
+    for (int32_t k = 0; k < Gu; k++) {
+        int32_t best = -1;
+        for (int32_t g = 0; g < G; g++)
+            if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+        keep[best] = 1;
+    }
+    for (int32_t g = 0; g < G; g++)
+        if (!keep[g])
+            for (int32_t i = 0; i < n; i++) v[(int64_t)g * n + i] = off;
+}
+
 /* Softmax of E logits in place, then the K best (ties: lower id) with weights renormalized. Each pick
  * marks its entry with -1 (probabilities are >= 0), so a pick costs one pass over E. */
-static void route_token(float *p, int32_t E, int32_t K, int32_t norm, float scale, int32_t *sel, float *w) {
+static void route_token(float *p, int32_t E, int32_t K, int32_t G, int32_t Gu, int32_t norm, float scale, int32_t *sel,
+                        float *w) {
     float mx = -INFINITY;
     for (int32_t i = 0; i < E; i++) mx = p[i] > mx ? p[i] : mx;
     float sum = 0.0f;
@@ -105,6 +142,7 @@ static void route_token(float *p, int32_t E, int32_t K, int32_t norm, float scal
         sum += p[i];
     }
     for (int32_t i = 0; i < E; i++) p[i] /= sum;
+    group_limit(p, E, G, Gu, 0, -2.0f); /* below the -1 of a pick, never picked (K fits in the kept groups) */
     float wsum = 0.0f;
     for (int32_t k = 0; k < K; k++) {
         int32_t best = 0;
@@ -123,12 +161,13 @@ static void route_token(float *p, int32_t E, int32_t K, int32_t norm, float scal
 
 /* Sigmoid routing (glm4moe, DeepSeek V3): s = sigmoid(logits) in place; the K best of s + bias (ties:
  * lower id; bias may be NULL) are picked, and weighted by s itself, renormalized when norm. */
-static void route_token_sigmoid(float *p, float *choice, const float *bias, int32_t E, int32_t K, int32_t norm,
-                                float scale, int32_t *sel, float *w) {
+static void route_token_sigmoid(float *p, float *choice, const float *bias, int32_t E, int32_t K, int32_t G, int32_t Gu,
+                                int32_t norm, float scale, int32_t *sel, float *w) {
     for (int32_t i = 0; i < E; i++) {
         p[i] = 1.0f / (1.0f + expf(-p[i]));
         choice[i] = bias ? p[i] + bias[i] : p[i];
     }
+    group_limit(choice, E, G, Gu, 1, -INFINITY);
     float wsum = 0.0f;
     for (int32_t k = 0; k < K; k++) {
         int32_t best = 0;
@@ -246,10 +285,10 @@ strata_status moe_block(strata_engine *e, int32_t l, int32_t T, moe_phase phase)
         if (L->router_b)
             for (int32_t i = 0; i < E; i++) pt[i] += L->router_b[i];
         if (hp->gating == GATING_SIGMOID)
-            route_token_sigmoid(pt, cb->choice + (int64_t)t * E, L->exp_bias, E, K, hp->norm_topk, hp->routed_scale, st,
-                                wt);
+            route_token_sigmoid(pt, cb->choice + (int64_t)t * E, L->exp_bias, E, K, hp->n_group, hp->n_group_used,
+                                hp->norm_topk, hp->routed_scale, st, wt);
         else
-            route_token(pt, E, K, hp->norm_topk, hp->routed_scale, st, wt);
+            route_token(pt, E, K, hp->n_group, hp->n_group_used, hp->norm_topk, hp->routed_scale, st, wt);
     }
 
     /* group the (token, k) pairs by expert, tokens ascending inside a group */

@@ -210,13 +210,13 @@ strata_status plan_make(plan *p, const plan_inputs *in, const strata_params *prm
     pp->max_context = ctx;
     pp->resident_bytes = in->resident_bytes;
     pp->n_seq = prm->n_seq > 0 ? prm->n_seq : 1;
-    pp->kv_bytes = in->kv_bytes(prm->kv_type, in->n_layer, ctx, in->n_head_kv, in->head_dim);
+    pp->kv_bytes = in->kv_bytes(prm->kv_type, in->n_layer, ctx, &in->kv);
     if (pp->kv_bytes > 0) pp->kv_bytes *= pp->n_seq; /* every sequence has its own */
     if (pp->kv_bytes < 0)
         return err_set(err, STRATA_ERR_UNSUPPORTED,
-                       "--kv %s cannot hold this model's keys and values (head dimension %d; int8 needs a multiple of "
+                       "--kv %s cannot hold this model's keys and values (rows of %d values; int8 needs a multiple of "
                        "32): use --kv f16",
-                       kv_name(prm->kv_type), in->head_dim);
+                       kv_name(prm->kv_type), in->kv.k_dim);
     pp->scratch_bytes = in->scratch_bytes;
     pp->reserve_bytes = (int64_t)prm->vram_reserve_mib << 20;
     /* as the device arena will hand them out: each buffer rounded up to the arena's alignment */

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arch.h"
 #include "error.h"
 #include "strata.h"
 
@@ -30,14 +31,13 @@ typedef struct plan_inputs {
     int32_t n_expert_used;       /* K */
     int32_t n_embd;              /* D */
     int32_t n_vocab;             /* output rows */
-    int32_t n_head_kv;           /* KV heads */
-    int32_t head_dim;            /* dimension of one head */
+    kv_layout kv;                /* what the KV cache holds per layer and position (arch.h) */
     int32_t n_ctx_train;         /* the model's training context */
     int64_t resident_bytes;      /* every weight that is not a routed expert */
     int64_t expert_bytes;        /* the largest expert blob (gate + up + down of one layer) */
     int64_t expert_bytes_total;  /* all routed experts of all layers */
     /* bytes of the KV cache (kv.c's kv_bytes): K and V, scales included, or -1 for an unknown type */
-    int64_t (*kv_bytes)(int32_t kv_type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv, int32_t head_dim);
+    int64_t (*kv_bytes)(int32_t kv_type, int32_t n_layer, int32_t n_ctx, const kv_layout *lay);
     int64_t scratch_bytes;       /* decode scratch (the layout of one token, kept outside the cache) */
     plan_chunk_bytes_fn chunk_bytes; /* layout's buffer part */
     plan_chunk_bytes_fn host_chunk_bytes; /* host RAM a chunk borrows (staging), or NULL: T * (D * 4 + 8) */

@@ -4,7 +4,9 @@ A preset is a ``qwen3moe`` model unless its ``family`` names another architectur
 is what tests and ``make run`` use; ``small`` is sized for CPU benchmarks; ``qwen3-30b-a3b`` has the real
 model's dimensions, for GPU benchmarks, and is written from pre-quantized random rows so that the whole
 file takes about a minute. ``tiny-qwen2moe``, ``tiny-mixtral``, ``tiny-olmoe`` and ``tiny-granitemoe`` are
-``tiny`` in each other family's layout (its tensors, metadata and blocks), with the same shaped routing.
+``tiny`` in each other family's layout (its tensors, metadata and blocks), with the same shaped routing;
+``tiny-deepseek2`` is DeepSeek V3's layout (multi-head latent attention, sigmoid routing with the
+correction bias, a shared expert, a dense first layer).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DEEPSEEK2_MLA",
     "FAMILIES",
     "GLM4MOE_DENSE_LEAD",
     "GLM4MOE_ROUTED_SCALE",
@@ -31,12 +34,19 @@ FAMILIES = {
     "olmoe": "OLMoE",
     "granitemoe": "Granite-MoE",
     "glm4moe": "GLM-4.5 MoE",
+    "deepseek2": "DeepSeek-V2/V3",
 }
 
 # glm4moe files the maker writes: the first layer dense, one shared expert of the experts' width, half the
 # head rotated, routed weights scaled as GLM-4.5's are
 GLM4MOE_DENSE_LEAD = 1
 GLM4MOE_ROUTED_SCALE = 2.5
+
+
+# deepseek2 files the maker writes (DeepSeek V3's blocks at tiny scale): besides glm4moe's dense first layer,
+# shared expert, sigmoid routing and routed scale, multi-head latent attention with these ranks; each head's
+# keys are head_dim unrotated dims plus the rotated ones (shared by the heads), its values head_dim wide
+DEEPSEEK2_MLA = {"q_lora_rank": 64, "kv_lora_rank": 64, "qk_rope_head_dim": 32}
 
 
 # granitemoe's multipliers in the files the maker writes (granite's own choices for their roles: a
@@ -194,6 +204,7 @@ for _fam, _extra in (
     ("olmoe", {}),
     ("granitemoe", {}),
     ("glm4moe", {}),
+    ("deepseek2", {"n_head_kv": 1}),  # one KV head: the latent every head reads
 ):
     PRESETS[f"tiny-{_fam}"] = PRESETS["tiny"].with_overrides(
         name=f"tiny-{_fam}", family="llama" if _fam == "mixtral" else _fam, **_extra

@@ -82,7 +82,8 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
     (qwen3moe) or over the projection (olmoe), q/k/v biases and a gated shared expert (qwen2moe), the
     llama layout's adjacent rotary pairs (llama, granitemoe), granite's multipliers, and glm4moe's dense
     leading layers (which route nothing: the list holds MoE layers only), half-head rotary, sigmoid routing
-    with the correction bias, routed scaling and plain shared expert."""
+    with the correction bias, routed scaling and plain shared expert; deepseek2 has glm4moe's MoE blocks and
+    multi-head latent attention (computed here decompressed, as the reference implementation does)."""
     f = _File(Path(path))
     fam = f.arch
     L = int(f.hp("block_count"))
@@ -100,9 +101,15 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
     res_scale = float(f.hp("residual_scale")) if granite else 1.0
     norm_topk = fam not in ("qwen2moe", "olmoe")
     glm = fam == "glm4moe"
-    n_dense = int(f.hp("leading_dense_block_count")) if glm else 0
-    n_rot = int(f.hp("rope.dimension_count")) if glm else None
-    routed_scale = float(f.hp("expert_weights_scale")) if glm else 1.0
+    ds = fam == "deepseek2"  # glm4moe's MoE blocks, multi-head latent attention
+    sig = glm or ds  # sigmoid routing with the correction bias, routed scale, plain shared expert, dense lead
+    n_dense = int(f.hp("leading_dense_block_count")) if sig else 0
+    n_rot = int(f.hp("rope.dimension_count")) if sig else None
+    routed_scale = float(f.hp("expert_weights_scale")) if sig else 1.0
+    if ds:  # the heads' dims (the key_length / value_length keys are the cache's view)
+        hd, hv = int(f.hp("attention.key_length_mla")), int(f.hp("attention.value_length_mla"))
+        Lk = int(f.hp("attention.kv_lora_rank"))
+        scale = 1.0 / math.sqrt(hd)
     T = len(tokens)
     tok = np.asarray(tokens, dtype=np.int64)
     x = f.get("token_embd.weight", tok)  # [T, D]
@@ -113,24 +120,12 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
     inv = theta ** (-np.arange(0, nr // 2, dtype=np.float64) * 2.0 / nr)
     ang = np.arange(T, dtype=np.float64)[:, None] * inv[None, :]  # [T, hd/2]
     cos, sin = np.cos(ang).astype(np.float32)[:, None, :], np.sin(ang).astype(np.float32)[:, None, :]
-    adjacent = fam in ("llama", "granitemoe")
+    adjacent = fam in ("llama", "granitemoe", "deepseek2")
     causal = np.triu(np.full((T, T), -np.inf, dtype=np.float32), k=1)
     out: list[np.ndarray] = []
     for i in range(n_layers):
         b = f"blk.{i}."
         h = _rms_norm(x, f.get(b + "attn_norm.weight"), eps)
-        q, k, v = (h @ f.get(b + f"attn_{n}.weight").T for n in "qkv")
-        if fam in ("qwen2moe", "glm4moe"):
-            q, k, v = q + f.get(b + "attn_q.bias"), k + f.get(b + "attn_k.bias"), v + f.get(b + "attn_v.bias")
-        if fam == "olmoe":
-            q, k = (
-                _rms_norm(q, f.get(b + "attn_q_norm.weight"), eps),
-                _rms_norm(k, f.get(b + "attn_k_norm.weight"), eps),
-            )
-        q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
-        if fam == "qwen3moe":
-            q = _rms_norm(q, f.get(b + "attn_q_norm.weight"), eps)
-            k = _rms_norm(k, f.get(b + "attn_k_norm.weight"), eps)
 
         def rope(a: np.ndarray) -> np.ndarray:
             if adjacent:
@@ -141,24 +136,58 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
             a1, a2, rest = a[..., : nr // 2], a[..., nr // 2 : nr], a[..., nr:]
             return np.concatenate([a1 * cos - a2 * sin, a1 * sin + a2 * cos, rest], axis=-1)
 
-        q, k = rope(q), rope(k)
-        rep = H // Hkv
-        k = np.repeat(k, rep, axis=1)
-        v = np.repeat(v, rep, axis=1)
-        qh, kh, vh = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, T, hd]
-        s = qh @ kh.transpose(0, 2, 1) * np.float32(scale) + causal  # [H, T, T]
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        s /= s.sum(axis=-1, keepdims=True)
-        a = (s @ vh).transpose(1, 0, 2).reshape(T, H * hd)
-        x = x + (a @ f.get(b + "attn_output.weight").T) * np.float32(res_scale)
+        if ds:  # latent attention, decompressed: the heads' keys and values from the normed latent
+            qa = _rms_norm(h @ f.get(b + "attn_q_a.weight").T, f.get(b + "attn_q_a_norm.weight"), eps)
+            q = (qa @ f.get(b + "attn_q_b.weight").T).reshape(T, H, hd)
+            kva = h @ f.get(b + "attn_kv_a_mqa.weight").T
+            lat = _rms_norm(kva[:, :Lk], f.get(b + "attn_kv_a_norm.weight"), eps)  # [T, Lk]
+            kpe = rope(kva[:, None, Lk:])  # [T, 1, R]
+            kb = f.get(b + "attn_k_b.weight")  # [H, Lk, nope]
+            k_nope = np.einsum("tc,hcn->thn", lat, kb)
+            v = np.einsum("tc,hvc->thv", lat, f.get(b + "attn_v_b.weight"))  # [T, H, hv]
+            k = np.concatenate([k_nope, np.repeat(kpe, H, axis=1)], axis=-1)
+            q = np.concatenate([q[..., : hd - nr], rope(q[..., hd - nr :])], axis=-1)
+            qh, kh, vh = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+            s = qh @ kh.transpose(0, 2, 1) * np.float32(scale) + causal
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            a = (s @ vh).transpose(1, 0, 2).reshape(T, H * hv)
+            x = x + a @ f.get(b + "attn_output.weight").T
+        else:
+            q, k, v = (h @ f.get(b + f"attn_{n}.weight").T for n in "qkv")
+            if fam in ("qwen2moe", "glm4moe"):
+                q, k, v = (
+                    q + f.get(b + "attn_q.bias"),
+                    k + f.get(b + "attn_k.bias"),
+                    v + f.get(b + "attn_v.bias"),
+                )
+            if fam == "olmoe":
+                q, k = (
+                    _rms_norm(q, f.get(b + "attn_q_norm.weight"), eps),
+                    _rms_norm(k, f.get(b + "attn_k_norm.weight"), eps),
+                )
+            q, k, v = q.reshape(T, H, hd), k.reshape(T, Hkv, hd), v.reshape(T, Hkv, hd)
+            if fam == "qwen3moe":
+                q = _rms_norm(q, f.get(b + "attn_q_norm.weight"), eps)
+                k = _rms_norm(k, f.get(b + "attn_k_norm.weight"), eps)
 
+            q, k = rope(q), rope(k)
+            rep = H // Hkv
+            k = np.repeat(k, rep, axis=1)
+            v = np.repeat(v, rep, axis=1)
+            qh, kh, vh = q.transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2)  # [H, T, hd]
+            s = qh @ kh.transpose(0, 2, 1) * np.float32(scale) + causal  # [H, T, T]
+            s = np.exp(s - s.max(axis=-1, keepdims=True))
+            s /= s.sum(axis=-1, keepdims=True)
+            a = (s @ vh).transpose(1, 0, 2).reshape(T, H * hd)
+            x = x + (a @ f.get(b + "attn_output.weight").T) * np.float32(res_scale)
         h = _rms_norm(x, f.get(b + ("post_attention_norm" if glm else "ffn_norm") + ".weight"), eps)
         if i < n_dense:  # a dense leading layer: no routing to report
             g, u = h @ f.get(b + "ffn_gate.weight").T, h @ f.get(b + "ffn_up.weight").T
             x = x + (g / (1.0 + np.exp(-g)) * u) @ f.get(b + "ffn_down.weight").T
             continue
         logits = h @ f.get(b + "ffn_gate_inp.weight").T  # [T, E]
-        if glm:  # sigmoid scores; experts picked by score + correction bias, weighted by the score
+        if sig:  # sigmoid scores; experts picked by score + correction bias, weighted by the score
             p = 1.0 / (1.0 + np.exp(-logits))
             sel = np.argsort(-(p + f.get(b + "exp_probs_b.bias")), axis=-1, kind="stable")[:, :K]
         else:
@@ -166,7 +195,7 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
         out.append(sel)
         if i == n_layers - 1:
             break
-        if not glm:
+        if not sig:
             p = np.exp(logits - logits.max(axis=-1, keepdims=True))
             p /= p.sum(axis=-1, keepdims=True)
         w = np.take_along_axis(p, sel, axis=-1)
@@ -180,7 +209,7 @@ def route_file(path: Path | str, tokens: list[int], n_layers: int | None = None)
             u = he @ f.get(b + "ffn_up_exps.weight", int(e)).T
             y = (g / (1.0 + np.exp(-g)) * u) @ f.get(b + "ffn_down_exps.weight", int(e)).T
             moe[rows] += w[rows, slot][:, None] * y
-        if glm:
+        if sig:
             moe *= np.float32(routed_scale)
             g, u = h @ f.get(b + "ffn_gate_shexp.weight").T, h @ f.get(b + "ffn_up_shexp.weight").T
             moe += (g / (1.0 + np.exp(-g)) * u) @ f.get(b + "ffn_down_shexp.weight").T

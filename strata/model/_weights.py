@@ -23,7 +23,7 @@ import zlib
 
 import numpy as np
 
-from ._presets import GLM4MOE_DENSE_LEAD, Preset
+from ._presets import DEEPSEEK2_MLA, GLM4MOE_DENSE_LEAD, Preset
 
 __all__ = ["ANCHOR", "WeightGen", "log_popularity", "stream_rng", "tensor_specs"]
 
@@ -38,14 +38,31 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
     qk_norm = {"qwen3moe": (p.head_dim, p.head_dim), "olmoe": (q, kv)}.get(p.family)
     specs: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (p.n_vocab, D))]
     glm = p.family == "glm4moe"
+    ds = p.family == "deepseek2"  # glm4moe's MoE blocks (dense first layer, sigmoid, shared expert), MLA
     for i in range(p.n_layer):
         b = f"blk.{i}."
-        specs += [
-            (b + "attn_norm.weight", (D,)),
-            (b + "attn_q.weight", (q, D)),
-            (b + "attn_k.weight", (kv, D)),
-            (b + "attn_v.weight", (kv, D)),
-        ]
+        specs.append((b + "attn_norm.weight", (D,)))
+        if ds:  # multi-head latent attention, as the converter writes it (kv_b split into k_b and v_b)
+            Lq, Lk, R = (
+                DEEPSEEK2_MLA["q_lora_rank"],
+                DEEPSEEK2_MLA["kv_lora_rank"],
+                DEEPSEEK2_MLA["qk_rope_head_dim"],
+            )
+            specs += [
+                (b + "attn_q_a.weight", (Lq, D)),
+                (b + "attn_q_a_norm.weight", (Lq,)),
+                (b + "attn_q_b.weight", (p.n_head * (p.head_dim + R), Lq)),
+                (b + "attn_kv_a_mqa.weight", (Lk + R, D)),
+                (b + "attn_kv_a_norm.weight", (Lk,)),
+                (b + "attn_k_b.weight", (p.n_head, Lk, p.head_dim)),
+                (b + "attn_v_b.weight", (p.n_head, p.head_dim, Lk)),
+            ]
+        else:
+            specs += [
+                (b + "attn_q.weight", (q, D)),
+                (b + "attn_k.weight", (kv, D)),
+                (b + "attn_v.weight", (kv, D)),
+            ]
         if p.family in ("qwen2moe", "glm4moe"):
             specs += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
         if qk_norm is not None:
@@ -54,14 +71,14 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
             (b + "attn_output.weight", (D, q)),
             (b + ("post_attention_norm" if glm else "ffn_norm") + ".weight", (D,)),
         ]
-        if glm and i < GLM4MOE_DENSE_LEAD:  # a dense leading layer
+        if (glm or ds) and i < GLM4MOE_DENSE_LEAD:  # a dense leading layer
             specs += [
                 (b + "ffn_gate.weight", (p.d_ff, D)),
                 (b + "ffn_up.weight", (p.d_ff, D)),
                 (b + "ffn_down.weight", (D, p.d_ff)),
             ]
             continue
-        if glm:
+        if glm or ds:
             specs.append((b + "exp_probs_b.bias", (E,)))
         specs += [
             (b + "ffn_gate_inp.weight", (E, D)),
@@ -77,7 +94,7 @@ def tensor_specs(p: Preset) -> list[tuple[str, tuple[int, ...]]]:
                 (b + "ffn_up_shexp.weight", (FS, D)),
                 (b + "ffn_down_shexp.weight", (D, FS)),
             ]
-        if glm:  # one shared expert of the experts' width
+        if glm or ds:  # one shared expert of the experts' width
             specs += [
                 (b + "ffn_gate_shexp.weight", (F, D)),
                 (b + "ffn_up_shexp.weight", (F, D)),
@@ -125,6 +142,11 @@ class WeightGen:
             "attn_q": 1.0 / math.sqrt(D),
             "attn_k": 1.0 / math.sqrt(D),
             "attn_v": 1.0 / math.sqrt(D),
+            "attn_q_a": 1.0 / math.sqrt(D),
+            "attn_q_b": 1.0 / math.sqrt(DEEPSEEK2_MLA["q_lora_rank"]),
+            "attn_kv_a_mqa": 1.0 / math.sqrt(D),
+            "attn_k_b": 1.0 / math.sqrt(p.head_dim),
+            "attn_v_b": 1.0 / math.sqrt(DEEPSEEK2_MLA["kv_lora_rank"]),
             "attn_output": self.out_gain / math.sqrt(q),
             "ffn_gate_exps": 1.0 / math.sqrt(D),
             "ffn_up_exps": 1.0 / math.sqrt(D),

@@ -18,7 +18,14 @@ import numpy as np
 
 from . import quants
 from ._cache import atomic_path, cache_dir, file_lock
-from ._presets import GLM4MOE_DENSE_LEAD, GLM4MOE_ROUTED_SCALE, GRANITE_SCALES, Preset, get_preset
+from ._presets import (
+    DEEPSEEK2_MLA,
+    GLM4MOE_DENSE_LEAD,
+    GLM4MOE_ROUTED_SCALE,
+    GRANITE_SCALES,
+    Preset,
+    get_preset,
+)
 from ._routing import PROMPT_TEXT, LayerSpread, expected_spread, route_file, spread
 from ._template import CHAT_TEMPLATE
 from ._tokenizer import build_vocab
@@ -181,8 +188,17 @@ def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-u
     w.add_feed_forward_length(p.d_ff)
     w.add_head_count(p.n_head)
     w.add_head_count_kv(p.n_head_kv)
-    w.add_key_length(p.head_dim)
-    w.add_value_length(p.head_dim)
+    if p.family == "deepseek2":  # the cache's view (one KV head of the latent and k_pe), then the heads'
+        Lk, R = DEEPSEEK2_MLA["kv_lora_rank"], DEEPSEEK2_MLA["qk_rope_head_dim"]
+        w.add_key_length(Lk + R)
+        w.add_value_length(Lk)
+        w.add_key_length_mla(p.head_dim + R)
+        w.add_value_length_mla(p.head_dim)
+        w.add_q_lora_rank(DEEPSEEK2_MLA["q_lora_rank"])
+        w.add_kv_lora_rank(Lk)
+    else:
+        w.add_key_length(p.head_dim)
+        w.add_value_length(p.head_dim)
     w.add_rope_freq_base(p.rope_theta)
     w.add_layer_norm_rms_eps(p.rms_eps)
     w.add_expert_count(p.n_expert)
@@ -203,6 +219,16 @@ def _metadata(w, p: Preset, quant: str, seed: int) -> None:  # type: ignore[no-u
         w.add_expert_weights_scale(GLM4MOE_ROUTED_SCALE)
         w.add_expert_weights_norm(True)
         w.add_uint32("glm4moe.nextn_predict_layers", 0)
+    if p.family == "deepseek2":  # as llama.cpp's converter writes DeepSeek V3's
+        w.add_vocab_size(p.n_vocab)
+        w.add_rope_dimension_count(DEEPSEEK2_MLA["qk_rope_head_dim"])
+        w.add_expert_group_count(1)
+        w.add_expert_group_used_count(1)
+        w.add_expert_shared_count(1)
+        w.add_leading_dense_block_count(GLM4MOE_DENSE_LEAD)
+        w.add_uint32("deepseek2.expert_gating_func", 2)  # sigmoid
+        w.add_expert_weights_scale(GLM4MOE_ROUTED_SCALE)
+        w.add_expert_weights_norm(True)
     if p.family == "granitemoe":
         for key, value in GRANITE_SCALES.items():
             w.add_float32(f"granitemoe.{key}", value)

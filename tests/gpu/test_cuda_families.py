@@ -1,6 +1,6 @@
 """The families on the GPU: qwen3moe runs there; every family whose blocks the CUDA kernels do not have
 yet (shared experts, biases, full-projection q/k norms, the llama rotary layout, granite's multipliers,
-rope scaling) is refused at open with a message naming the missing block, never run without it.
+rope scaling, multi-head latent attention) is refused at open with a message naming the missing block, never run without it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def _need_gpu():
         ("tiny-olmoe", "q/k norms over the whole projection"),
         ("tiny-granitemoe", "attention without q/k norms"),
         ("tiny-glm4moe", "dense leading layers"),
+        ("tiny-deepseek2", "multi-head latent attention (MLA)"),
     ],
 )
 def test_cuda_refuses_a_family_it_lacks_blocks_for(preset: str, missing: str) -> None:

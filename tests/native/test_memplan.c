@@ -38,8 +38,8 @@ static int64_t chunk_bytes(void *ctx, int32_t T) {
            al(tk * d->act_stride) + al(tk * d->D * 4);
 }
 
-static int64_t kv_bytes(int32_t type, int32_t n_layer, int32_t n_ctx, int32_t n_head_kv, int32_t head_dim) {
-    int64_t row = (int64_t)n_head_kv * head_dim;
+static int64_t kv_bytes(int32_t type, int32_t n_layer, int32_t n_ctx, const kv_layout *lay) {
+    int64_t row = (int64_t)lay->n_head_kv * lay->k_dim;
     int64_t rb = type == STRATA_KV_INT8 ? row + row / 32 * 4 : row * 2;
     return 2 * rb * n_layer * n_ctx;
 }
@@ -51,8 +51,8 @@ static plan_inputs inputs_of(dims *d) {
     in.n_expert_used = d->K;
     in.n_embd = d->D;
     in.n_vocab = d->V;
-    in.n_head_kv = d->KD / 128 > 0 ? d->KD / 128 : 1;
-    in.head_dim = d->KD / in.n_head_kv;
+    in.kv.n_head_kv = d->KD / 128 > 0 ? d->KD / 128 : 1;
+    in.kv.k_dim = in.kv.v_dim = d->KD / in.kv.n_head_kv;
     in.n_ctx_train = d->ctx;
     in.resident_bytes = 1 << 20;
     in.expert_bytes = d->expert_bytes;

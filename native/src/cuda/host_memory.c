@@ -440,6 +440,7 @@ static void store_open(strata_engine *e) {
  * no shared experts, no multipliers. A model needing more is refused at open, never run without it. */
 static const char *cuda_missing_block(const strata_engine *e) {
     const hparams *hp = &e->hp;
+    if (hp->attn != ATTN_GQA) return "multi-head latent attention (MLA) and its compressed KV cache";
     if (hp->attn_sinks) return "attention sinks";
     if (hp->n_swa > 0) return "sliding-window attention";
     if (hp->ffn_act != FFN_ACT_SILU) return "the clamped SwiGLU of gpt-oss";
@@ -450,7 +451,7 @@ static const char *cuda_missing_block(const strata_engine *e) {
     if (hp->ad->rope != ROPE_NEOX) return "RoPE with adjacent pairs (the llama layout)";
     if (hp->n_rot != hp->head_dim) return "partial rotary embeddings";
     if (hp->rope_scaling != ROPE_SCALING_NONE) return "rope scaling";
-    if (hp->gating != GATING_SOFTMAX || hp->expert_bias || !hp->norm_topk || hp->routed_scale != 1.0f)
+    if (hp->gating != GATING_SOFTMAX || hp->expert_bias || !hp->norm_topk || hp->routed_scale != 1.0f || hp->n_group > 1)
         return "routing other than softmax with renormalized top-k weights";
     if (hp->n_ff_shexp > 0) return "shared experts";
     if (hp->embd_scale != 1.0f || hp->residual_scale != 1.0f || hp->logit_scale != 1.0f ||
