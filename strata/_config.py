@@ -169,6 +169,8 @@ class EngineConfig:
             raise ValueError(
                 f"--prefill: {self.prefill!r} is not 'auto', 'auto:MAX' or a chunk size in tokens"
             )
+        if self.threads is not None and not 0 <= self.threads <= 1024:  # the engine's own range (engine.c)
+            raise ValueError(f"--threads: {self.threads} is out of range (0 = all cores, up to 1024)")
         if self.lend_pct is not None and not 0 < self.lend_pct <= 1:
             raise ValueError(f"--lend-pct: {self.lend_pct} is not in (0, 1]")
         if self.parallel is not None and not 1 <= self.parallel <= 64:

@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from strata._config import add_engine_args, config_from_args
+from strata._config import add_engine_args, config_or_usage_error
 from strata._model_path import model_path_problem
 
 __all__ = ["add_parser", "run"]
@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
             newline_keys=newline,
         )
     else:
-        cfg = config_from_args(args)
+        cfg = config_or_usage_error(args, "strata chat")
+        if cfg is None:  # a flag out of range, said before any screen opens
+            return 2
         problem = model_path_problem(args.model.expanduser()) if args.model is not None else None
         if problem:
             print(f"strata chat: {problem}", file=sys.stderr)

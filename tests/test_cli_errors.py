@@ -113,3 +113,22 @@ def test_chat_comes_from_the_tui_package_entry_point() -> None:
     by_name = re.compile(r"(?:import|from)\s+strata_tui|[\"']strata_tui")
     for f in core.rglob("*.py"):  # the core imports no package above it, by statement or by name
         assert not by_name.search(f.read_text(encoding="utf-8")), f
+
+
+@pytest.mark.parametrize("command", ["chat", "serve", "generate"])
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--threads", "-3"], "--threads: -3 is out of range (0 = all cores, up to 1024)"),
+        (["--lend-pct", "3"], "--lend-pct: 3.0 is not in (0, 1]"),
+    ],
+)
+def test_a_flag_out_of_range_is_refused_before_anything_starts(
+    command: str, flags: list[str], words: str, tmp_path: Path
+) -> None:
+    """Each command that opens an engine refuses a flag out of range with one line and exit status 2, before
+    a server, an engine or the chat's screen starts (the chat used to open and then show its server's exit)."""
+    extra = ["--prompt", "hi"] if command == "generate" else []
+    r = strata(command, *extra, *flags, env={"STRATA_CACHE_DIR": str(tmp_path)}, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert one_paragraph(r, f"strata {command}") == f"strata {command}: {words}"
