@@ -75,17 +75,23 @@ class Family:
 
 # glm4moe: sigmoid routing with the correction bias, routed scale, a shared expert, a dense leading
 # layer, partial rotary (half the head), q/k/v biases; the variant below changes what it names
-_GLM4MOE: dict[str, Any] = dict(
+# the routed and shared experts of glm4moe and deepseek2 (V3): 8 routed (top 3), one shared, a routed scale,
+# a dense leading layer
+_ROUTED_AND_SHARED: dict[str, Any] = dict(
     intermediate_size=96,
     moe_intermediate_size=32,
     n_routed_experts=8,
     num_experts_per_tok=3,
     n_shared_experts=1,
     routed_scaling_factor=2.5,
-    n_group=1,
-    topk_group=1,
     first_k_dense_replace=1,
     norm_topk_prob=True,
+)
+
+_GLM4MOE: dict[str, Any] = dict(
+    **_ROUTED_AND_SHARED,
+    n_group=1,
+    topk_group=1,
     use_qk_norm=False,
     attention_bias=True,
     num_mtp_layers=0,
@@ -126,16 +132,9 @@ _GPT_OSS: dict[str, Any] = dict(
 # correction bias, group-limited top-k (the 2 best of 4 groups), routed scale, a shared expert, a dense
 # leading layer; the variant below is V2-Lite's
 _DEEPSEEK_V3: dict[str, Any] = dict(
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    n_routed_experts=8,
-    num_experts_per_tok=3,
-    n_shared_experts=1,
-    routed_scaling_factor=2.5,
+    **_ROUTED_AND_SHARED,
     n_group=4,
     topk_group=2,
-    first_k_dense_replace=1,
-    norm_topk_prob=True,
     q_lora_rank=24,
     kv_lora_rank=32,
     qk_nope_head_dim=16,

@@ -316,17 +316,24 @@ static strata_status find(binder *b, const char *name, int64_t ne0, int64_t ne1,
     return STRATA_OK;
 }
 
-static strata_status bind_norm(binder *b, const char *name, int64_t n, const float **out) {
+/* An F32 tensor of shape [ne0] (ne1 == 0) or [ne1 rows of ne0], read in place from the mapping; what and
+ * whats name it in the error ("norm weight", "norms"). */
+static strata_status bind_f32(binder *b, const char *name, int64_t ne0, int64_t ne1, const char *what,
+                              const char *whats, const float **out) {
     const gguf_tensor *t;
-    STRATA_TRY(find(b, name, n, 0, 0, 0, &t));
+    STRATA_TRY(find(b, name, ne0, ne1, 0, 0, &t));
     if (t->type != STRATA_TYPE_F32)
-        return err_set(b->err, STRATA_ERR_UNSUPPORTED, "norm weight '%s' is %s; strata reads norms as F32", name,
-                       quant_type_name((int32_t)t->type));
+        return err_set(b->err, STRATA_ERR_UNSUPPORTED, "%s '%s' is %s; strata reads %s as F32", what, name,
+                       quant_type_name((int32_t)t->type), whats);
     if (((uintptr_t)t->data & 3) != 0)
         return err_set(b->err, STRATA_ERR_FORMAT, "tensor '%s' is not 4-byte aligned in the file", name);
     *out = (const float *)t->data;
     b->w->resident_bytes += (int64_t)t->bytes;
     return STRATA_OK;
+}
+
+static strata_status bind_norm(binder *b, const char *name, int64_t n, const float **out) {
+    return bind_f32(b, name, n, 0, "norm weight", "norms", out);
 }
 
 /* A 1-D F32 tensor that a family may or may not have (biases). */
@@ -339,17 +346,8 @@ static strata_status bind_opt_vec(binder *b, const char *name, int64_t n, const 
 /* A 2-D F32 tensor [ne1 rows of ne0] that a family may or may not have (the experts' biases). */
 static strata_status bind_opt_rows(binder *b, const char *name, int64_t ne0, int64_t ne1, const float **out) {
     *out = NULL;
-    const gguf_tensor *t = gguf_find_tensor(b->f, name);
-    if (!t) return STRATA_OK;
-    STRATA_TRY(find(b, name, ne0, ne1, 0, 0, &t));
-    if (t->type != STRATA_TYPE_F32)
-        return err_set(b->err, STRATA_ERR_UNSUPPORTED, "bias '%s' is %s; strata reads biases as F32", name,
-                       quant_type_name((int32_t)t->type));
-    if (((uintptr_t)t->data & 3) != 0)
-        return err_set(b->err, STRATA_ERR_FORMAT, "tensor '%s' is not 4-byte aligned in the file", name);
-    *out = (const float *)t->data;
-    b->w->resident_bytes += (int64_t)t->bytes;
-    return STRATA_OK;
+    if (!gguf_find_tensor(b->f, name)) return STRATA_OK;
+    return bind_f32(b, name, ne0, ne1, "bias", "biases", out);
 }
 
 /* A tensor of a block this family's row does not compose: running without it would be wrong. */
